@@ -1,0 +1,11 @@
+//! MCP Access API: the `access.mcp-runtime.dev/v1alpha1` types, their validation, and the
+//! session rules as pure functions (no I/O), shared by the apiserver, controllers and gateways.
+#![forbid(unsafe_code)]
+
+pub mod duration;
+pub mod rules;
+pub mod selector;
+pub mod types;
+pub mod validation;
+
+pub use types::*;

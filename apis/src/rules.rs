@@ -1,0 +1,506 @@
+//! The session rules of DESIGN §2 as pure functions: who may hold a session, how expiry is
+//! clamped, what an update may change, and what revocation does to a session.
+//! Storage calls these inside its transactions; nothing here does I/O.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::duration::parse_go_duration;
+use crate::types::{
+    AccessSession, AccessSessionSpec, AccessSessionStatus, Agent, AgentSpec, RevocationInfo,
+    SessionPhase,
+};
+use crate::validation::{
+    is_dns1123_subdomain, validate_annotations, validate_labels, validate_object_name, FieldError,
+};
+
+/// Revocation cause written when an agent is deactivated or deleted.
+pub const CAUSE_AGENT_DEACTIVATED: &str = "agent_deactivated";
+/// Revocation cause written when an MCPServer generation is retired (installs the fence).
+pub const CAUSE_SERVER_RETIRED: &str = "server_retired";
+
+/// Why a session may not be issued (or changed) as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionRuleError {
+    #[error("{}", crate::validation::join_errors(.0))]
+    Invalid(Vec<FieldError>),
+    #[error("agent {0:?} not found")]
+    AgentNotFound(String),
+    #[error("agent {0:?} is not active")]
+    AgentInactive(String),
+    #[error("spec.agent.uid {given:?} does not match agent {name:?} (uid {actual:?}): the agent was re-created")]
+    AgentUidMismatch { name: String, given: String, actual: String },
+    #[error("teams {0:?} are not teams of the agent")]
+    ScopeEscalation(Vec<String>),
+    #[error("agent {name:?} already holds {active} active sessions (maxActiveSessions {max})")]
+    QuotaExceeded { name: String, active: u32, max: u32 },
+    #[error("server uid {0:?} was retired; no session may be issued or restored for it")]
+    ServerFenced(String),
+}
+
+/// What issuance needs to know besides the requested spec.
+#[derive(Debug, Clone)]
+pub struct IssuanceContext<'a> {
+    /// The Agent named by `spec.agent`, if the spec names one and it exists.
+    pub agent: Option<&'a Agent>,
+    /// Sessions of that agent that are currently active or pending.
+    pub agent_active_sessions: u32,
+    /// Server-wide maximum session lifetime.
+    pub server_max_ttl: SignedDuration,
+    /// Whether `spec.server.uid` carries a retirement fence.
+    pub server_fenced: bool,
+    pub now: Timestamp,
+}
+
+/// An admitted spec (agent uid bound, expiry clamped) and the warnings to return.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    pub spec: AccessSessionSpec,
+    pub warnings: Vec<String>,
+}
+
+/// Checks the shape of a session spec, independent of any other object.
+pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if spec.server.name.is_empty() {
+        errors.push(FieldError::required("spec.server.name", "Required value"));
+    } else if !is_dns1123_subdomain(&spec.server.name) {
+        errors.push(FieldError::invalid(
+            "spec.server.name",
+            format!("Invalid value: {:?}: must be an MCPServer name", spec.server.name),
+        ));
+    }
+    if spec.server.uid.is_empty() {
+        errors.push(FieldError::required("spec.server.uid", "Required value"));
+    }
+    if spec.agent.is_none() && spec.subject.is_none() && spec.teams.is_empty() {
+        errors.push(FieldError::required(
+            "spec",
+            "at least one of spec.agent, spec.subject or spec.teams is required",
+        ));
+    }
+    if let Some(agent) = &spec.agent {
+        if !is_dns1123_subdomain(&agent.name) {
+            errors.push(FieldError::invalid(
+                "spec.agent.name",
+                format!("Invalid value: {:?}: must be an Agent name", agent.name),
+            ));
+        }
+    }
+    if let Some(subject) = &spec.subject {
+        if subject.user.trim().is_empty() {
+            errors.push(FieldError::required("spec.subject.user", "Required value"));
+        }
+    }
+    errors.extend(validate_teams(&spec.teams, "spec.teams"));
+    if let Some(grant) = &spec.grant {
+        if grant.name.is_empty() {
+            errors.push(FieldError::required("spec.grant.name", "Required value"));
+        }
+    }
+    if spec.expires_at.is_none() {
+        errors.push(FieldError::required("spec.expiresAt", "Required value"));
+    }
+    errors
+}
+
+fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, team) in teams.iter().enumerate() {
+        if team.trim().is_empty() {
+            errors.push(FieldError::required(format!("{field}[{i}]"), "Required value"));
+        } else if !seen.insert(team) {
+            errors.push(FieldError::invalid(
+                format!("{field}[{i}]"),
+                format!("Duplicate value: {team:?}"),
+            ));
+        }
+    }
+    errors
+}
+
+/// Validates object metadata common to all kinds.
+pub fn validate_metadata(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<FieldError> {
+    let mut errors = validate_object_name(meta.name.as_deref().unwrap_or(""), "metadata.name");
+    if let Some(labels) = &meta.labels {
+        errors.extend(validate_labels(labels, "metadata.labels"));
+    }
+    if let Some(annotations) = &meta.annotations {
+        errors.extend(validate_annotations(annotations, "metadata.annotations"));
+    }
+    errors
+}
+
+/// The agent's own session lifetime limit, if it sets one.
+pub fn agent_max_ttl(spec: &AgentSpec) -> Option<SignedDuration> {
+    spec.max_session_ttl.as_deref().and_then(|d| parse_go_duration(d).ok())
+}
+
+/// Validates an Agent spec.
+pub fn validate_agent_spec(spec: &AgentSpec) -> Vec<FieldError> {
+    let mut errors = validate_teams(&spec.teams, "spec.teams");
+    for (i, owner) in spec.owners.iter().enumerate() {
+        if owner.trim().is_empty() {
+            errors.push(FieldError::required(format!("spec.owners[{i}]"), "Required value"));
+        }
+    }
+    if let Some(ttl) = &spec.max_session_ttl {
+        match parse_go_duration(ttl) {
+            Ok(d) if d > SignedDuration::ZERO => {}
+            Ok(_) => errors.push(FieldError::invalid("spec.maxSessionTTL", "must be greater than 0")),
+            Err(e) => errors.push(FieldError::invalid("spec.maxSessionTTL", e)),
+        }
+    }
+    errors
+}
+
+/// Decides whether a new session may be issued, and in what form.
+///
+/// Human-only and team-only sessions skip every directory check; an agent session requires
+/// the agent to exist and be active, binds its uid, keeps `teams` within the agent's teams,
+/// and counts against `maxActiveSessions`. Expiry is clamped to the smaller of the agent's
+/// and the server's maximum lifetime.
+pub fn admit_session(
+    spec: &AccessSessionSpec,
+    ctx: &IssuanceContext<'_>,
+) -> Result<Admission, SessionRuleError> {
+    let errors = validate_session_spec(spec);
+    if !errors.is_empty() {
+        return Err(SessionRuleError::Invalid(errors));
+    }
+    if ctx.server_fenced {
+        return Err(SessionRuleError::ServerFenced(spec.server.uid.clone()));
+    }
+    let requested = spec.expires_at.as_ref().map(|t| t.0).unwrap_or(ctx.now);
+    if requested <= ctx.now {
+        return Err(SessionRuleError::Invalid(vec![FieldError::invalid(
+            "spec.expiresAt",
+            "must be in the future",
+        )]));
+    }
+
+    let mut admitted = spec.clone();
+    let mut limit = ctx.server_max_ttl;
+    let mut limit_source = "the server maximum";
+    if let Some(agent_ref) = &spec.agent {
+        let agent = ctx
+            .agent
+            .ok_or_else(|| SessionRuleError::AgentNotFound(agent_ref.name.clone()))?;
+        if !agent.spec.active {
+            return Err(SessionRuleError::AgentInactive(agent_ref.name.clone()));
+        }
+        let actual_uid = agent.metadata.uid.clone().unwrap_or_default();
+        if let Some(given) = agent_ref.uid.as_ref().filter(|u| !u.is_empty()) {
+            if *given != actual_uid {
+                return Err(SessionRuleError::AgentUidMismatch {
+                    name: agent_ref.name.clone(),
+                    given: given.clone(),
+                    actual: actual_uid,
+                });
+            }
+        }
+        let outside: Vec<String> = spec
+            .teams
+            .iter()
+            .filter(|t| !agent.spec.teams.contains(t))
+            .cloned()
+            .collect();
+        if !outside.is_empty() {
+            return Err(SessionRuleError::ScopeEscalation(outside));
+        }
+        if let Some(max) = agent.spec.max_active_sessions {
+            if ctx.agent_active_sessions >= max {
+                return Err(SessionRuleError::QuotaExceeded {
+                    name: agent_ref.name.clone(),
+                    active: ctx.agent_active_sessions,
+                    max,
+                });
+            }
+        }
+        if let Some(agent_ttl) = agent_max_ttl(&agent.spec) {
+            if agent_ttl < limit {
+                limit = agent_ttl;
+                limit_source = "the agent's maxSessionTTL";
+            }
+        }
+        if let Some(a) = admitted.agent.as_mut() {
+            a.uid = Some(actual_uid);
+        }
+    }
+
+    let mut warnings = Vec::new();
+    let latest = ctx.now.checked_add(limit).unwrap_or(requested);
+    if requested > latest {
+        // Kubernetes times have second precision; round down so the clamp is never exceeded.
+        let clamped = Timestamp::from_second(latest.as_second()).unwrap_or(latest);
+        warnings.push(format!(
+            "spec.expiresAt clamped from {} to {} by {limit_source} ({})",
+            Time(requested).0.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            clamped.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            format_duration(limit),
+        ));
+        admitted.expires_at = Some(Time(clamped));
+    }
+    Ok(Admission {
+        spec: admitted,
+        warnings,
+    })
+}
+
+fn format_duration(d: SignedDuration) -> String {
+    let secs = d.as_secs();
+    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    match (h, m, s) {
+        (h, 0, 0) => format!("{h}h"),
+        (0, m, 0) => format!("{m}m"),
+        _ => format!("{h}h{m}m{s}s"),
+    }
+}
+
+/// Checks an update of a session through the main resource and returns the spec to store.
+///
+/// Everything that carries authority is immutable: server, agent, subject, teams and grant.
+/// `expiresAt` may be brought forward, never extended.
+pub fn admit_session_update(
+    old: &AccessSessionSpec,
+    new: &AccessSessionSpec,
+) -> Result<AccessSessionSpec, SessionRuleError> {
+    let mut errors = Vec::new();
+    let immutable = |field: &str| FieldError::invalid(field, "field is immutable");
+    if new.server != old.server {
+        errors.push(immutable("spec.server"));
+    }
+    let mut merged = new.clone();
+    match (&old.agent, &new.agent) {
+        (None, None) => {}
+        (Some(o), Some(n)) if o.name == n.name && (n.uid.is_none() || n.uid == o.uid) => {
+            merged.agent = Some(o.clone());
+        }
+        _ => errors.push(immutable("spec.agent")),
+    }
+    if new.subject != old.subject {
+        errors.push(immutable("spec.subject"));
+    }
+    if new.teams != old.teams {
+        errors.push(immutable("spec.teams"));
+    }
+    if new.grant != old.grant {
+        errors.push(immutable("spec.grant"));
+    }
+    match (&old.expires_at, &new.expires_at) {
+        (Some(o), Some(n)) if n.0 > o.0 => errors.push(FieldError::forbidden(
+            "spec.expiresAt",
+            "may be brought forward but not extended",
+        )),
+        (_, None) => errors.push(FieldError::required("spec.expiresAt", "Required value")),
+        _ => {}
+    }
+    if errors.is_empty() {
+        Ok(merged)
+    } else {
+        Err(SessionRuleError::Invalid(errors))
+    }
+}
+
+/// Whether a session still counts against its agent's `maxActiveSessions`.
+pub fn counts_as_active(session: &AccessSession, now: Timestamp) -> bool {
+    matches!(session.phase(), SessionPhase::Active | SessionPhase::PendingEnrollment)
+        && session.spec.expires_at.as_ref().is_some_and(|t| t.0 > now)
+}
+
+/// Marks a session revoked. Returns false (and changes nothing) if it already was: the first
+/// revocation is the one on record.
+pub fn revoke_session(
+    session: &mut AccessSession,
+    cause: &str,
+    revocation_name: Option<&str>,
+    now: Timestamp,
+) -> bool {
+    let status = session.status.get_or_insert_with(AccessSessionStatus::default);
+    if status.revocation.is_some() {
+        return false;
+    }
+    status.phase = SessionPhase::Revoked;
+    status.revocation = Some(RevocationInfo {
+        revoked_at: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
+        cause: cause.to_string(),
+        revocation_name: revocation_name.map(str::to_string),
+    });
+    true
+}
+
+/// Lifts a revocation. Refused for a fenced server; the caller checks agent state.
+pub fn unrevoke_session(
+    session: &mut AccessSession,
+    server_fenced: bool,
+) -> Result<bool, SessionRuleError> {
+    if server_fenced {
+        return Err(SessionRuleError::ServerFenced(session.spec.server.uid.clone()));
+    }
+    let Some(status) = session.status.as_mut() else {
+        return Ok(false);
+    };
+    if status.revocation.take().is_none() {
+        return Ok(false);
+    }
+    status.phase = if status.enrollment.is_some() {
+        SessionPhase::PendingEnrollment
+    } else {
+        SessionPhase::Active
+    };
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{AgentRef, ServerRef, Subject};
+
+    fn now() -> Timestamp {
+        "2026-11-30T12:00:00Z".parse().unwrap()
+    }
+
+    fn mk_spec(agent: Option<&str>, teams: &[&str], expires_in_h: i64) -> AccessSessionSpec {
+        AccessSessionSpec {
+            server: ServerRef { name: "github".into(), uid: "srv-1".into() },
+            agent: agent.map(|a| AgentRef { name: a.into(), uid: None }),
+            subject: None,
+            teams: teams.iter().map(|t| t.to_string()).collect(),
+            grant: None,
+            expires_at: Some(Time(now() + SignedDuration::from_hours(expires_in_h))),
+        }
+    }
+
+    fn mk_agent(active: bool, teams: &[&str], ttl: Option<&str>, max: Option<u32>) -> Agent {
+        let mut a = Agent::default();
+        a.metadata.name = Some("billing-bot".into());
+        a.metadata.uid = Some("agent-uid".into());
+        a.spec.active = active;
+        a.spec.teams = teams.iter().map(|t| t.to_string()).collect();
+        a.spec.max_session_ttl = ttl.map(str::to_string);
+        a.spec.max_active_sessions = max;
+        a
+    }
+
+    fn ctx(agent: Option<&Agent>, active: u32) -> IssuanceContext<'_> {
+        IssuanceContext {
+            agent,
+            agent_active_sessions: active,
+            server_max_ttl: SignedDuration::from_hours(24),
+            server_fenced: false,
+            now: now(),
+        }
+    }
+
+    #[test]
+    fn human_and_team_sessions_skip_the_directory() {
+        let mut human = mk_spec(None, &[], 1);
+        human.subject = Some(Subject { user: "alice@example.com".into() });
+        assert!(admit_session(&human, &ctx(None, 0)).is_ok());
+        let team = mk_spec(None, &["payments", "anything"], 1);
+        assert!(admit_session(&team, &ctx(None, 0)).is_ok());
+        let nobody = mk_spec(None, &[], 1);
+        assert!(matches!(admit_session(&nobody, &ctx(None, 0)), Err(SessionRuleError::Invalid(_))));
+    }
+
+    #[test]
+    fn agent_must_exist_be_active_and_bound() {
+        let spec = mk_spec(Some("billing-bot"), &[], 1);
+        assert!(matches!(admit_session(&spec, &ctx(None, 0)), Err(SessionRuleError::AgentNotFound(_))));
+        let inactive = mk_agent(false, &[], None, None);
+        assert!(matches!(
+            admit_session(&spec, &ctx(Some(&inactive), 0)),
+            Err(SessionRuleError::AgentInactive(_))
+        ));
+        let agent = mk_agent(true, &[], None, None);
+        let admitted = admit_session(&spec, &ctx(Some(&agent), 0)).unwrap();
+        assert_eq!(admitted.spec.agent.unwrap().uid.as_deref(), Some("agent-uid"));
+        let mut stale = spec.clone();
+        stale.agent.as_mut().unwrap().uid = Some("old-uid".into());
+        assert!(matches!(
+            admit_session(&stale, &ctx(Some(&agent), 0)),
+            Err(SessionRuleError::AgentUidMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn teams_must_be_a_subset_of_the_agents() {
+        let agent = mk_agent(true, &["payments", "billing"], None, None);
+        let ok = mk_spec(Some("billing-bot"), &["payments"], 1);
+        assert!(admit_session(&ok, &ctx(Some(&agent), 0)).is_ok());
+        let bad = mk_spec(Some("billing-bot"), &["payments", "admin"], 1);
+        assert_eq!(
+            admit_session(&bad, &ctx(Some(&agent), 0)),
+            Err(SessionRuleError::ScopeEscalation(vec!["admin".into()]))
+        );
+    }
+
+    #[test]
+    fn expiry_is_clamped_to_agent_and_server_maxima() {
+        let agent = mk_agent(true, &[], Some("8h"), None);
+        let spec = mk_spec(Some("billing-bot"), &[], 48);
+        let a = admit_session(&spec, &ctx(Some(&agent), 0)).unwrap();
+        assert_eq!(a.spec.expires_at.unwrap().0, now() + SignedDuration::from_hours(8));
+        assert!(a.warnings[0].contains("maxSessionTTL"), "{:?}", a.warnings);
+        let loose = mk_agent(true, &[], Some("100h"), None);
+        let a = admit_session(&spec, &ctx(Some(&loose), 0)).unwrap();
+        assert_eq!(a.spec.expires_at.unwrap().0, now() + SignedDuration::from_hours(24));
+        assert!(a.warnings[0].contains("server maximum"));
+        let short = mk_spec(Some("billing-bot"), &[], 1);
+        assert!(admit_session(&short, &ctx(Some(&agent), 0)).unwrap().warnings.is_empty());
+        let past = mk_spec(None, &["t"], -1);
+        assert!(matches!(admit_session(&past, &ctx(None, 0)), Err(SessionRuleError::Invalid(_))));
+    }
+
+    #[test]
+    fn quota_and_fence() {
+        let agent = mk_agent(true, &[], None, Some(2));
+        let spec = mk_spec(Some("billing-bot"), &[], 1);
+        assert!(admit_session(&spec, &ctx(Some(&agent), 1)).is_ok());
+        assert!(matches!(
+            admit_session(&spec, &ctx(Some(&agent), 2)),
+            Err(SessionRuleError::QuotaExceeded { active: 2, max: 2, .. })
+        ));
+        let mut fenced = ctx(Some(&agent), 0);
+        fenced.server_fenced = true;
+        assert!(matches!(admit_session(&spec, &fenced), Err(SessionRuleError::ServerFenced(_))));
+    }
+
+    #[test]
+    fn updates_keep_authority_fields() {
+        let old = admit_session(&mk_spec(Some("billing-bot"), &[], 2), &ctx(Some(&mk_agent(true, &[], None, None)), 0))
+            .unwrap()
+            .spec;
+        let mut shorter = old.clone();
+        shorter.agent.as_mut().unwrap().uid = None;
+        shorter.expires_at = Some(Time(now() + SignedDuration::from_hours(1)));
+        let merged = admit_session_update(&old, &shorter).unwrap();
+        assert_eq!(merged.agent, old.agent);
+        let mut longer = old.clone();
+        longer.expires_at = Some(Time(now() + SignedDuration::from_hours(3)));
+        assert!(admit_session_update(&old, &longer).is_err());
+        let mut other_server = old.clone();
+        other_server.server.uid = "srv-2".into();
+        assert!(admit_session_update(&old, &other_server).is_err());
+        let mut more_teams = old.clone();
+        more_teams.teams.push("admin".into());
+        assert!(admit_session_update(&old, &more_teams).is_err());
+    }
+
+    #[test]
+    fn revocation_is_recorded_once_and_fenced_servers_stay_revoked() {
+        let mut s = AccessSession { spec: mk_spec(None, &["t"], 1), ..Default::default() };
+        assert!(revoke_session(&mut s, "manual", Some("r1"), now()));
+        assert!(!revoke_session(&mut s, CAUSE_AGENT_DEACTIVATED, None, now()));
+        assert_eq!(s.status.as_ref().unwrap().revocation.as_ref().unwrap().cause, "manual");
+        assert_eq!(s.phase(), SessionPhase::Revoked);
+        assert!(!counts_as_active(&s, now()));
+        assert!(matches!(unrevoke_session(&mut s, true), Err(SessionRuleError::ServerFenced(_))));
+        assert!(unrevoke_session(&mut s, false).unwrap());
+        assert_eq!(s.phase(), SessionPhase::Active);
+        assert!(counts_as_active(&s, now()));
+    }
+}

@@ -1,0 +1,274 @@
+//! The API objects of `access.mcp-runtime.dev/v1alpha1` (DESIGN §2).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use serde::{Deserialize, Serialize};
+
+/// API group of every MCP Access resource.
+pub const GROUP: &str = "access.mcp-runtime.dev";
+/// The served version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of every MCP Access object.
+pub const API_VERSION: &str = "access.mcp-runtime.dev/v1alpha1";
+
+/// Static facts about a served kind, shared by storage and the HTTP layer.
+pub trait Kind: Clone + Serialize + for<'de> Deserialize<'de> + Send + Sync + 'static {
+    /// `kind` as it appears in objects.
+    const KIND: &'static str;
+    /// The plural resource name used in URLs and as the storage key.
+    const PLURAL: &'static str;
+    /// Whether objects live in a namespace.
+    const NAMESPACED: bool;
+    /// Field selectors this kind supports, mapped to the JSON path they read.
+    const FIELDS: &'static [(&'static str, &'static [&'static str])];
+
+    /// Object metadata.
+    fn meta(&self) -> &ObjectMeta;
+    /// Mutable object metadata.
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
+    /// Sets `apiVersion` and `kind`.
+    fn set_type_meta(&mut self);
+}
+
+/// Field selector paths shared by every kind.
+const META_FIELDS: [(&str, &[&str]); 2] = [
+    ("metadata.name", &["metadata", "name"]),
+    ("metadata.namespace", &["metadata", "namespace"]),
+];
+
+/// A grant of access to one MCP server for an agent, a human or a team.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessSession {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: AccessSessionSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AccessSessionStatus>,
+}
+
+/// What an access session grants.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessSessionSpec {
+    /// The MCPServer generation this session is for.
+    pub server: ServerRef,
+    /// The agent acting under this session; its uid is filled in by the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentRef>,
+    /// The human on whose behalf the session acts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Subject>,
+    /// Authority teams.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<String>,
+    /// Grant linkage, opaque to MCP Access.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantRef>,
+    /// When the session stops being valid; clamped by the server.
+    pub expires_at: Option<Time>,
+}
+
+/// A reference to one generation of an MCPServer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRef {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// A reference to an Agent directory entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRef {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// A human subject.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subject {
+    #[serde(default)]
+    pub user: String,
+}
+
+/// A grant reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRef {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Lifecycle phase of a session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionPhase {
+    #[default]
+    Active,
+    PendingEnrollment,
+    Revoked,
+    Expired,
+}
+
+impl SessionPhase {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "Active",
+            Self::PendingEnrollment => "PendingEnrollment",
+            Self::Revoked => "Revoked",
+            Self::Expired => "Expired",
+        }
+    }
+}
+
+/// Observed state of a session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessSessionStatus {
+    #[serde(default)]
+    pub phase: SessionPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<RevocationInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrollment: Option<EnrollmentInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Why and when a session was revoked. Written only by revocation paths.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationInfo {
+    pub revoked_at: Time,
+    pub cause: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_name: Option<String>,
+}
+
+/// Pending enrollment metadata.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollmentInfo {
+    pub state: String,
+    pub owner: String,
+    pub requested_at: Time,
+}
+
+/// An entry of the agent directory (cluster-scoped).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: AgentSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AgentStatus>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Who an agent is and what it may hold.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<String>,
+    #[serde(default = "default_true")]
+    pub active: bool,
+    /// Longest session this agent may hold, as a Go duration (`8h`, `90m`).
+    #[serde(rename = "maxSessionTTL", default, skip_serializing_if = "Option::is_none")]
+    pub max_session_ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_sessions: Option<u32>,
+}
+
+impl Default for AgentSpec {
+    fn default() -> Self {
+        Self {
+            display_name: None,
+            owners: Vec::new(),
+            teams: Vec::new(),
+            active: true,
+            max_session_ttl: None,
+            max_active_sessions: None,
+        }
+    }
+}
+
+/// Observed state of an agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_sessions: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deactivated_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl Kind for AccessSession {
+    const KIND: &'static str = "AccessSession";
+    const PLURAL: &'static str = "accesssessions";
+    const NAMESPACED: bool = true;
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        META_FIELDS[0],
+        META_FIELDS[1],
+        ("spec.server.name", &["spec", "server", "name"]),
+        ("spec.server.uid", &["spec", "server", "uid"]),
+        ("spec.agent.name", &["spec", "agent", "name"]),
+        ("spec.subject.user", &["spec", "subject", "user"]),
+        ("status.phase", &["status", "phase"]),
+    ];
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn set_type_meta(&mut self) {
+        self.api_version = API_VERSION.to_string();
+        self.kind = Self::KIND.to_string();
+    }
+}
+
+impl Kind for Agent {
+    const KIND: &'static str = "Agent";
+    const PLURAL: &'static str = "agents";
+    const NAMESPACED: bool = false;
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[META_FIELDS[0]];
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn set_type_meta(&mut self) {
+        self.api_version = API_VERSION.to_string();
+        self.kind = Self::KIND.to_string();
+    }
+}
+
+impl AccessSession {
+    /// The phase, `Active` when no status was written yet.
+    pub fn phase(&self) -> SessionPhase {
+        self.status.as_ref().map(|s| s.phase).unwrap_or_default()
+    }
+}
