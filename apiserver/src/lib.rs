@@ -1,1 +1,4 @@
+//! The MCP Access aggregated API server.
+#![forbid(unsafe_code)]
 
+pub mod store;

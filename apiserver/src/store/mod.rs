@@ -1,0 +1,214 @@
+//! Storage: the port the HTTP layer uses ([`Store`]) and its PostgreSQL implementation.
+//!
+//! All SQL of the apiserver lives under this module.
+
+mod feed;
+mod migrate;
+mod pg;
+pub mod rv;
+
+use apis::rules::SessionRuleError;
+use apis::selector::{FieldSelector, LabelSelector};
+use apis::validation::{join_errors, FieldError};
+use apis::{AccessSession, Agent, Kind, ServerRef};
+use async_trait::async_trait;
+
+pub use feed::{Event, EventType, Subscription};
+pub use migrate::apply_migrations;
+pub use pg::{PgStore, StoreConfig};
+pub use rv::{ContinueToken, ResourceVersion};
+
+/// A storage failure, in the terms the API reports it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{resource} {name:?} not found")]
+    NotFound { resource: &'static str, name: String },
+    #[error("{resource} {name:?} already exists")]
+    AlreadyExists { resource: &'static str, name: String },
+    #[error("{resource} {name:?} already exists: the name was used before and is reserved")]
+    NameReserved { resource: &'static str, name: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{}", join_errors(.0))]
+    Invalid(Vec<FieldError>),
+    #[error("{message}")]
+    Forbidden { reason: ForbiddenReason, message: String },
+    /// The resourceVersion or continue token is no longer (or not yet) served; relist.
+    #[error("{0}")]
+    Expired(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal storage error: {0}")]
+    Internal(String),
+}
+
+/// The `reason` of a 403 raised by a domain rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForbiddenReason {
+    ScopeEscalation,
+    QuotaExceeded,
+    AgentInactive,
+}
+
+impl ForbiddenReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ScopeEscalation => "ScopeEscalation",
+            Self::QuotaExceeded => "QuotaExceeded",
+            Self::AgentInactive => "Forbidden",
+        }
+    }
+}
+
+impl From<SessionRuleError> for StoreError {
+    fn from(e: SessionRuleError) -> Self {
+        let message = e.to_string();
+        match e {
+            SessionRuleError::Invalid(errors) => Self::Invalid(errors),
+            SessionRuleError::AgentNotFound(_) => {
+                Self::Invalid(vec![FieldError::new(
+                    apis::validation::FieldErrorKind::Invalid,
+                    "spec.agent.name",
+                    message,
+                )])
+            }
+            SessionRuleError::AgentInactive(_) => Self::Forbidden {
+                reason: ForbiddenReason::AgentInactive,
+                message,
+            },
+            SessionRuleError::ScopeEscalation(_) => Self::Forbidden {
+                reason: ForbiddenReason::ScopeEscalation,
+                message,
+            },
+            SessionRuleError::QuotaExceeded { .. } => Self::Forbidden {
+                reason: ForbiddenReason::QuotaExceeded,
+                message,
+            },
+            SessionRuleError::AgentUidMismatch { .. } | SessionRuleError::ServerFenced(_) => {
+                Self::Conflict(message)
+            }
+        }
+    }
+}
+
+/// Result alias for storage calls.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which snapshot a list reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListAt {
+    /// The current state, read consistently.
+    Latest,
+    /// The state at an exact resourceVersion, starting after `after` (namespace, name).
+    Exact {
+        rv: ResourceVersion,
+        after: Option<(String, String)>,
+    },
+}
+
+/// What to list.
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    /// Restricts to one namespace; `None` lists all namespaces.
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    /// Page size; `None` returns everything.
+    pub limit: Option<usize>,
+    pub at: ListAt,
+}
+
+impl Default for ListQuery {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            labels: LabelSelector::default(),
+            fields: FieldSelector::default(),
+            limit: None,
+            at: ListAt::Latest,
+        }
+    }
+}
+
+/// One page of a list.
+#[derive(Clone, Debug)]
+pub struct ObjectList<K> {
+    pub items: Vec<K>,
+    /// The snapshot the page was read at (the same on every page of one list).
+    pub resource_version: ResourceVersion,
+    /// Set when more items follow.
+    pub continue_token: Option<String>,
+}
+
+/// DeleteOptions preconditions.
+#[derive(Clone, Debug, Default)]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// A written object and the warnings to return with it.
+#[derive(Clone, Debug)]
+pub struct Written<K> {
+    pub object: K,
+    pub warnings: Vec<String>,
+}
+
+/// What a bulk revocation did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RevocationOutcome {
+    /// `namespace/name` of every session this call revoked.
+    pub revoked: Vec<String>,
+}
+
+/// The storage port. The HTTP layer is generic over it; [`PgStore`] implements it.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Reads one object.
+    async fn get<K: Kind>(&self, namespace: &str, name: &str) -> Result<K>;
+    /// Lists objects at a consistent snapshot.
+    async fn list<K: Kind>(&self, query: &ListQuery) -> Result<ObjectList<K>>;
+    /// Deletes an object, returning its last state. Deleting an Agent revokes its sessions
+    /// in the same transaction; a deleted session's name is reserved forever.
+    async fn delete<K: Kind>(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K>;
+
+    /// Issues a session under the rules of DESIGN §2.
+    async fn create_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>>;
+    /// Updates a session through the main resource (status and authority fields are kept).
+    async fn update_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>>;
+    /// Revokes one session; a no-op if it already is revoked.
+    async fn revoke_session(
+        &self,
+        namespace: &str,
+        name: &str,
+        cause: &str,
+        revocation_name: Option<&str>,
+    ) -> Result<AccessSession>;
+    /// Lifts a session's revocation: refused (409) for a fenced server or an inactive agent.
+    async fn unrevoke_session(&self, namespace: &str, name: &str) -> Result<AccessSession>;
+    /// Revokes every session of a server generation and installs its permanent UID fence.
+    async fn retire_server(
+        &self,
+        namespace: &str,
+        server: &ServerRef,
+        revocation_name: Option<&str>,
+    ) -> Result<RevocationOutcome>;
+
+    /// Adds an agent to the directory.
+    async fn create_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
+    /// Updates an agent; `spec.active: false` revokes its sessions in the same transaction.
+    async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
+
+    /// The current resourceVersion.
+    async fn current_version(&self) -> Result<ResourceVersion>;
+    /// Follows the change log from just after `from`.
+    async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription>;
+}

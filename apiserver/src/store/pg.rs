@@ -1,0 +1,1092 @@
+//! The PostgreSQL store (DESIGN §3).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apis::rules::{
+    self, admit_session, admit_session_update, validate_agent_spec, validate_metadata,
+    IssuanceContext, CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED,
+};
+use apis::selector::FieldRequirement;
+use apis::validation::FieldError;
+use apis::{
+    AccessSession, AccessSessionStatus, Agent, AgentStatus, Kind, SessionPhase, ServerRef,
+};
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use rand::Rng;
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use super::feed::{set_resource_version, Feed, CHANNEL};
+use super::rv::{ContinueToken, ResourceVersion, EPOCH_LIMIT};
+use super::{
+    apply_migrations, ListAt, ListQuery, ObjectList, Preconditions, Result, RevocationOutcome,
+    Store, StoreError, Subscription, Written,
+};
+
+const SESSIONS: &str = AccessSession::PLURAL;
+const AGENTS: &str = Agent::PLURAL;
+/// Rows fetched per query while assembling a list page.
+const LIST_CHUNK: usize = 1000;
+
+/// Store settings.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub pg: tokio_postgres::Config,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// Change-log events kept for watches and continue tokens.
+    pub retained_events: u64,
+    /// Server-wide maximum session lifetime.
+    pub max_session_ttl: SignedDuration,
+    /// Events queued per live watcher before it is cut off.
+    pub watcher_buffer: usize,
+    /// Recent events kept in memory for watchers that start slightly behind.
+    pub ring_capacity: usize,
+    /// How often the change log is trimmed.
+    pub trim_interval: Duration,
+}
+
+impl StoreConfig {
+    pub fn new(pg: tokio_postgres::Config) -> Self {
+        Self {
+            pg,
+            pool_size: 16,
+            retained_events: 100_000,
+            max_session_ttl: SignedDuration::from_hours(24),
+            watcher_buffer: 1024,
+            ring_capacity: 8192,
+            trim_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The PostgreSQL implementation of [`Store`]. Cheap to clone; background tasks stop when
+/// the last clone is dropped.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    feed: Arc<Feed>,
+    config: StoreConfig,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn pg_err(e: tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(db) => StoreError::Internal(format!("{}: {}", db.code().code(), db.message())),
+        None => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn now() -> Timestamp {
+    // Kubernetes times have second precision.
+    let t = Timestamp::now();
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+impl PgStore {
+    /// Applies migrations, rotates the epoch (expiring every resourceVersion handed out
+    /// before), and starts the change feed and the log trimmer.
+    pub async fn start(config: StoreConfig) -> Result<Self> {
+        let (mut client, connection) = config.pg.connect(tokio_postgres::NoTls).await.map_err(pg_err)?;
+        let driver = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "setup connection ended");
+            }
+        });
+        apply_migrations(&mut client).await?;
+        let (epoch, head) = rotate_epoch(&client).await?;
+        drop(client);
+        driver.abort();
+        tracing::info!(epoch, head, "storage ready; epoch rotated");
+
+        let manager = Manager::from_config(
+            config.pg.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .build()
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let feed = Feed::new(
+            pool.clone(),
+            epoch,
+            head,
+            config.watcher_buffer,
+            config.ring_capacity,
+        );
+        let mut tasks = vec![tokio::spawn(feed.clone().run(config.pg.clone()))];
+        let trimmer = Trimmer {
+            pool: pool.clone(),
+            retained: config.retained_events,
+        };
+        let interval = config.trim_interval;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(e) = trimmer.trim().await {
+                    tracing::warn!(error = %e, "change log trim failed");
+                }
+            }
+        }));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                feed,
+                config,
+                tasks,
+            }),
+        })
+    }
+
+    /// Deletes change-log entries beyond the retention, in small batches, outside the
+    /// sync-state lock. Returns how many were deleted.
+    pub async fn trim_log(&self) -> Result<u64> {
+        Trimmer {
+            pool: self.inner.pool.clone(),
+            retained: self.inner.config.retained_events,
+        }
+        .trim()
+        .await
+    }
+
+    /// Number of live change-feed subscribers.
+    pub fn live_subscribers(&self) -> usize {
+        self.inner.feed.subscriber_count()
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.inner.pool.get().await.map_err(pool_err)
+    }
+}
+
+async fn rotate_epoch(client: &tokio_postgres::Client) -> Result<(u32, u64)> {
+    loop {
+        let epoch = rand::rng().random_range(1..EPOCH_LIMIT) as i32;
+        let rows = client
+            .query(
+                "UPDATE sync_state SET epoch = $1 WHERE id = 1 AND epoch <> $1 RETURNING seq",
+                &[&epoch],
+            )
+            .await
+            .map_err(pg_err)?;
+        if let Some(row) = rows.first() {
+            client
+                .batch_execute(&format!("NOTIFY {CHANNEL}"))
+                .await
+                .map_err(pg_err)?;
+            return Ok((epoch as u32, row.get::<_, i64>(0) as u64));
+        }
+    }
+}
+
+struct Trimmer {
+    pool: Pool,
+    retained: u64,
+}
+
+impl Trimmer {
+    async fn trim(&self) -> Result<u64> {
+        const BATCH: i64 = 5000;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let mut total = 0;
+        loop {
+            let n = client
+                .execute(
+                    "DELETE FROM change_log WHERE seq IN (
+                         SELECT seq FROM change_log
+                          WHERE seq <= (SELECT seq FROM sync_state WHERE id = 1) - $1
+                          ORDER BY seq LIMIT $2)",
+                    &[&(self.retained as i64), &BATCH],
+                )
+                .await
+                .map_err(pg_err)?;
+            total += n;
+            if n < BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// A row of `objects` as read inside a transaction.
+struct StoredRow {
+    seq: u64,
+    uid: Uuid,
+    body: Value,
+}
+
+fn decode<K: Kind>(mut body: Value, rv: ResourceVersion) -> Result<K> {
+    set_resource_version(&mut body, rv);
+    serde_json::from_value(body).map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))
+}
+
+fn encode<K: Kind>(object: &K) -> Result<Value> {
+    let mut body = serde_json::to_value(object).map_err(|e| StoreError::Internal(e.to_string()))?;
+    if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    Ok(body)
+}
+
+fn namespace_of<K: Kind>(meta: &ObjectMeta) -> Result<String> {
+    match (&meta.namespace, K::NAMESPACED) {
+        (Some(ns), true) if !ns.is_empty() => Ok(ns.clone()),
+        (_, true) => Err(StoreError::Invalid(vec![FieldError::required(
+            "metadata.namespace",
+            "Required value",
+        )])),
+        (_, false) => Ok(String::new()),
+    }
+}
+
+fn scoped_ns<K: Kind>(namespace: &str) -> &str {
+    if K::NAMESPACED {
+        namespace
+    } else {
+        ""
+    }
+}
+
+fn display_name(ns: &str, name: &str) -> String {
+    if ns.is_empty() {
+        name.to_string()
+    } else {
+        format!("{ns}/{name}")
+    }
+}
+
+fn not_found<K: Kind>(name: &str) -> StoreError {
+    StoreError::NotFound {
+        resource: K::PLURAL,
+        name: name.to_string(),
+    }
+}
+
+fn modified_conflict<K: Kind>(name: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "Operation cannot be fulfilled on {}.{} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+        K::PLURAL,
+        apis::GROUP
+    ))
+}
+
+/// Fills the server-owned metadata of a new object.
+fn init_metadata(meta: &mut ObjectMeta, namespace: &str, now: Timestamp) {
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        if let Some(prefix) = meta.generate_name.as_deref().filter(|p| !p.is_empty()) {
+            const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            let mut rng = rand::rng();
+            let suffix: String = (0..5)
+                .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+                .collect();
+            meta.name = Some(format!("{prefix}{suffix}"));
+        }
+    }
+    meta.namespace = (!namespace.is_empty()).then(|| namespace.to_string());
+    meta.uid = Some(Uuid::new_v4().to_string());
+    meta.resource_version = None;
+    meta.creation_timestamp = Some(Time(now));
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.generation = Some(1);
+    meta.managed_fields = None;
+}
+
+/// Takes the user-owned metadata of an update; the rest stays as stored.
+fn merge_metadata(stored: &ObjectMeta, update: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        labels: update.labels.clone(),
+        annotations: update.annotations.clone(),
+        owner_references: update.owner_references.clone(),
+        finalizers: update.finalizers.clone(),
+        ..stored.clone()
+    }
+}
+
+/// Checks the uid and resourceVersion an update or delete names against the stored object.
+fn check_preconditions<K: Kind>(
+    name: &str,
+    stored: &StoredRow,
+    epoch: u32,
+    uid: Option<&str>,
+    resource_version: Option<&str>,
+) -> Result<()> {
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        if uid != stored.uid.to_string() {
+            return Err(StoreError::Conflict(format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                stored.uid
+            )));
+        }
+    }
+    if let Some(rv) = resource_version.filter(|r| !r.is_empty()) {
+        if rv != ResourceVersion::new(epoch, stored.seq).to_string() {
+            return Err(modified_conflict::<K>(name));
+        }
+    }
+    Ok(())
+}
+
+/// One write transaction: holds the sync-state row lock from `begin` to `commit`.
+struct WriteTx<'a> {
+    tx: deadpool_postgres::Transaction<'a>,
+    epoch: u32,
+    start: u64,
+    seq: u64,
+}
+
+impl<'a> WriteTx<'a> {
+    async fn begin(client: &'a mut deadpool_postgres::Object) -> Result<Self> {
+        let tx = client.transaction().await.map_err(pg_err)?;
+        let stmt = tx
+            .prepare_cached("SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE")
+            .await
+            .map_err(pg_err)?;
+        let row = tx.query_one(&stmt, &[]).await.map_err(pg_err)?;
+        let seq = row.get::<_, i64>(1) as u64;
+        Ok(Self {
+            tx,
+            epoch: row.get::<_, i32>(0) as u32,
+            start: seq,
+            seq,
+        })
+    }
+
+    fn rv(&self, seq: u64) -> ResourceVersion {
+        ResourceVersion::new(self.epoch, seq)
+    }
+
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
+        self.tx.query(&stmt, params).await.map_err(pg_err)
+    }
+
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
+        self.tx.execute(&stmt, params).await.map_err(pg_err)
+    }
+
+    async fn load(&self, resource: &str, ns: &str, name: &str) -> Result<Option<StoredRow>> {
+        let rows = self
+            .query(
+                "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3",
+                &[&resource, &ns, &name],
+            )
+            .await?;
+        Ok(rows.first().map(|r| StoredRow {
+            seq: r.get::<_, i64>(0) as u64,
+            uid: r.get(1),
+            body: r.get(2),
+        }))
+    }
+
+    async fn load_typed<K: Kind>(&self, ns: &str, name: &str) -> Result<Option<(K, StoredRow)>> {
+        match self.load(K::PLURAL, scoped_ns::<K>(ns), name).await? {
+            Some(row) => Ok(Some((decode(row.body.clone(), self.rv(row.seq))?, row))),
+            None => Ok(None),
+        }
+    }
+
+    /// Fails unless the name is unused and was never used (for kinds that reserve names).
+    async fn ensure_name_free(&self, resource: &'static str, ns: &str, name: &str) -> Result<()> {
+        let row = &self
+            .query(
+                "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3),
+                        EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3)",
+                &[&resource, &ns, &name],
+            )
+            .await?[0];
+        let name = display_name(ns, name);
+        if row.get::<_, bool>(0) {
+            return Err(StoreError::AlreadyExists { resource, name });
+        }
+        if row.get::<_, bool>(1) {
+            return Err(StoreError::NameReserved { resource, name });
+        }
+        Ok(())
+    }
+
+    async fn is_fenced(&self, server_uid: &str) -> Result<bool> {
+        let rows = self
+            .query("SELECT 1 FROM server_fences WHERE server_uid = $1", &[&server_uid])
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn active_sessions_of_agent(&self, agent_uid: &str, now: Timestamp) -> Result<u32> {
+        let now = Time(now);
+        let now = serde_json::to_value(&now).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let now = now.as_str().unwrap_or_default().to_string();
+        let rows = self
+            .query(
+                "SELECT count(*) FROM objects
+                  WHERE resource = 'accesssessions' AND body #>> '{spec,agent,uid}' = $1
+                    AND body #>> '{status,phase}' IN ('Active', 'PendingEnrollment')
+                    AND body #>> '{spec,expiresAt}' > $2",
+                &[&agent_uid, &now],
+            )
+            .await?;
+        Ok(rows[0].get::<_, i64>(0) as u32)
+    }
+
+    fn next_seq(&mut self) -> i64 {
+        self.seq += 1;
+        self.seq as i64
+    }
+
+    /// Stores a new object and its ADDED event.
+    async fn insert(&mut self, resource: &str, ns: &str, name: &str, uid: Uuid, body: &Value) -> Result<u64> {
+        let seq = self.next_seq();
+        self.execute(
+            "WITH o AS (
+                 INSERT INTO objects (resource, namespace, name, uid, seq, body) VALUES ($1, $2, $3, $4, $5, $6)
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)",
+            &[&resource, &ns, &name, &uid, &seq, body],
+        )
+        .await?;
+        Ok(seq as u64)
+    }
+
+    /// Replaces an object and records the MODIFIED event with its before-image.
+    async fn replace(&mut self, resource: &str, ns: &str, name: &str, body: &Value, before: &StoredRow) -> Result<u64> {
+        let seq = self.next_seq();
+        let prev = before.seq as i64;
+        self.execute(
+            "WITH o AS (
+                 UPDATE objects SET seq = $4, body = $5 WHERE resource = $1 AND namespace = $2 AND name = $3
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+             VALUES ($4, $1, $2, $3, 'MODIFIED', $5, $6, $7)",
+            &[&resource, &ns, &name, &seq, body, &before.body, &prev],
+        )
+        .await?;
+        Ok(seq as u64)
+    }
+
+    /// Replaces many objects of one resource in one statement (bulk revocation).
+    async fn replace_many(&mut self, resource: &str, rows: Vec<(String, String, Value, StoredRow)>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut namespaces = Vec::with_capacity(rows.len());
+        let mut names = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut bodies = Vec::with_capacity(rows.len());
+        let mut befores = Vec::with_capacity(rows.len());
+        let mut prevs = Vec::with_capacity(rows.len());
+        for (ns, name, body, before) in rows {
+            seqs.push(self.next_seq());
+            namespaces.push(ns);
+            names.push(name);
+            bodies.push(body);
+            prevs.push(before.seq as i64);
+            befores.push(before.body);
+        }
+        self.execute(
+            "WITH d AS (
+                 SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::jsonb[], $7::bigint[])
+                     AS d(namespace, name, seq, body, before, prev_seq)
+             ), o AS (
+                 UPDATE objects SET seq = d.seq, body = d.body FROM d
+                  WHERE objects.resource = $1 AND objects.namespace = d.namespace AND objects.name = d.name
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+             SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d",
+            &[&resource, &namespaces, &names, &seqs, &bodies, &befores, &prevs],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes an object and records the DELETED event carrying its last state.
+    async fn remove(&mut self, resource: &str, ns: &str, name: &str, last: &StoredRow) -> Result<u64> {
+        let seq = self.next_seq();
+        let prev = last.seq as i64;
+        self.execute(
+            "WITH o AS (
+                 DELETE FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+             VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)",
+            &[&resource, &ns, &name, &seq, &last.body, &prev],
+        )
+        .await?;
+        Ok(seq as u64)
+    }
+
+    /// Revokes every matching, not yet revoked session. `filter` is a SQL condition on
+    /// `objects` with `$1` bound to `value`.
+    async fn revoke_sessions_where(
+        &mut self,
+        filter: &str,
+        value: &str,
+        cause: &str,
+        revocation_name: Option<&str>,
+        now: Timestamp,
+    ) -> Result<RevocationOutcome> {
+        let rows = self
+            .query(
+                &format!(
+                    "SELECT namespace, name, seq, uid, body FROM objects
+                      WHERE resource = 'accesssessions' AND {filter}
+                      ORDER BY namespace, name"
+                ),
+                &[&value],
+            )
+            .await?;
+        let mut changes = Vec::new();
+        let mut outcome = RevocationOutcome::default();
+        for row in rows {
+            let (ns, name): (String, String) = (row.get(0), row.get(1));
+            let stored = StoredRow {
+                seq: row.get::<_, i64>(2) as u64,
+                uid: row.get(3),
+                body: row.get(4),
+            };
+            let mut session: AccessSession = decode(stored.body.clone(), self.rv(stored.seq))?;
+            if rules::revoke_session(&mut session, cause, revocation_name, now) {
+                outcome.revoked.push(display_name(&ns, &name));
+                changes.push((ns, name, encode(&session)?, stored));
+            }
+        }
+        self.replace_many(SESSIONS, changes).await?;
+        Ok(outcome)
+    }
+
+    async fn commit(self) -> Result<()> {
+        if self.seq > self.start {
+            let stmt = self
+                .tx
+                .prepare_cached("UPDATE sync_state SET seq = $1 WHERE id = 1")
+                .await
+                .map_err(pg_err)?;
+            self.tx.execute(&stmt, &[&(self.seq as i64)]).await.map_err(pg_err)?;
+            self.tx
+                .batch_execute(&format!("NOTIFY {CHANNEL}"))
+                .await
+                .map_err(pg_err)?;
+        }
+        self.tx.commit().await.map_err(pg_err)
+    }
+}
+
+/// The SQL condition for one field requirement. Paths come from `Kind::FIELDS` (static,
+/// trusted), values are bound parameters.
+fn field_condition(column: &str, req: &FieldRequirement, param: usize) -> String {
+    let path = format!("{column} #>> '{{{}}}'", req.path.join(","));
+    if req.value.is_empty() || req.negated {
+        let op = if req.negated { "<>" } else { "=" };
+        format!("COALESCE({path}, '') {op} ${param}")
+    } else {
+        format!("{path} = ${param}")
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn get<K: Kind>(&self, namespace: &str, name: &str) -> Result<K> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT s.epoch, o.seq, o.body FROM sync_state s
+                   LEFT JOIN objects o ON o.resource = $1 AND o.namespace = $2 AND o.name = $3",
+            )
+            .await
+            .map_err(pg_err)?;
+        let row = client
+            .query_one(&stmt, &[&K::PLURAL, &scoped_ns::<K>(namespace), &name])
+            .await
+            .map_err(pg_err)?;
+        let epoch = row.get::<_, i32>(0) as u32;
+        match row.get::<_, Option<i64>>(1) {
+            Some(seq) => decode(row.get(2), ResourceVersion::new(epoch, seq as u64)),
+            None => Err(not_found::<K>(name)),
+        }
+    }
+
+    async fn list<K: Kind>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(pg_err)?;
+        let head_stmt = tx
+            .prepare_cached("SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1")
+            .await
+            .map_err(pg_err)?;
+        let head = tx.query_one(&head_stmt, &[]).await.map_err(pg_err)?;
+        let epoch = head.get::<_, i32>(0) as u32;
+        let head_seq = head.get::<_, i64>(1) as u64;
+        // Every change after `horizon` is still in the log.
+        let horizon = head
+            .get::<_, Option<i64>>(2)
+            .map(|min| min as u64 - 1)
+            .unwrap_or(head_seq);
+        let (at, mut after) = match &query.at {
+            ListAt::Latest => (head_seq, (String::new(), String::new())),
+            ListAt::Exact { rv, after } => {
+                if rv.epoch != epoch || rv.seq > head_seq || rv.seq < horizon {
+                    return Err(StoreError::Expired(format!(
+                        "The provided continue parameter is too old to display a consistent list result. \
+                         You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
+                    )));
+                }
+                (rv.seq, after.clone().unwrap_or_default())
+            }
+        };
+        let rv = ResourceVersion::new(epoch, at);
+
+        let mut sql = String::from(
+            "SELECT namespace, name, seq, body FROM (
+                 SELECT namespace, name, seq, body FROM objects
+                  WHERE resource = $1 AND seq <= $2 AND (resource, namespace, name) > ($1, $3, $4)",
+        );
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![
+            Box::new(K::PLURAL),
+            Box::new(at as i64),
+            Box::new(String::new()),
+            Box::new(String::new()),
+        ];
+        let mut conditions = String::new();
+        if let Some(ns) = query.namespace.as_ref().filter(|_| K::NAMESPACED) {
+            params.push(Box::new(ns.clone()));
+            let _ = write!(conditions, " AND namespace = ${}", params.len());
+        }
+        let mut body_conditions = Vec::new();
+        for req in &query.fields.0 {
+            params.push(Box::new(req.value.clone()));
+            body_conditions.push((req, params.len()));
+        }
+        sql.push_str(&conditions);
+        for (req, i) in &body_conditions {
+            let _ = write!(sql, " AND {}", field_condition("body", req, *i));
+        }
+        sql.push_str(
+            " UNION ALL
+                 SELECT namespace, name, prev_seq, before FROM (
+                     SELECT DISTINCT ON (namespace, name) namespace, name, prev_seq, before FROM change_log
+                      WHERE resource = $1 AND seq > $2 AND (resource, namespace, name) > ($1, $3, $4)",
+        );
+        sql.push_str(&conditions);
+        sql.push_str(" ORDER BY namespace, name, seq) h WHERE before IS NOT NULL");
+        for (req, i) in &body_conditions {
+            let _ = write!(sql, " AND {}", field_condition("before", req, *i));
+        }
+        params.push(Box::new(0i64));
+        let limit_param = params.len();
+        let _ = write!(sql, ") s ORDER BY namespace, name LIMIT ${limit_param}");
+
+        let stmt = tx.prepare_cached(&sql).await.map_err(pg_err)?;
+        let want = query.limit.filter(|l| *l > 0);
+        let mut items = Vec::new();
+        let mut more = false;
+        loop {
+            let chunk = want.map_or(LIST_CHUNK, |w| (w + 1 - items.len()).max(64)).min(LIST_CHUNK * 5);
+            params[2] = Box::new(after.0.clone());
+            params[3] = Box::new(after.1.clone());
+            params[limit_param - 1] = Box::new(chunk as i64);
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            let rows = tx.query(&stmt, &refs).await.map_err(pg_err)?;
+            let exhausted = rows.len() < chunk;
+            for row in rows {
+                let (ns, name): (String, String) = (row.get(0), row.get(1));
+                let body: Value = row.get(3);
+                after = (ns, name);
+                let labels = body
+                    .pointer("/metadata/labels")
+                    .and_then(|l| serde_json::from_value(l.clone()).ok());
+                if !query.labels.matches(labels.as_ref()) {
+                    continue;
+                }
+                if want.is_some_and(|w| items.len() == w) {
+                    more = true;
+                    break;
+                }
+                let seq = row.get::<_, i64>(2) as u64;
+                items.push((decode::<K>(body, ResourceVersion::new(epoch, seq))?, after.clone()));
+            }
+            if more || exhausted {
+                break;
+            }
+        }
+        tx.commit().await.map_err(pg_err)?;
+        let continue_token = more.then(|| {
+            let (ns, name) = items.last().map(|(_, key)| key.clone()).unwrap_or_default();
+            ContinueToken { rv: rv.to_string(), ns, name }.encode()
+        });
+        Ok(ObjectList {
+            items: items.into_iter().map(|(item, _)| item).collect(),
+            resource_version: rv,
+            continue_token,
+        })
+    }
+
+    async fn delete<K: Kind>(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K> {
+        let ns = scoped_ns::<K>(namespace);
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((object, stored)) = tx.load_typed::<K>(ns, name).await? else {
+            return Err(not_found::<K>(name));
+        };
+        check_preconditions::<K>(
+            name,
+            &stored,
+            tx.epoch,
+            preconditions.uid.as_deref(),
+            preconditions.resource_version.as_deref(),
+        )?;
+        if dry_run {
+            return Ok(object);
+        }
+        if K::PLURAL == AGENTS {
+            tx.revoke_sessions_where(
+                "body #>> '{spec,agent,uid}' = $1",
+                &stored.uid.to_string(),
+                CAUSE_AGENT_DEACTIVATED,
+                None,
+                now(),
+            )
+            .await?;
+        }
+        let seq = tx.remove(K::PLURAL, ns, name, &stored).await?;
+        if K::PLURAL == SESSIONS {
+            tx.execute(
+                "INSERT INTO name_reservations (resource, namespace, name, uid) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT DO NOTHING",
+                &[&K::PLURAL, &ns, &name, &stored.uid],
+            )
+            .await?;
+        }
+        let rv = tx.rv(seq);
+        tx.commit().await?;
+        decode(stored.body, rv)
+    }
+
+    async fn create_session(&self, mut session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
+        let now = now();
+        let ns = namespace_of::<AccessSession>(&session.metadata)?;
+        init_metadata(&mut session.metadata, &ns, now);
+        let mut errors = validate_metadata(&session.metadata);
+        errors.extend(rules::validate_session_spec(&session.spec));
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        let name = session.metadata.name.clone().unwrap_or_default();
+
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        tx.ensure_name_free(SESSIONS, &ns, &name).await?;
+        let server_fenced = tx.is_fenced(&session.spec.server.uid).await?;
+        let agent = match &session.spec.agent {
+            Some(agent_ref) => tx.load_typed::<Agent>("", &agent_ref.name).await?,
+            None => None,
+        };
+        let agent_active_sessions = match &agent {
+            Some((a, row)) if a.spec.max_active_sessions.is_some() => {
+                tx.active_sessions_of_agent(&row.uid.to_string(), now).await?
+            }
+            _ => 0,
+        };
+        let admission = admit_session(
+            &session.spec,
+            &IssuanceContext {
+                agent: agent.as_ref().map(|(a, _)| a),
+                agent_active_sessions,
+                server_max_ttl: self.inner.config.max_session_ttl,
+                server_fenced,
+                now,
+            },
+        )?;
+        session.spec = admission.spec;
+        session.status = Some(AccessSessionStatus {
+            phase: SessionPhase::Active,
+            ..Default::default()
+        });
+        session.set_type_meta();
+        if !dry_run {
+            let uid = Uuid::parse_str(session.metadata.uid.as_deref().unwrap_or_default())
+                .map_err(|e| StoreError::Internal(e.to_string()))?;
+            let seq = tx.insert(SESSIONS, &ns, &name, uid, &encode(&session)?).await?;
+            session.metadata.resource_version = Some(tx.rv(seq).to_string());
+            tx.commit().await?;
+        }
+        Ok(Written {
+            object: session,
+            warnings: admission.warnings,
+        })
+    }
+
+    async fn update_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
+        let ns = namespace_of::<AccessSession>(&session.metadata)?;
+        let name = session.metadata.name.clone().unwrap_or_default();
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((current, stored)) = tx.load_typed::<AccessSession>(&ns, &name).await? else {
+            return Err(not_found::<AccessSession>(&name));
+        };
+        check_preconditions::<AccessSession>(
+            &name,
+            &stored,
+            tx.epoch,
+            session.metadata.uid.as_deref(),
+            session.metadata.resource_version.as_deref(),
+        )?;
+        let spec = admit_session_update(&current.spec, &session.spec)?;
+        let mut updated = current.clone();
+        updated.metadata = merge_metadata(&current.metadata, &session.metadata);
+        let errors = validate_metadata(&updated.metadata);
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        if spec != current.spec {
+            updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        }
+        updated.spec = spec;
+        if updated == current || dry_run {
+            return Ok(Written { object: updated, warnings: Vec::new() });
+        }
+        let seq = tx.replace(SESSIONS, &ns, &name, &encode(&updated)?, &stored).await?;
+        updated.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(Written { object: updated, warnings: Vec::new() })
+    }
+
+    async fn revoke_session(
+        &self,
+        namespace: &str,
+        name: &str,
+        cause: &str,
+        revocation_name: Option<&str>,
+    ) -> Result<AccessSession> {
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((mut session, stored)) = tx.load_typed::<AccessSession>(namespace, name).await? else {
+            return Err(not_found::<AccessSession>(name));
+        };
+        if !rules::revoke_session(&mut session, cause, revocation_name, now()) {
+            return Ok(session);
+        }
+        let seq = tx.replace(SESSIONS, namespace, name, &encode(&session)?, &stored).await?;
+        session.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn unrevoke_session(&self, namespace: &str, name: &str) -> Result<AccessSession> {
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((mut session, stored)) = tx.load_typed::<AccessSession>(namespace, name).await? else {
+            return Err(not_found::<AccessSession>(name));
+        };
+        let fenced = tx.is_fenced(&session.spec.server.uid).await?;
+        if let Some(agent_ref) = &session.spec.agent {
+            let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
+            let usable = agent.as_ref().is_some_and(|(a, _)| {
+                a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
+            });
+            if !usable {
+                return Err(StoreError::Conflict(format!(
+                    "cannot restore session {name:?}: agent {:?} is no longer active (deactivated, deleted or re-created)",
+                    agent_ref.name
+                )));
+            }
+        }
+        if !rules::unrevoke_session(&mut session, fenced)? {
+            return Ok(session);
+        }
+        let seq = tx.replace(SESSIONS, namespace, name, &encode(&session)?, &stored).await?;
+        session.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(session)
+    }
+
+    async fn retire_server(
+        &self,
+        namespace: &str,
+        server: &ServerRef,
+        revocation_name: Option<&str>,
+    ) -> Result<RevocationOutcome> {
+        if server.uid.is_empty() {
+            return Err(StoreError::Invalid(vec![FieldError::required("spec.target.server.uid", "Required value")]));
+        }
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        tx.execute(
+            "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (server_uid) DO NOTHING",
+            &[&server.uid, &server.name, &namespace, &revocation_name],
+        )
+        .await?;
+        let outcome = tx
+            .revoke_sessions_where(
+                "body #>> '{spec,server,uid}' = $1",
+                &server.uid,
+                CAUSE_SERVER_RETIRED,
+                revocation_name,
+                now(),
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn create_agent(&self, mut agent: Agent, dry_run: bool) -> Result<Written<Agent>> {
+        let now = now();
+        init_metadata(&mut agent.metadata, "", now);
+        let mut errors = validate_metadata(&agent.metadata);
+        errors.extend(validate_agent_spec(&agent.spec));
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        let name = agent.metadata.name.clone().unwrap_or_default();
+        agent.status = Some(AgentStatus {
+            deactivated_at: (!agent.spec.active).then_some(Time(now)),
+            ..Default::default()
+        });
+        agent.set_type_meta();
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        if tx.load(AGENTS, "", &name).await?.is_some() {
+            return Err(StoreError::AlreadyExists { resource: AGENTS, name });
+        }
+        if !dry_run {
+            let uid = Uuid::parse_str(agent.metadata.uid.as_deref().unwrap_or_default())
+                .map_err(|e| StoreError::Internal(e.to_string()))?;
+            let seq = tx.insert(AGENTS, "", &name, uid, &encode(&agent)?).await?;
+            agent.metadata.resource_version = Some(tx.rv(seq).to_string());
+            tx.commit().await?;
+        }
+        Ok(Written { object: agent, warnings: Vec::new() })
+    }
+
+    async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>> {
+        let name = agent.metadata.name.clone().unwrap_or_default();
+        let errors = validate_agent_spec(&agent.spec);
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        let now = now();
+        let mut client = self.client().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((current, stored)) = tx.load_typed::<Agent>("", &name).await? else {
+            return Err(not_found::<Agent>(&name));
+        };
+        check_preconditions::<Agent>(
+            &name,
+            &stored,
+            tx.epoch,
+            agent.metadata.uid.as_deref(),
+            agent.metadata.resource_version.as_deref(),
+        )?;
+        let mut updated = current.clone();
+        updated.metadata = merge_metadata(&current.metadata, &agent.metadata);
+        let errors = validate_metadata(&updated.metadata);
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        updated.spec = agent.spec;
+        if updated.spec != current.spec {
+            updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        }
+        let deactivating = current.spec.active && !updated.spec.active;
+        let status = updated.status.get_or_insert_with(AgentStatus::default);
+        if deactivating {
+            status.deactivated_at = Some(Time(now));
+        } else if updated.spec.active {
+            status.deactivated_at = None;
+        }
+        if updated == current || dry_run {
+            return Ok(Written { object: updated, warnings: Vec::new() });
+        }
+        if deactivating {
+            tx.revoke_sessions_where(
+                "body #>> '{spec,agent,uid}' = $1",
+                &stored.uid.to_string(),
+                CAUSE_AGENT_DEACTIVATED,
+                None,
+                now,
+            )
+            .await?;
+        }
+        let seq = tx.replace(AGENTS, "", &name, &encode(&updated)?, &stored).await?;
+        updated.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(Written { object: updated, warnings: Vec::new() })
+    }
+
+    async fn current_version(&self) -> Result<ResourceVersion> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT epoch, seq FROM sync_state WHERE id = 1", &[])
+            .await
+            .map_err(pg_err)?;
+        Ok(ResourceVersion::new(row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
+    }
+
+    async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        let epoch = row.get::<_, i32>(0) as u32;
+        let head = row.get::<_, i64>(1) as u64;
+        let horizon = row.get::<_, Option<i64>>(2).map(|m| m as u64 - 1).unwrap_or(head);
+        if from.epoch != epoch {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from}: the change log was reset (apiserver restart)"
+            )));
+        }
+        if from.seq > head {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} is ahead of the current state ({}); relist",
+                ResourceVersion::new(epoch, head)
+            )));
+        }
+        if from.seq < horizon {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} ({})",
+                ResourceVersion::new(epoch, horizon)
+            )));
+        }
+        Ok(self.inner.feed.subscription(from))
+    }
+}

@@ -1,0 +1,91 @@
+//! Test helpers: a fresh database per test on the PostgreSQL that `hack/test.sh` started,
+//! and small builders for API objects.
+#![allow(dead_code)]
+
+use std::str::FromStr;
+
+use apis::{AccessSession, AccessSessionSpec, Agent, AgentRef, ServerRef, Subject};
+use apiserver::store::{PgStore, StoreConfig};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// A database of its own, created for one test.
+pub struct TestDb {
+    pub config: tokio_postgres::Config,
+    pub name: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let base = std::env::var("MCP_TEST_DATABASE_URL").expect(
+            "MCP_TEST_DATABASE_URL is not set: run the tests through hack/test.sh, which starts PostgreSQL",
+        );
+        let admin = tokio_postgres::Config::from_str(&base).expect("MCP_TEST_DATABASE_URL parses");
+        let (client, conn) = admin.connect(tokio_postgres::NoTls).await.expect("connect to test PostgreSQL");
+        tokio::spawn(conn);
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        let mut config = admin.clone();
+        config.dbname(&name);
+        Self { config, name }
+    }
+
+    pub fn store_config(&self) -> StoreConfig {
+        StoreConfig::new(self.config.clone())
+    }
+
+    pub async fn store(&self) -> PgStore {
+        PgStore::start(self.store_config()).await.expect("store starts")
+    }
+
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = self.config.connect(tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(conn);
+        client
+    }
+}
+
+pub fn in_hours(h: i64) -> Time {
+    let t = Timestamp::now() + SignedDuration::from_hours(h);
+    Time(Timestamp::from_second(t.as_second()).unwrap())
+}
+
+/// A team session (no directory checks) for a server.
+pub fn mk_session(ns: &str, name: &str, server_uid: &str) -> AccessSession {
+    let mut s = AccessSession {
+        spec: AccessSessionSpec {
+            server: ServerRef { name: "github".into(), uid: server_uid.into() },
+            teams: vec!["payments".into()],
+            expires_at: Some(in_hours(1)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    s.metadata.namespace = Some(ns.into());
+    s.metadata.name = Some(name.into());
+    s
+}
+
+pub fn mk_human_session(ns: &str, name: &str, server_uid: &str, user: &str) -> AccessSession {
+    let mut s = mk_session(ns, name, server_uid);
+    s.spec.teams.clear();
+    s.spec.subject = Some(Subject { user: user.into() });
+    s
+}
+
+pub fn mk_agent_session(ns: &str, name: &str, server_uid: &str, agent: &str, teams: &[&str]) -> AccessSession {
+    let mut s = mk_session(ns, name, server_uid);
+    s.spec.teams = teams.iter().map(|t| t.to_string()).collect();
+    s.spec.agent = Some(AgentRef { name: agent.into(), uid: None });
+    s
+}
+
+pub fn mk_agent(name: &str, teams: &[&str]) -> Agent {
+    let mut a = Agent::default();
+    a.metadata.name = Some(name.into());
+    a.spec.teams = teams.iter().map(|t| t.to_string()).collect();
+    a
+}
