@@ -66,10 +66,22 @@ mod tests {
 
     #[test]
     fn parses_go_durations() {
-        assert_eq!(parse_go_duration("8h").unwrap(), SignedDuration::from_hours(8));
-        assert_eq!(parse_go_duration("1h30m").unwrap(), SignedDuration::from_mins(90));
-        assert_eq!(parse_go_duration("1.5h").unwrap(), SignedDuration::from_mins(90));
-        assert_eq!(parse_go_duration("250ms").unwrap(), SignedDuration::from_millis(250));
+        assert_eq!(
+            parse_go_duration("8h").unwrap(),
+            SignedDuration::from_hours(8)
+        );
+        assert_eq!(
+            parse_go_duration("1h30m").unwrap(),
+            SignedDuration::from_mins(90)
+        );
+        assert_eq!(
+            parse_go_duration("1.5h").unwrap(),
+            SignedDuration::from_mins(90)
+        );
+        assert_eq!(
+            parse_go_duration("250ms").unwrap(),
+            SignedDuration::from_millis(250)
+        );
         assert_eq!(parse_go_duration("0").unwrap(), SignedDuration::ZERO);
         for bad in ["", "h", "8", "8d", "-1h", "1..5h", "1h-", " 8h"] {
             assert!(parse_go_duration(bad).is_err(), "{bad}");

@@ -31,7 +31,11 @@ pub enum SessionRuleError {
     #[error("agent {0:?} is not active")]
     AgentInactive(String),
     #[error("spec.agent.uid {given:?} does not match agent {name:?} (uid {actual:?}): the agent was re-created")]
-    AgentUidMismatch { name: String, given: String, actual: String },
+    AgentUidMismatch {
+        name: String,
+        given: String,
+        actual: String,
+    },
     #[error("teams {0:?} are not teams of the agent")]
     ScopeEscalation(Vec<String>),
     #[error("agent {name:?} already holds {active} active sessions (maxActiveSessions {max})")]
@@ -69,7 +73,10 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
     } else if !is_dns1123_subdomain(&spec.server.name) {
         errors.push(FieldError::invalid(
             "spec.server.name",
-            format!("Invalid value: {:?}: must be an MCPServer name", spec.server.name),
+            format!(
+                "Invalid value: {:?}: must be an MCPServer name",
+                spec.server.name
+            ),
         ));
     }
     if spec.server.uid.is_empty() {
@@ -111,7 +118,10 @@ fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
     let mut seen = BTreeSet::new();
     for (i, team) in teams.iter().enumerate() {
         if team.trim().is_empty() {
-            errors.push(FieldError::required(format!("{field}[{i}]"), "Required value"));
+            errors.push(FieldError::required(
+                format!("{field}[{i}]"),
+                "Required value",
+            ));
         } else if !seen.insert(team) {
             errors.push(FieldError::invalid(
                 format!("{field}[{i}]"),
@@ -123,7 +133,9 @@ fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
 }
 
 /// Validates object metadata common to all kinds.
-pub fn validate_metadata(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<FieldError> {
+pub fn validate_metadata(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<FieldError> {
     let mut errors = validate_object_name(meta.name.as_deref().unwrap_or(""), "metadata.name");
     if let Some(labels) = &meta.labels {
         errors.extend(validate_labels(labels, "metadata.labels"));
@@ -136,7 +148,9 @@ pub fn validate_metadata(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::
 
 /// The agent's own session lifetime limit, if it sets one.
 pub fn agent_max_ttl(spec: &AgentSpec) -> Option<SignedDuration> {
-    spec.max_session_ttl.as_deref().and_then(|d| parse_go_duration(d).ok())
+    spec.max_session_ttl
+        .as_deref()
+        .and_then(|d| parse_go_duration(d).ok())
 }
 
 /// Validates an Agent spec.
@@ -144,13 +158,19 @@ pub fn validate_agent_spec(spec: &AgentSpec) -> Vec<FieldError> {
     let mut errors = validate_teams(&spec.teams, "spec.teams");
     for (i, owner) in spec.owners.iter().enumerate() {
         if owner.trim().is_empty() {
-            errors.push(FieldError::required(format!("spec.owners[{i}]"), "Required value"));
+            errors.push(FieldError::required(
+                format!("spec.owners[{i}]"),
+                "Required value",
+            ));
         }
     }
     if let Some(ttl) = &spec.max_session_ttl {
         match parse_go_duration(ttl) {
             Ok(d) if d > SignedDuration::ZERO => {}
-            Ok(_) => errors.push(FieldError::invalid("spec.maxSessionTTL", "must be greater than 0")),
+            Ok(_) => errors.push(FieldError::invalid(
+                "spec.maxSessionTTL",
+                "must be greater than 0",
+            )),
             Err(e) => errors.push(FieldError::invalid("spec.maxSessionTTL", e)),
         }
     }
@@ -307,8 +327,10 @@ pub fn admit_session_update(
 
 /// Whether a session still counts against its agent's `maxActiveSessions`.
 pub fn counts_as_active(session: &AccessSession, now: Timestamp) -> bool {
-    matches!(session.phase(), SessionPhase::Active | SessionPhase::PendingEnrollment)
-        && session.spec.expires_at.as_ref().is_some_and(|t| t.0 > now)
+    matches!(
+        session.phase(),
+        SessionPhase::Active | SessionPhase::PendingEnrollment
+    ) && session.spec.expires_at.as_ref().is_some_and(|t| t.0 > now)
 }
 
 /// Marks a session revoked. Returns false (and changes nothing) if it already was: the first
@@ -319,7 +341,9 @@ pub fn revoke_session(
     revocation_name: Option<&str>,
     now: Timestamp,
 ) -> bool {
-    let status = session.status.get_or_insert_with(AccessSessionStatus::default);
+    let status = session
+        .status
+        .get_or_insert_with(AccessSessionStatus::default);
     if status.revocation.is_some() {
         return false;
     }
@@ -338,7 +362,9 @@ pub fn unrevoke_session(
     server_fenced: bool,
 ) -> Result<bool, SessionRuleError> {
     if server_fenced {
-        return Err(SessionRuleError::ServerFenced(session.spec.server.uid.clone()));
+        return Err(SessionRuleError::ServerFenced(
+            session.spec.server.uid.clone(),
+        ));
     }
     let Some(status) = session.status.as_mut() else {
         return Ok(false);
@@ -365,8 +391,14 @@ mod tests {
 
     fn mk_spec(agent: Option<&str>, teams: &[&str], expires_in_h: i64) -> AccessSessionSpec {
         AccessSessionSpec {
-            server: ServerRef { name: "github".into(), uid: "srv-1".into() },
-            agent: agent.map(|a| AgentRef { name: a.into(), uid: None }),
+            server: ServerRef {
+                name: "github".into(),
+                uid: "srv-1".into(),
+            },
+            agent: agent.map(|a| AgentRef {
+                name: a.into(),
+                uid: None,
+            }),
             subject: None,
             teams: teams.iter().map(|t| t.to_string()).collect(),
             grant: None,
@@ -398,18 +430,26 @@ mod tests {
     #[test]
     fn human_and_team_sessions_skip_the_directory() {
         let mut human = mk_spec(None, &[], 1);
-        human.subject = Some(Subject { user: "alice@example.com".into() });
+        human.subject = Some(Subject {
+            user: "alice@example.com".into(),
+        });
         assert!(admit_session(&human, &ctx(None, 0)).is_ok());
         let team = mk_spec(None, &["payments", "anything"], 1);
         assert!(admit_session(&team, &ctx(None, 0)).is_ok());
         let nobody = mk_spec(None, &[], 1);
-        assert!(matches!(admit_session(&nobody, &ctx(None, 0)), Err(SessionRuleError::Invalid(_))));
+        assert!(matches!(
+            admit_session(&nobody, &ctx(None, 0)),
+            Err(SessionRuleError::Invalid(_))
+        ));
     }
 
     #[test]
     fn agent_must_exist_be_active_and_bound() {
         let spec = mk_spec(Some("billing-bot"), &[], 1);
-        assert!(matches!(admit_session(&spec, &ctx(None, 0)), Err(SessionRuleError::AgentNotFound(_))));
+        assert!(matches!(
+            admit_session(&spec, &ctx(None, 0)),
+            Err(SessionRuleError::AgentNotFound(_))
+        ));
         let inactive = mk_agent(false, &[], None, None);
         assert!(matches!(
             admit_session(&spec, &ctx(Some(&inactive), 0)),
@@ -417,7 +457,10 @@ mod tests {
         ));
         let agent = mk_agent(true, &[], None, None);
         let admitted = admit_session(&spec, &ctx(Some(&agent), 0)).unwrap();
-        assert_eq!(admitted.spec.agent.unwrap().uid.as_deref(), Some("agent-uid"));
+        assert_eq!(
+            admitted.spec.agent.unwrap().uid.as_deref(),
+            Some("agent-uid")
+        );
         let mut stale = spec.clone();
         stale.agent.as_mut().unwrap().uid = Some("old-uid".into());
         assert!(matches!(
@@ -443,16 +486,28 @@ mod tests {
         let agent = mk_agent(true, &[], Some("8h"), None);
         let spec = mk_spec(Some("billing-bot"), &[], 48);
         let a = admit_session(&spec, &ctx(Some(&agent), 0)).unwrap();
-        assert_eq!(a.spec.expires_at.unwrap().0, now() + SignedDuration::from_hours(8));
+        assert_eq!(
+            a.spec.expires_at.unwrap().0,
+            now() + SignedDuration::from_hours(8)
+        );
         assert!(a.warnings[0].contains("maxSessionTTL"), "{:?}", a.warnings);
         let loose = mk_agent(true, &[], Some("100h"), None);
         let a = admit_session(&spec, &ctx(Some(&loose), 0)).unwrap();
-        assert_eq!(a.spec.expires_at.unwrap().0, now() + SignedDuration::from_hours(24));
+        assert_eq!(
+            a.spec.expires_at.unwrap().0,
+            now() + SignedDuration::from_hours(24)
+        );
         assert!(a.warnings[0].contains("server maximum"));
         let short = mk_spec(Some("billing-bot"), &[], 1);
-        assert!(admit_session(&short, &ctx(Some(&agent), 0)).unwrap().warnings.is_empty());
+        assert!(admit_session(&short, &ctx(Some(&agent), 0))
+            .unwrap()
+            .warnings
+            .is_empty());
         let past = mk_spec(None, &["t"], -1);
-        assert!(matches!(admit_session(&past, &ctx(None, 0)), Err(SessionRuleError::Invalid(_))));
+        assert!(matches!(
+            admit_session(&past, &ctx(None, 0)),
+            Err(SessionRuleError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -462,18 +517,28 @@ mod tests {
         assert!(admit_session(&spec, &ctx(Some(&agent), 1)).is_ok());
         assert!(matches!(
             admit_session(&spec, &ctx(Some(&agent), 2)),
-            Err(SessionRuleError::QuotaExceeded { active: 2, max: 2, .. })
+            Err(SessionRuleError::QuotaExceeded {
+                active: 2,
+                max: 2,
+                ..
+            })
         ));
         let mut fenced = ctx(Some(&agent), 0);
         fenced.server_fenced = true;
-        assert!(matches!(admit_session(&spec, &fenced), Err(SessionRuleError::ServerFenced(_))));
+        assert!(matches!(
+            admit_session(&spec, &fenced),
+            Err(SessionRuleError::ServerFenced(_))
+        ));
     }
 
     #[test]
     fn updates_keep_authority_fields() {
-        let old = admit_session(&mk_spec(Some("billing-bot"), &[], 2), &ctx(Some(&mk_agent(true, &[], None, None)), 0))
-            .unwrap()
-            .spec;
+        let old = admit_session(
+            &mk_spec(Some("billing-bot"), &[], 2),
+            &ctx(Some(&mk_agent(true, &[], None, None)), 0),
+        )
+        .unwrap()
+        .spec;
         let mut shorter = old.clone();
         shorter.agent.as_mut().unwrap().uid = None;
         shorter.expires_at = Some(Time(now() + SignedDuration::from_hours(1)));
@@ -492,13 +557,33 @@ mod tests {
 
     #[test]
     fn revocation_is_recorded_once_and_fenced_servers_stay_revoked() {
-        let mut s = AccessSession { spec: mk_spec(None, &["t"], 1), ..Default::default() };
+        let mut s = AccessSession {
+            spec: mk_spec(None, &["t"], 1),
+            ..Default::default()
+        };
         assert!(revoke_session(&mut s, "manual", Some("r1"), now()));
-        assert!(!revoke_session(&mut s, CAUSE_AGENT_DEACTIVATED, None, now()));
-        assert_eq!(s.status.as_ref().unwrap().revocation.as_ref().unwrap().cause, "manual");
+        assert!(!revoke_session(
+            &mut s,
+            CAUSE_AGENT_DEACTIVATED,
+            None,
+            now()
+        ));
+        assert_eq!(
+            s.status
+                .as_ref()
+                .unwrap()
+                .revocation
+                .as_ref()
+                .unwrap()
+                .cause,
+            "manual"
+        );
         assert_eq!(s.phase(), SessionPhase::Revoked);
         assert!(!counts_as_active(&s, now()));
-        assert!(matches!(unrevoke_session(&mut s, true), Err(SessionRuleError::ServerFenced(_))));
+        assert!(matches!(
+            unrevoke_session(&mut s, true),
+            Err(SessionRuleError::ServerFenced(_))
+        ));
         assert!(unrevoke_session(&mut s, false).unwrap());
         assert_eq!(s.phase(), SessionPhase::Active);
         assert!(counts_as_active(&s, now()));

@@ -169,16 +169,16 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, v, false)
             } else {
-                return Err(SelectorError(format!("invalid field selector term {term:?}")));
+                return Err(SelectorError(format!(
+                    "invalid field selector term {term:?}"
+                )));
             };
             let field = field.trim();
             let path = supported
                 .iter()
                 .find(|(name, _)| *name == field)
                 .map(|(_, path)| *path)
-                .ok_or_else(|| {
-                    SelectorError(format!("field label not supported: {field}"))
-                })?;
+                .ok_or_else(|| SelectorError(format!("field label not supported: {field}")))?;
             reqs.push(FieldRequirement {
                 field: field.to_string(),
                 path,
@@ -220,19 +220,40 @@ mod tests {
     use crate::types::{AccessSession, Kind};
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn label_selector_syntax() {
-        let s = LabelSelector::parse("app=web, tier!=db,env in (prod, staging),team notin (x),owner,!legacy").unwrap();
+        let s = LabelSelector::parse(
+            "app=web, tier!=db,env in (prod, staging),team notin (x),owner,!legacy",
+        )
+        .unwrap();
         assert_eq!(s.0.len(), 6);
-        assert!(s.matches(Some(&labels(&[("app", "web"), ("env", "prod"), ("owner", "a")]))));
-        assert!(!s.matches(Some(&labels(&[("app", "web"), ("env", "dev"), ("owner", "a")]))));
-        assert!(!s.matches(Some(&labels(&[("app", "web"), ("env", "prod"), ("owner", "a"), ("legacy", "")]))));
+        assert!(s.matches(Some(&labels(&[
+            ("app", "web"),
+            ("env", "prod"),
+            ("owner", "a")
+        ]))));
+        assert!(!s.matches(Some(&labels(&[
+            ("app", "web"),
+            ("env", "dev"),
+            ("owner", "a")
+        ]))));
+        assert!(!s.matches(Some(&labels(&[
+            ("app", "web"),
+            ("env", "prod"),
+            ("owner", "a"),
+            ("legacy", "")
+        ]))));
         assert!(!s.matches(None));
         assert!(LabelSelector::parse("").unwrap().matches(None));
-        assert!(LabelSelector::parse("a==b").unwrap().matches(Some(&labels(&[("a", "b")]))));
+        assert!(LabelSelector::parse("a==b")
+            .unwrap()
+            .matches(Some(&labels(&[("a", "b")]))));
         for bad in ["a in b", "a in (b", "-a=b", "a=-b", "a foo (b)"] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad}");
         }
@@ -240,10 +261,16 @@ mod tests {
 
     #[test]
     fn field_selector() {
-        let f = FieldSelector::parse("spec.server.uid=u1,status.phase!=Revoked", AccessSession::FIELDS).unwrap();
-        let obj = serde_json::json!({"spec": {"server": {"uid": "u1"}}, "status": {"phase": "Active"}});
+        let f = FieldSelector::parse(
+            "spec.server.uid=u1,status.phase!=Revoked",
+            AccessSession::FIELDS,
+        )
+        .unwrap();
+        let obj =
+            serde_json::json!({"spec": {"server": {"uid": "u1"}}, "status": {"phase": "Active"}});
         assert!(f.matches(&obj));
-        let revoked = serde_json::json!({"spec": {"server": {"uid": "u1"}}, "status": {"phase": "Revoked"}});
+        let revoked =
+            serde_json::json!({"spec": {"server": {"uid": "u1"}}, "status": {"phase": "Revoked"}});
         assert!(!f.matches(&revoked));
         assert!(FieldSelector::parse("spec.nope=1", AccessSession::FIELDS).is_err());
         let n = FieldSelector::parse("metadata.name=x", AccessSession::FIELDS).unwrap();

@@ -191,7 +191,11 @@ pub struct AgentSpec {
     #[serde(default = "default_true")]
     pub active: bool,
     /// Longest session this agent may hold, as a Go duration (`8h`, `90m`).
-    #[serde(rename = "maxSessionTTL", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "maxSessionTTL",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_session_ttl: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_sessions: Option<u32>,

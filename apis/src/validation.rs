@@ -106,7 +106,10 @@ fn is_dns1123_label_loose(s: &str) -> bool {
 /// Validates an object name (DNS-1123 subdomain, as for most Kubernetes kinds).
 pub fn validate_object_name(name: &str, field: &str) -> Vec<FieldError> {
     if name.is_empty() {
-        return vec![FieldError::required(field, "name or generateName is required")];
+        return vec![FieldError::required(
+            field,
+            "name or generateName is required",
+        )];
     }
     if !is_dns1123_subdomain(name) {
         return vec![FieldError::invalid(
@@ -137,7 +140,8 @@ fn is_name_part(s: &str, max: usize) -> bool {
     let alnum = |c: char| c.is_ascii_alphanumeric();
     !s.is_empty()
         && s.len() <= max
-        && s.chars().all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
+        && s.chars()
+            .all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
         && s.starts_with(alnum)
         && s.ends_with(alnum)
 }
@@ -169,7 +173,7 @@ pub fn validate_labels(labels: &BTreeMap<String, String>, field: &str) -> Vec<Fi
         }
         if !is_label_value(v) {
             errors.push(FieldError::invalid(
-                format!("{field}"),
+                field,
                 format!("Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (at most {LABEL_VALUE_MAX} characters)"),
             ));
         }
@@ -219,7 +223,10 @@ mod tests {
         assert!(is_dns1123_label("default"));
         assert!(!is_dns1123_label("a.b"));
         assert!(!is_dns1123_label(&"a".repeat(64)));
-        assert_eq!(validate_object_name("", "metadata.name")[0].kind, FieldErrorKind::Required);
+        assert_eq!(
+            validate_object_name("", "metadata.name")[0].kind,
+            FieldErrorKind::Required
+        );
     }
 
     #[test]
@@ -231,11 +238,23 @@ mod tests {
         ]
         .into();
         assert!(validate_labels(&ok, "metadata.labels").is_empty());
-        for (k, v) in [("-a", "x"), ("a/", "x"), ("UP.per/a", "x"), ("a", "-x"), ("a", &"v".repeat(64))] {
+        for (k, v) in [
+            ("-a", "x"),
+            ("a/", "x"),
+            ("UP.per/a", "x"),
+            ("a", "-x"),
+            ("a", &"v".repeat(64)),
+        ] {
             let bad: BTreeMap<_, _> = [(k.to_string(), v.to_string())].into();
-            assert!(!validate_labels(&bad, "metadata.labels").is_empty(), "{k}={v}");
+            assert!(
+                !validate_labels(&bad, "metadata.labels").is_empty(),
+                "{k}={v}"
+            );
         }
         let big: BTreeMap<_, _> = [("a".to_string(), "x".repeat(300 * 1024))].into();
-        assert_eq!(validate_annotations(&big, "metadata.annotations")[0].kind, FieldErrorKind::TooLong);
+        assert_eq!(
+            validate_annotations(&big, "metadata.annotations")[0].kind,
+            FieldErrorKind::TooLong
+        );
     }
 }

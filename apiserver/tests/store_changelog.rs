@@ -10,17 +10,25 @@ use std::time::Duration;
 use apis::selector::FieldSelector;
 use apis::{AccessSession, Kind, SessionPhase};
 use apiserver::store::{
-    ContinueToken, ForbiddenReason, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion, Store, StoreError,
+    ContinueToken, ForbiddenReason, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion,
+    Store, StoreError,
 };
 use support::*;
 
 fn key(s: &AccessSession) -> String {
-    format!("{}/{}", s.metadata.namespace.as_deref().unwrap_or(""), s.metadata.name.as_deref().unwrap_or(""))
+    format!(
+        "{}/{}",
+        s.metadata.namespace.as_deref().unwrap_or(""),
+        s.metadata.name.as_deref().unwrap_or("")
+    )
 }
 
 /// Everything a client sees of an object, resourceVersion included.
 fn digest(items: &[AccessSession]) -> BTreeMap<String, String> {
-    items.iter().map(|s| (key(s), serde_json::to_string(s).unwrap())).collect()
+    items
+        .iter()
+        .map(|s| (key(s), serde_json::to_string(s).unwrap()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -32,7 +40,11 @@ async fn paginated_list_at_one_version_while_writes_land() {
     for i in 0..3001 {
         let store = store.clone();
         let ns = if i % 2 == 0 { "team-a" } else { "team-b" };
-        creates.push(async move { store.create_session(mk_session(ns, &format!("s-{i:05}"), "srv-1"), false).await });
+        creates.push(async move {
+            store
+                .create_session(mk_session(ns, &format!("s-{i:05}"), "srv-1"), false)
+                .await
+        });
         if creates.len() == 64 {
             for r in futures::future::join_all(creates.drain(..)).await {
                 r.unwrap();
@@ -43,13 +55,19 @@ async fn paginated_list_at_one_version_while_writes_land() {
         r.unwrap();
     }
     for i in 0..50 {
-        store.create_session(mk_session("team-a", &format!("other-{i}"), "srv-2"), false).await.unwrap();
+        store
+            .create_session(mk_session("team-a", &format!("other-{i}"), "srv-2"), false)
+            .await
+            .unwrap();
     }
     let fields = FieldSelector::parse("spec.server.uid=srv-1", AccessSession::FIELDS).unwrap();
 
     // The snapshot and its cursor, read in one REPEATABLE READ transaction.
     let snapshot = store
-        .list::<AccessSession>(&ListQuery { fields: fields.clone(), ..Default::default() })
+        .list::<AccessSession>(&ListQuery {
+            fields: fields.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(snapshot.items.len(), 3001);
@@ -69,10 +87,16 @@ async fn paginated_list_at_one_version_while_writes_land() {
             let name = format!("s-{i:05}");
             match w % 4 {
                 0 => {
-                    store.revoke_session(ns, &name, "manual", None).await.unwrap();
+                    store
+                        .revoke_session(ns, &name, "manual", None)
+                        .await
+                        .unwrap();
                 }
                 1 => {
-                    store.delete::<AccessSession>(ns, &name, &Preconditions::default(), false).await.unwrap();
+                    store
+                        .delete::<AccessSession>(ns, &name, &Preconditions::default(), false)
+                        .await
+                        .unwrap();
                 }
                 2 => {
                     let mut s: AccessSession = store.get(ns, &name).await.unwrap();
@@ -81,7 +105,10 @@ async fn paginated_list_at_one_version_while_writes_land() {
                     store.update_session(s, false).await.unwrap();
                 }
                 _ => {
-                    store.create_session(mk_session(ns, &format!("new-{w:04}"), "srv-1"), false).await.unwrap();
+                    store
+                        .create_session(mk_session(ns, &format!("new-{w:04}"), "srv-1"), false)
+                        .await
+                        .unwrap();
                 }
             }
             done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -90,18 +117,34 @@ async fn paginated_list_at_one_version_while_writes_land() {
 
     // Page through at the snapshot's version while the writes land.
     let mut pages = Vec::new();
-    let mut at = ListAt::Exact { rv: snapshot.resource_version, after: None };
+    let mut at = ListAt::Exact {
+        rv: snapshot.resource_version,
+        after: None,
+    };
     loop {
         let page = store
-            .list::<AccessSession>(&ListQuery { fields: fields.clone(), limit: Some(1000), at, ..Default::default() })
+            .list::<AccessSession>(&ListQuery {
+                fields: fields.clone(),
+                limit: Some(1000),
+                at,
+                ..Default::default()
+            })
             .await
             .unwrap();
-        assert_eq!(page.resource_version, snapshot.resource_version, "every page repeats the list's version");
+        assert_eq!(
+            page.resource_version, snapshot.resource_version,
+            "every page repeats the list's version"
+        );
         assert!(page.items.len() <= 1000);
         pages.push(page.items);
-        let Some(token) = page.continue_token else { break };
+        let Some(token) = page.continue_token else {
+            break;
+        };
         let (token, rv) = ContinueToken::decode(&token).unwrap();
-        at = ListAt::Exact { rv, after: Some((token.ns, token.name)) };
+        at = ListAt::Exact {
+            rv,
+            after: Some((token.ns, token.name)),
+        };
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     let landed_during = writes_done.load(std::sync::atomic::Ordering::SeqCst);
@@ -111,14 +154,30 @@ async fn paginated_list_at_one_version_while_writes_land() {
     assert_eq!(pages.len(), 4, "3,001 items in pages of 1,000");
     let paged: Vec<AccessSession> = pages.into_iter().flatten().collect();
     assert_eq!(paged.len(), 3001);
-    assert_eq!(digest(&paged), expected, "pages hold exactly the snapshot's content");
+    assert_eq!(
+        digest(&paged),
+        expected,
+        "pages hold exactly the snapshot's content"
+    );
     assert!(landed_during > 0, "writes landed while paginating");
 
     // And the current state really did move on.
-    let now = store.list::<AccessSession>(&ListQuery { fields, ..Default::default() }).await.unwrap();
+    let now = store
+        .list::<AccessSession>(&ListQuery {
+            fields,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_ne!(digest(&now.items), expected);
     assert_eq!(now.items.len(), 3001 - 125 + 125);
-    assert!(now.items.iter().filter(|s| s.phase() == SessionPhase::Revoked).count() >= 125);
+    assert!(
+        now.items
+            .iter()
+            .filter(|s| s.phase() == SessionPhase::Revoked)
+            .count()
+            >= 125
+    );
 }
 
 /// Collects `n` events from a subscription and checks they are gap-free and increasing.
@@ -131,8 +190,15 @@ async fn collect(store: &PgStore, from: ResourceVersion, n: usize) -> Vec<String
             .await
             .expect("event within 60s")
             .unwrap();
-        assert_eq!(event.seq(), last + 1, "sequence is gap-free and strictly increasing");
-        assert_eq!(event.object["metadata"]["resourceVersion"], event.rv.to_string());
+        assert_eq!(
+            event.seq(),
+            last + 1,
+            "sequence is gap-free and strictly increasing"
+        );
+        assert_eq!(
+            event.object["metadata"]["resourceVersion"],
+            event.rv.to_string()
+        );
         last = event.seq();
         seen.push(event.rv.to_string());
     }
@@ -158,7 +224,10 @@ async fn eight_writers_every_mutation_arrives_once_in_order() {
             let mut committed = Vec::with_capacity(MUTATIONS);
             for i in 0..MUTATIONS / 2 {
                 let created = store
-                    .create_session(mk_session(&format!("w{w}"), &format!("s-{i}"), "srv"), false)
+                    .create_session(
+                        mk_session(&format!("w{w}"), &format!("s-{i}"), "srv"),
+                        false,
+                    )
                     .await
                     .unwrap()
                     .object;
@@ -193,7 +262,10 @@ async fn eight_writers_every_mutation_arrives_once_in_order() {
     for seen in [live.await.unwrap(), replayed.await.unwrap()] {
         assert_eq!(seen.len(), committed.len());
         let seen: HashSet<String> = seen.into_iter().collect();
-        assert_eq!(seen, committed, "every committed mutation arrives exactly once");
+        assert_eq!(
+            seen, committed,
+            "every committed mutation arrives exactly once"
+        );
     }
 }
 
@@ -204,18 +276,37 @@ async fn old_foreign_and_future_cursors_are_expired() {
     config.retained_events = 100;
     let store = PgStore::start(config.clone()).await.unwrap();
     let start = store.current_version().await.unwrap();
-    let first = store.create_session(mk_session("ns", "s-0", "srv"), false).await.unwrap().object;
-    let early = ResourceVersion::parse(first.metadata.resource_version.as_deref().unwrap()).unwrap();
+    let first = store
+        .create_session(mk_session("ns", "s-0", "srv"), false)
+        .await
+        .unwrap()
+        .object;
+    let early =
+        ResourceVersion::parse(first.metadata.resource_version.as_deref().unwrap()).unwrap();
     for i in 1..150 {
-        store.create_session(mk_session("ns", &format!("s-{i}"), "srv"), false).await.unwrap();
+        store
+            .create_session(mk_session("ns", &format!("s-{i}"), "srv"), false)
+            .await
+            .unwrap();
     }
     // Within retention: fine.
     store.subscribe(early).await.unwrap();
     let page = store
-        .list::<AccessSession>(&ListQuery { limit: Some(10), at: ListAt::Exact { rv: early, after: None }, ..Default::default() })
+        .list::<AccessSession>(&ListQuery {
+            limit: Some(10),
+            at: ListAt::Exact {
+                rv: early,
+                after: None,
+            },
+            ..Default::default()
+        })
         .await
         .unwrap();
-    assert_eq!(page.items.len(), 1, "the list at an old version shows the state then");
+    assert_eq!(
+        page.items.len(),
+        1,
+        "the list at an old version shows the state then"
+    );
 
     assert!(store.trim_log().await.unwrap() >= 50);
     let expired = |r: Result<_, StoreError>| matches!(r, Err(StoreError::Expired(_)));
@@ -223,7 +314,13 @@ async fn old_foreign_and_future_cursors_are_expired() {
     assert!(expired(store.subscribe(early).await.map(|_| ())));
     assert!(expired(
         store
-            .list::<AccessSession>(&ListQuery { at: ListAt::Exact { rv: early, after: None }, ..Default::default() })
+            .list::<AccessSession>(&ListQuery {
+                at: ListAt::Exact {
+                    rv: early,
+                    after: None
+                },
+                ..Default::default()
+            })
             .await
             .map(|_| ())
     ));
@@ -233,7 +330,13 @@ async fn old_foreign_and_future_cursors_are_expired() {
     assert!(expired(store.subscribe(ahead).await.map(|_| ())));
     assert!(expired(
         store
-            .list::<AccessSession>(&ListQuery { at: ListAt::Exact { rv: ahead, after: None }, ..Default::default() })
+            .list::<AccessSession>(&ListQuery {
+                at: ListAt::Exact {
+                    rv: ahead,
+                    after: None
+                },
+                ..Default::default()
+            })
             .await
             .map(|_| ())
     ));
@@ -256,10 +359,16 @@ async fn old_foreign_and_future_cursors_are_expired() {
             }
         }
     });
-    store.create_session(mk_session("ns", "before-restart", "srv"), false).await.unwrap();
+    store
+        .create_session(mk_session("ns", "before-restart", "srv"), false)
+        .await
+        .unwrap();
     assert!(rx.recv().await.unwrap().is_ok());
     let restarted = PgStore::start(config).await.unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(ended, Err(StoreError::Expired(_))), "{ended:?}");
     watcher.await.unwrap();
     let new_head = restarted.current_version().await.unwrap();
@@ -280,7 +389,10 @@ async fn a_subscriber_that_falls_behind_is_cut_off_not_skipped() {
     let start = store.current_version().await.unwrap();
     let mut slow = store.subscribe(start).await.unwrap();
     let mut fast = store.subscribe(start).await.unwrap();
-    store.create_session(mk_session("ns", "first", "srv"), false).await.unwrap();
+    store
+        .create_session(mk_session("ns", "first", "srv"), false)
+        .await
+        .unwrap();
     // Both attach live with their first event.
     assert_eq!(slow.next().await.unwrap().name, "first");
     assert_eq!(fast.next().await.unwrap().name, "first");
@@ -293,21 +405,38 @@ async fn a_subscriber_that_falls_behind_is_cut_off_not_skipped() {
         n
     });
     for i in 0..100 {
-        store.create_session(mk_session("ns", &format!("s-{i}"), "srv"), false).await.unwrap();
+        store
+            .create_session(mk_session("ns", &format!("s-{i}"), "srv"), false)
+            .await
+            .unwrap();
     }
-    assert_eq!(fast_reader.await.unwrap(), 100, "a subscriber that keeps up gets everything");
+    assert_eq!(
+        fast_reader.await.unwrap(),
+        100,
+        "a subscriber that keeps up gets everything"
+    );
     let mut delivered = 0;
     let err = loop {
-        match tokio::time::timeout(Duration::from_secs(10), slow.next()).await.unwrap() {
+        match tokio::time::timeout(Duration::from_secs(10), slow.next())
+            .await
+            .unwrap()
+        {
             Ok(e) => {
-                assert_eq!(e.name, format!("s-{delivered}"), "nothing skipped before the cut");
+                assert_eq!(
+                    e.name,
+                    format!("s-{delivered}"),
+                    "nothing skipped before the cut"
+                );
                 delivered += 1;
             }
             Err(e) => break e,
         }
     };
     assert!(matches!(err, StoreError::Expired(_)), "{err:?}");
-    assert!(delivered <= 16, "delivered {delivered} queued events, then Expired");
+    assert!(
+        delivered <= 16,
+        "delivered {delivered} queued events, then Expired"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -316,7 +445,11 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
     let store = db.store().await;
     for round in 0..100 {
         let agent_name = format!("bot-{round}");
-        let agent = store.create_agent(mk_agent(&agent_name, &["t"]), false).await.unwrap().object;
+        let agent = store
+            .create_agent(mk_agent(&agent_name, &["t"]), false)
+            .await
+            .unwrap()
+            .object;
         let mut tasks = Vec::new();
         for t in 0..32 {
             let store = store.clone();
@@ -324,10 +457,19 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
             tasks.push(tokio::spawn(async move {
                 let mut issued = 0;
                 for i in 0.. {
-                    let s = mk_agent_session("ns", &format!("r{round}-t{t}-{i}"), "srv", &agent_name, &["t"]);
+                    let s = mk_agent_session(
+                        "ns",
+                        &format!("r{round}-t{t}-{i}"),
+                        "srv",
+                        &agent_name,
+                        &["t"],
+                    );
                     match store.create_session(s, false).await {
                         Ok(_) => issued += 1,
-                        Err(StoreError::Forbidden { reason: ForbiddenReason::AgentInactive, .. }) => return issued,
+                        Err(StoreError::Forbidden {
+                            reason: ForbiddenReason::AgentInactive,
+                            ..
+                        }) => return issued,
                         Err(e) => panic!("unexpected: {e}"),
                     }
                 }
@@ -342,9 +484,27 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
         for t in tasks {
             t.await.unwrap();
         }
-        let fields = FieldSelector::parse(&format!("spec.agent.name={agent_name}"), AccessSession::FIELDS).unwrap();
-        let sessions = store.list::<AccessSession>(&ListQuery { fields, ..Default::default() }).await.unwrap();
-        let active: Vec<String> = sessions.items.iter().filter(|s| s.phase() != SessionPhase::Revoked).map(key).collect();
-        assert!(active.is_empty(), "round {round}: active sessions of a deactivated agent: {active:?}");
+        let fields = FieldSelector::parse(
+            &format!("spec.agent.name={agent_name}"),
+            AccessSession::FIELDS,
+        )
+        .unwrap();
+        let sessions = store
+            .list::<AccessSession>(&ListQuery {
+                fields,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let active: Vec<String> = sessions
+            .items
+            .iter()
+            .filter(|s| s.phase() != SessionPhase::Revoked)
+            .map(key)
+            .collect();
+        assert!(
+            active.is_empty(),
+            "round {round}: active sessions of a deactivated agent: {active:?}"
+        );
     }
 }

@@ -20,7 +20,10 @@ async fn migrations_are_recorded_and_idempotent() {
     b.unwrap();
     let mut client = db.client().await;
     assert_eq!(apply_migrations(&mut client).await.unwrap(), 0);
-    let rows = client.query("SELECT version FROM schema_migrations", &[]).await.unwrap();
+    let rows = client
+        .query("SELECT version FROM schema_migrations", &[])
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1);
 }
 
@@ -36,20 +39,32 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
 
     // No agents exist at all: human-only and team-only sessions are still issued.
     let human = store
-        .create_session(mk_human_session("ns", "alice-github", "srv-1", "alice@example.com"), false)
+        .create_session(
+            mk_human_session("ns", "alice-github", "srv-1", "alice@example.com"),
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(human.object.phase(), SessionPhase::Active);
     assert!(human.object.metadata.uid.is_some());
-    let team = store.create_session(mk_session("ns", "payments-github", "srv-1"), false).await.unwrap();
+    let team = store
+        .create_session(mk_session("ns", "payments-github", "srv-1"), false)
+        .await
+        .unwrap();
     assert_eq!(team.object.spec.teams, vec!["payments".to_string()]);
 
     // An agent session needs the agent.
     let err = store
-        .create_session(mk_agent_session("ns", "bot-1", "srv-1", "billing-bot", &[]), false)
+        .create_session(
+            mk_agent_session("ns", "bot-1", "srv-1", "billing-bot", &[]),
+            false,
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(ref e) if e[0].field == "spec.agent.name"), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Invalid(ref e) if e[0].field == "spec.agent.name"),
+        "{err:?}"
+    );
 
     let mut agent = mk_agent("billing-bot", &["payments", "billing"]);
     agent.spec.max_session_ttl = Some("2h".into());
@@ -58,7 +73,16 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
 
     // Teams outside the agent's teams are refused.
     let err = store
-        .create_session(mk_agent_session("ns", "bot-1", "srv-1", "billing-bot", &["payments", "admin"]), false)
+        .create_session(
+            mk_agent_session(
+                "ns",
+                "bot-1",
+                "srv-1",
+                "billing-bot",
+                &["payments", "admin"],
+            ),
+            false,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -70,7 +94,10 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
     let mut long = mk_agent_session("ns", "bot-1", "srv-1", "billing-bot", &["payments"]);
     long.spec.expires_at = Some(in_hours(10));
     let issued = store.create_session(long, false).await.unwrap();
-    assert_eq!(issued.object.spec.agent.as_ref().unwrap().uid, agent.metadata.uid);
+    assert_eq!(
+        issued.object.spec.agent.as_ref().unwrap().uid,
+        agent.metadata.uid
+    );
     assert!(issued.object.spec.expires_at.as_ref().unwrap().0 <= in_hours(2).0);
     assert_eq!(issued.warnings.len(), 1, "{:?}", issued.warnings);
     let stored: AccessSession = store.get("ns", "bot-1").await.unwrap();
@@ -78,26 +105,53 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
 
     // maxActiveSessions = 2.
     store
-        .create_session(mk_agent_session("ns", "bot-2", "srv-1", "billing-bot", &[]), false)
+        .create_session(
+            mk_agent_session("ns", "bot-2", "srv-1", "billing-bot", &[]),
+            false,
+        )
         .await
         .unwrap();
     let err = store
-        .create_session(mk_agent_session("ns", "bot-3", "srv-1", "billing-bot", &[]), false)
+        .create_session(
+            mk_agent_session("ns", "bot-3", "srv-1", "billing-bot", &[]),
+            false,
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Forbidden { reason: ForbiddenReason::QuotaExceeded, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Forbidden {
+                reason: ForbiddenReason::QuotaExceeded,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     // A revoked session no longer counts.
-    store.revoke_session("ns", "bot-2", "manual", None).await.unwrap();
     store
-        .create_session(mk_agent_session("ns", "bot-3", "srv-1", "billing-bot", &[]), false)
+        .revoke_session("ns", "bot-2", "manual", None)
+        .await
+        .unwrap();
+    store
+        .create_session(
+            mk_agent_session("ns", "bot-3", "srv-1", "billing-bot", &[]),
+            false,
+        )
         .await
         .unwrap();
 
     // Dry run validates but writes nothing.
     let before = store.current_version().await.unwrap();
-    store.create_session(mk_session("ns", "dry", "srv-1"), true).await.unwrap();
+    store
+        .create_session(mk_session("ns", "dry", "srv-1"), true)
+        .await
+        .unwrap();
     assert_eq!(store.current_version().await.unwrap(), before);
-    assert!(matches!(store.get::<AccessSession>("ns", "dry").await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        store.get::<AccessSession>("ns", "dry").await,
+        Err(StoreError::NotFound { .. })
+    ));
 }
 
 #[tokio::test]
@@ -109,57 +163,106 @@ async fn invalid_objects_are_refused_whole() {
     bad.spec.teams.clear();
     bad.metadata.labels = Some([("-bad".to_string(), "x".to_string())].into());
     let err = store.create_session(bad, false).await.unwrap_err();
-    let StoreError::Invalid(errors) = err else { panic!("{err:?}") };
+    let StoreError::Invalid(errors) = err else {
+        panic!("{err:?}")
+    };
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
-    for f in ["metadata.name", "metadata.labels", "spec.server.uid", "spec"] {
+    for f in [
+        "metadata.name",
+        "metadata.labels",
+        "spec.server.uid",
+        "spec",
+    ] {
         assert!(fields.contains(&f), "{fields:?} lacks {f}");
     }
     let mut no_ns = mk_session("ns", "x", "srv");
     no_ns.metadata.namespace = None;
-    assert!(matches!(store.create_session(no_ns, false).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.create_session(no_ns, false).await,
+        Err(StoreError::Invalid(_))
+    ));
     let mut past = mk_session("ns", "past", "srv");
     past.spec.expires_at = Some(in_hours(-1));
-    assert!(matches!(store.create_session(past, false).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.create_session(past, false).await,
+        Err(StoreError::Invalid(_))
+    ));
     let mut agent = mk_agent("a", &[]);
     agent.spec.max_session_ttl = Some("eight hours".into());
-    assert!(matches!(store.create_agent(agent, false).await, Err(StoreError::Invalid(_))));
-    assert_eq!(store.current_version().await.unwrap(), before, "nothing was written");
+    assert!(matches!(
+        store.create_agent(agent, false).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(
+        store.current_version().await.unwrap(),
+        before,
+        "nothing was written"
+    );
 }
 
 #[tokio::test]
 async fn updates_use_optimistic_concurrency_and_keep_authority_fields() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let created = store.create_session(mk_session("ns", "s", "srv-1"), false).await.unwrap().object;
+    let created = store
+        .create_session(mk_session("ns", "s", "srv-1"), false)
+        .await
+        .unwrap()
+        .object;
 
     let mut labelled = created.clone();
     labelled.metadata.labels = Some([("team".to_string(), "payments".to_string())].into());
     labelled.status = None; // status is ignored on the main resource
     let updated = store.update_session(labelled, false).await.unwrap().object;
-    assert_ne!(updated.metadata.resource_version, created.metadata.resource_version);
+    assert_ne!(
+        updated.metadata.resource_version,
+        created.metadata.resource_version
+    );
     assert_eq!(updated.status, created.status);
-    assert_eq!(updated.metadata.generation, Some(1), "labels do not bump generation");
+    assert_eq!(
+        updated.metadata.generation,
+        Some(1),
+        "labels do not bump generation"
+    );
 
     // Stale resourceVersion: 409.
     let mut stale = created.clone();
     stale.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
-    assert!(matches!(store.update_session(stale, false).await, Err(StoreError::Conflict(_))));
+    assert!(matches!(
+        store.update_session(stale, false).await,
+        Err(StoreError::Conflict(_))
+    ));
 
     // Authority fields are immutable; expiry may only be brought forward.
     let mut escalate = updated.clone();
     escalate.spec.teams.push("admin".into());
-    assert!(matches!(store.update_session(escalate, false).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.update_session(escalate, false).await,
+        Err(StoreError::Invalid(_))
+    ));
     let mut extend = updated.clone();
     extend.spec.expires_at = Some(in_hours(5));
-    assert!(matches!(store.update_session(extend, false).await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.update_session(extend, false).await,
+        Err(StoreError::Invalid(_))
+    ));
     let mut shorten = updated.clone();
-    shorten.spec.expires_at = Some(in_hours(0).0.checked_add(k8s_openapi::jiff::SignedDuration::from_mins(10)).map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time).unwrap());
+    shorten.spec.expires_at = Some(
+        in_hours(0)
+            .0
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_mins(10))
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+            .unwrap(),
+    );
     let shortened = store.update_session(shorten, false).await.unwrap().object;
     assert_eq!(shortened.metadata.generation, Some(2));
 
     // A no-op update writes nothing.
     let head = store.current_version().await.unwrap();
-    store.update_session(shortened.clone(), false).await.unwrap();
+    store
+        .update_session(shortened.clone(), false)
+        .await
+        .unwrap();
     assert_eq!(store.current_version().await.unwrap(), head);
 }
 
@@ -171,30 +274,63 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
     let mut s = mk_session("ns", "alice-github", "srv-1");
     s.metadata.labels = Some([("app".to_string(), "x".to_string())].into());
     let created = store.create_session(s, false).await.unwrap().object;
-    store.revoke_session("ns", "alice-github", "manual", Some("r1")).await.unwrap();
+    store
+        .revoke_session("ns", "alice-github", "manual", Some("r1"))
+        .await
+        .unwrap();
 
     // Stale preconditions: 409, nothing deleted.
-    let stale_uid = Preconditions { uid: Some(uuid::Uuid::new_v4().to_string()), ..Default::default() };
-    let err = store.delete::<AccessSession>("ns", "alice-github", &stale_uid, false).await.unwrap_err();
-    assert!(matches!(err, StoreError::Conflict(ref m) if m.contains("UID in precondition")), "{err:?}");
-    let stale_rv = Preconditions { resource_version: created.metadata.resource_version.clone(), ..Default::default() };
+    let stale_uid = Preconditions {
+        uid: Some(uuid::Uuid::new_v4().to_string()),
+        ..Default::default()
+    };
+    let err = store
+        .delete::<AccessSession>("ns", "alice-github", &stale_uid, false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict(ref m) if m.contains("UID in precondition")),
+        "{err:?}"
+    );
+    let stale_rv = Preconditions {
+        resource_version: created.metadata.resource_version.clone(),
+        ..Default::default()
+    };
     assert!(matches!(
-        store.delete::<AccessSession>("ns", "alice-github", &stale_rv, false).await,
+        store
+            .delete::<AccessSession>("ns", "alice-github", &stale_rv, false)
+            .await,
         Err(StoreError::Conflict(_))
     ));
 
-    let right = Preconditions { uid: created.metadata.uid.clone(), ..Default::default() };
-    let last: AccessSession = store.delete("ns", "alice-github", &right, false).await.unwrap();
+    let right = Preconditions {
+        uid: created.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let last: AccessSession = store
+        .delete("ns", "alice-github", &right, false)
+        .await
+        .unwrap();
     assert_eq!(last.phase(), SessionPhase::Revoked);
-    assert!(matches!(store.get::<AccessSession>("ns", "alice-github").await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        store.get::<AccessSession>("ns", "alice-github").await,
+        Err(StoreError::NotFound { .. })
+    ));
 
     // The DELETED event carries the last state.
     let mut sub = store.subscribe(start).await.unwrap();
-    let kinds: Vec<EventType> = [sub.next().await.unwrap(), sub.next().await.unwrap(), sub.next().await.unwrap()]
-        .iter()
-        .map(|e| e.event_type)
-        .collect();
-    assert_eq!(kinds, [EventType::Added, EventType::Modified, EventType::Deleted]);
+    let kinds: Vec<EventType> = [
+        sub.next().await.unwrap(),
+        sub.next().await.unwrap(),
+        sub.next().await.unwrap(),
+    ]
+    .iter()
+    .map(|e| e.event_type)
+    .collect();
+    assert_eq!(
+        kinds,
+        [EventType::Added, EventType::Modified, EventType::Deleted]
+    );
     let head = store.current_version().await.unwrap();
     assert_eq!(sub.cursor(), head);
     let mut sub = store.subscribe(start).await.unwrap();
@@ -206,25 +342,42 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
     };
     assert_eq!(deleted.object["status"]["revocation"]["cause"], "manual");
     assert_eq!(deleted.object["metadata"]["labels"]["app"], "x");
-    assert_eq!(deleted.object["metadata"]["resourceVersion"], head.to_string());
+    assert_eq!(
+        deleted.object["metadata"]["resourceVersion"],
+        head.to_string()
+    );
 
     // The name is reserved, also for the same server republished under a new UID.
     for uid in ["srv-1", "srv-2"] {
-        let err = store.create_session(mk_session("ns", "alice-github", uid), false).await.unwrap_err();
+        let err = store
+            .create_session(mk_session("ns", "alice-github", uid), false)
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::NameReserved { .. }), "{err:?}");
         assert!(err.to_string().contains("used before"), "{err}");
     }
     // Other namespaces are unaffected.
-    store.create_session(mk_session("other", "alice-github", "srv-2"), false).await.unwrap();
+    store
+        .create_session(mk_session("other", "alice-github", "srv-2"), false)
+        .await
+        .unwrap();
     // Reservations outlive the change log.
-    db.client().await.batch_execute("DELETE FROM change_log").await.unwrap();
+    db.client()
+        .await
+        .batch_execute("DELETE FROM change_log")
+        .await
+        .unwrap();
     assert!(matches!(
-        store.create_session(mk_session("ns", "alice-github", "srv-3"), false).await,
+        store
+            .create_session(mk_session("ns", "alice-github", "srv-3"), false)
+            .await,
         Err(StoreError::NameReserved { .. })
     ));
     // A live name is AlreadyExists.
     assert!(matches!(
-        store.create_session(mk_session("other", "alice-github", "srv-2"), false).await,
+        store
+            .create_session(mk_session("other", "alice-github", "srv-2"), false)
+            .await,
         Err(StoreError::AlreadyExists { .. })
     ));
 }
@@ -234,30 +387,75 @@ async fn retirement_fences_the_server_uid() {
     let db = TestDb::new().await;
     let store = db.store().await;
     for i in 0..5 {
-        store.create_session(mk_session("ns", &format!("old-{i}"), "srv-old"), false).await.unwrap();
+        store
+            .create_session(mk_session("ns", &format!("old-{i}"), "srv-old"), false)
+            .await
+            .unwrap();
     }
-    store.create_session(mk_session("other-ns", "old-x", "srv-old"), false).await.unwrap();
-    store.create_session(mk_session("ns", "new-0", "srv-new"), false).await.unwrap();
-    store.revoke_session("ns", "new-0", "manual", None).await.unwrap();
+    store
+        .create_session(mk_session("other-ns", "old-x", "srv-old"), false)
+        .await
+        .unwrap();
+    store
+        .create_session(mk_session("ns", "new-0", "srv-new"), false)
+        .await
+        .unwrap();
+    store
+        .revoke_session("ns", "new-0", "manual", None)
+        .await
+        .unwrap();
 
-    let server = ServerRef { name: "github".into(), uid: "srv-old".into() };
-    let outcome = store.retire_server("ns", &server, Some("github-retired")).await.unwrap();
+    let server = ServerRef {
+        name: "github".into(),
+        uid: "srv-old".into(),
+    };
+    let outcome = store
+        .retire_server("ns", &server, Some("github-retired"))
+        .await
+        .unwrap();
     assert_eq!(outcome.revoked.len(), 6);
     let s: AccessSession = store.get("ns", "old-3").await.unwrap();
     let revocation = s.status.unwrap().revocation.unwrap();
     assert_eq!(revocation.cause, CAUSE_SERVER_RETIRED);
-    assert_eq!(revocation.revocation_name.as_deref(), Some("github-retired"));
+    assert_eq!(
+        revocation.revocation_name.as_deref(),
+        Some("github-retired")
+    );
 
     // Issuing for the fenced UID: 409.
-    let err = store.create_session(mk_session("ns", "again", "srv-old"), false).await.unwrap_err();
-    assert!(matches!(err, StoreError::Conflict(ref m) if m.contains("retired")), "{err:?}");
+    let err = store
+        .create_session(mk_session("ns", "again", "srv-old"), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict(ref m) if m.contains("retired")),
+        "{err:?}"
+    );
     // Unrevoking one of its sessions: 409, still revoked.
-    assert!(matches!(store.unrevoke_session("ns", "old-1").await, Err(StoreError::Conflict(_))));
-    assert_eq!(store.get::<AccessSession>("ns", "old-1").await.unwrap().phase(), SessionPhase::Revoked);
+    assert!(matches!(
+        store.unrevoke_session("ns", "old-1").await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        store
+            .get::<AccessSession>("ns", "old-1")
+            .await
+            .unwrap()
+            .phase(),
+        SessionPhase::Revoked
+    );
     // Retiring again is idempotent.
-    assert!(store.retire_server("ns", &server, None).await.unwrap().revoked.is_empty());
+    assert!(store
+        .retire_server("ns", &server, None)
+        .await
+        .unwrap()
+        .revoked
+        .is_empty());
     // Another server is unaffected: issuing and unrevoking work.
-    store.create_session(mk_session("ns", "new-1", "srv-new"), false).await.unwrap();
+    store
+        .create_session(mk_session("ns", "new-1", "srv-new"), false)
+        .await
+        .unwrap();
     let restored = store.unrevoke_session("ns", "new-0").await.unwrap();
     assert_eq!(restored.phase(), SessionPhase::Active);
     assert!(restored.status.unwrap().revocation.is_none());
@@ -267,10 +465,23 @@ async fn retirement_fences_the_server_uid() {
 async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let agent = store.create_agent(mk_agent("bot", &["t"]), false).await.unwrap().object;
-    store.create_session(mk_agent_session("ns", "a", "srv", "bot", &["t"]), false).await.unwrap();
-    store.create_session(mk_agent_session("ns2", "b", "srv", "bot", &[]), false).await.unwrap();
-    store.create_session(mk_session("ns", "unrelated", "srv"), false).await.unwrap();
+    let agent = store
+        .create_agent(mk_agent("bot", &["t"]), false)
+        .await
+        .unwrap()
+        .object;
+    store
+        .create_session(mk_agent_session("ns", "a", "srv", "bot", &["t"]), false)
+        .await
+        .unwrap();
+    store
+        .create_session(mk_agent_session("ns2", "b", "srv", "bot", &[]), false)
+        .await
+        .unwrap();
+    store
+        .create_session(mk_session("ns", "unrelated", "srv"), false)
+        .await
+        .unwrap();
 
     let mut off = agent.clone();
     off.spec.active = false;
@@ -278,25 +489,66 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
     assert!(off.status.as_ref().unwrap().deactivated_at.is_some());
     for (ns, name) in [("ns", "a"), ("ns2", "b")] {
         let s: AccessSession = store.get(ns, name).await.unwrap();
-        assert_eq!(s.status.unwrap().revocation.unwrap().cause, CAUSE_AGENT_DEACTIVATED);
+        assert_eq!(
+            s.status.unwrap().revocation.unwrap().cause,
+            CAUSE_AGENT_DEACTIVATED
+        );
     }
-    assert_eq!(store.get::<AccessSession>("ns", "unrelated").await.unwrap().phase(), SessionPhase::Active);
+    assert_eq!(
+        store
+            .get::<AccessSession>("ns", "unrelated")
+            .await
+            .unwrap()
+            .phase(),
+        SessionPhase::Active
+    );
     // Inactive agents cannot be issued sessions, and their sessions cannot be restored.
-    let err = store.create_session(mk_agent_session("ns", "c", "srv", "bot", &[]), false).await.unwrap_err();
-    assert!(matches!(err, StoreError::Forbidden { reason: ForbiddenReason::AgentInactive, .. }), "{err:?}");
-    assert!(matches!(store.unrevoke_session("ns", "a").await, Err(StoreError::Conflict(_))));
+    let err = store
+        .create_session(mk_agent_session("ns", "c", "srv", "bot", &[]), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Forbidden {
+                reason: ForbiddenReason::AgentInactive,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(matches!(
+        store.unrevoke_session("ns", "a").await,
+        Err(StoreError::Conflict(_))
+    ));
 
     // Delete and re-create the agent under the same name: old sessions stay revoked and
     // cannot be restored, because they bind the old uid.
-    let gone: Agent = store.delete("", "bot", &Preconditions::default(), false).await.unwrap();
+    let gone: Agent = store
+        .delete("", "bot", &Preconditions::default(), false)
+        .await
+        .unwrap();
     assert_eq!(gone.metadata.uid, agent.metadata.uid);
-    let again = store.create_agent(mk_agent("bot", &["t"]), false).await.unwrap().object;
+    let again = store
+        .create_agent(mk_agent("bot", &["t"]), false)
+        .await
+        .unwrap()
+        .object;
     assert_ne!(again.metadata.uid, agent.metadata.uid);
-    assert!(matches!(store.unrevoke_session("ns", "a").await, Err(StoreError::Conflict(_))));
+    assert!(matches!(
+        store.unrevoke_session("ns", "a").await,
+        Err(StoreError::Conflict(_))
+    ));
     let mut stale_ref = mk_agent_session("ns", "d", "srv", "bot", &[]);
     stale_ref.spec.agent.as_mut().unwrap().uid = agent.metadata.uid.clone();
-    assert!(matches!(store.create_session(stale_ref, false).await, Err(StoreError::Conflict(_))));
-    let fresh = store.create_session(mk_agent_session("ns", "e", "srv", "bot", &[]), false).await.unwrap();
+    assert!(matches!(
+        store.create_session(stale_ref, false).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let fresh = store
+        .create_session(mk_agent_session("ns", "e", "srv", "bot", &[]), false)
+        .await
+        .unwrap();
     assert_eq!(fresh.object.spec.agent.unwrap().uid, again.metadata.uid);
 }
 
@@ -304,9 +556,16 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
 async fn failed_revocation_commits_nothing() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let agent = store.create_agent(mk_agent("bot", &[]), false).await.unwrap().object;
+    let agent = store
+        .create_agent(mk_agent("bot", &[]), false)
+        .await
+        .unwrap()
+        .object;
     for name in ["a", "b", "poison", "z"] {
-        store.create_session(mk_agent_session("ns", name, "srv", "bot", &[]), false).await.unwrap();
+        store
+            .create_session(mk_agent_session("ns", name, "srv", "bot", &[]), false)
+            .await
+            .unwrap();
     }
     // Inject a failure in the middle of the bulk revocation: the row "poison" cannot be updated.
     let client = db.client().await;
@@ -322,21 +581,38 @@ async fn failed_revocation_commits_nothing() {
         .await
         .unwrap();
     let head = store.current_version().await.unwrap();
-    let log_rows: i64 = client.query_one("SELECT count(*) FROM change_log", &[]).await.unwrap().get(0);
+    let log_rows: i64 = client
+        .query_one("SELECT count(*) FROM change_log", &[])
+        .await
+        .unwrap()
+        .get(0);
 
     let mut off = agent.clone();
     off.spec.active = false;
     let err = store.update_agent(off, false).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
-    let err = store.delete::<Agent>("", "bot", &Preconditions::default(), false).await.unwrap_err();
+    let err = store
+        .delete::<Agent>("", "bot", &Preconditions::default(), false)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
 
     assert_eq!(store.current_version().await.unwrap(), head);
-    let after: i64 = client.query_one("SELECT count(*) FROM change_log", &[]).await.unwrap().get(0);
+    let after: i64 = client
+        .query_one("SELECT count(*) FROM change_log", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(after, log_rows);
     assert!(store.get::<Agent>("", "bot").await.unwrap().spec.active);
-    let sessions = store.list::<AccessSession>(&ListQuery::default()).await.unwrap();
-    assert!(sessions.items.iter().all(|s| s.phase() == SessionPhase::Active));
+    let sessions = store
+        .list::<AccessSession>(&ListQuery::default())
+        .await
+        .unwrap();
+    assert!(sessions
+        .items
+        .iter()
+        .all(|s| s.phase() == SessionPhase::Active));
     assert_eq!(sessions.items.len(), 4);
 }
 
@@ -354,10 +630,19 @@ async fn lists_filter_by_namespace_labels_and_fields() {
         s.metadata.labels = Some([("env".to_string(), env.to_string())].into());
         store.create_session(s, false).await.unwrap();
     }
-    store.revoke_session("b", "s1", "manual", None).await.unwrap();
+    store
+        .revoke_session("b", "s1", "manual", None)
+        .await
+        .unwrap();
     let names = |l: Vec<AccessSession>| {
         l.iter()
-            .map(|s| format!("{}/{}", s.metadata.namespace.as_deref().unwrap(), s.metadata.name.as_deref().unwrap()))
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s.metadata.namespace.as_deref().unwrap(),
+                    s.metadata.name.as_deref().unwrap()
+                )
+            })
             .collect::<Vec<_>>()
     };
     let q = |ns: Option<&str>, labels: &str, fields: &str| ListQuery {
@@ -366,19 +651,47 @@ async fn lists_filter_by_namespace_labels_and_fields() {
         fields: FieldSelector::parse(fields, AccessSession::FIELDS).unwrap(),
         ..Default::default()
     };
-    let all = store.list::<AccessSession>(&q(None, "", "")).await.unwrap().items;
+    let all = store
+        .list::<AccessSession>(&q(None, "", ""))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(all), ["a/s1", "a/s2", "a/s3", "b/s1"]);
-    let l = store.list(&q(Some("a"), "env=prod", "")).await.unwrap().items;
+    let l = store
+        .list(&q(Some("a"), "env=prod", ""))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(l), ["a/s1", "a/s2"]);
-    let l = store.list(&q(None, "env in (prod)", "spec.server.uid=srv-1")).await.unwrap().items;
+    let l = store
+        .list(&q(None, "env in (prod)", "spec.server.uid=srv-1"))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(l), ["a/s1", "b/s1"]);
-    let l = store.list(&q(None, "", "status.phase=Revoked")).await.unwrap().items;
+    let l = store
+        .list(&q(None, "", "status.phase=Revoked"))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(l), ["b/s1"]);
-    let l = store.list(&q(None, "env!=prod", "status.phase!=Revoked")).await.unwrap().items;
+    let l = store
+        .list(&q(None, "env!=prod", "status.phase!=Revoked"))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(l), ["a/s3"]);
-    let l = store.list(&q(Some("a"), "", "metadata.name=s2")).await.unwrap().items;
+    let l = store
+        .list(&q(Some("a"), "", "metadata.name=s2"))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(names(l), ["a/s2"]);
-    let l = store.list::<AccessSession>(&q(None, "", "spec.agent.name=")).await.unwrap().items;
+    let l = store
+        .list::<AccessSession>(&q(None, "", "spec.agent.name="))
+        .await
+        .unwrap()
+        .items;
     assert_eq!(l.len(), 4, "a missing field reads as empty");
     let agents = store.list::<Agent>(&ListQuery::default()).await.unwrap();
     assert!(agents.items.is_empty());

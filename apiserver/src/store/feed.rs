@@ -39,7 +39,9 @@ impl EventType {
             "ADDED" => Ok(Self::Added),
             "MODIFIED" => Ok(Self::Modified),
             "DELETED" => Ok(Self::Deleted),
-            other => Err(StoreError::Internal(format!("unknown change type {other:?}"))),
+            other => Err(StoreError::Internal(format!(
+                "unknown change type {other:?}"
+            ))),
         }
     }
 
@@ -91,7 +93,10 @@ impl Event {
 /// Writes `metadata.resourceVersion` into a stored body.
 pub(super) fn set_resource_version(object: &mut serde_json::Value, rv: ResourceVersion) {
     if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-        meta.insert("resourceVersion".into(), serde_json::Value::String(rv.to_string()));
+        meta.insert(
+            "resourceVersion".into(),
+            serde_json::Value::String(rv.to_string()),
+        );
     }
 }
 
@@ -168,7 +173,10 @@ impl Feed {
 
     async fn listen_and_tail(self: Arc<Self>, pg: &tokio_postgres::Config) -> Result<()> {
         let unavailable = |e: tokio_postgres::Error| StoreError::Unavailable(e.to_string());
-        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await.map_err(unavailable)?;
+        let (client, mut connection) = pg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(unavailable)?;
         let me = self.clone();
         let (closed_tx, mut closed_rx) = tokio::sync::oneshot::channel::<String>();
         let driver = tokio::spawn(async move {
@@ -200,7 +208,10 @@ impl Feed {
                 .map_err(unavailable)?;
             loop {
                 let head = self.state().head as i64;
-                let rows = client.query(&statement, &[&head, &PAGE]).await.map_err(unavailable)?;
+                let rows = client
+                    .query(&statement, &[&head, &PAGE])
+                    .await
+                    .map_err(unavailable)?;
                 let full = rows.len() as i64 == PAGE;
                 self.publish(&rows)?;
                 if full {
@@ -227,7 +238,11 @@ impl Feed {
         let epoch = first.get::<_, i32>("epoch") as u32;
         let mut state = self.state();
         if epoch != state.epoch {
-            tracing::info!(old = state.epoch, new = epoch, "epoch rotated; ending every watch");
+            tracing::info!(
+                old = state.epoch,
+                new = epoch,
+                "epoch rotated; ending every watch"
+            );
             state.expire_all();
             state.epoch = epoch;
         }
@@ -238,7 +253,11 @@ impl Feed {
             let seq = seq as u64;
             if seq != state.head + 1 {
                 // The log was trimmed past this reader: nobody can be served consistently.
-                tracing::warn!(head = state.head, next = seq, "change feed fell behind retention");
+                tracing::warn!(
+                    head = state.head,
+                    next = seq,
+                    "change feed fell behind retention"
+                );
                 state.expire_all();
             }
             let event = Arc::new(Event::from_row(epoch, row)?);
@@ -278,7 +297,11 @@ impl Feed {
     }
 
     async fn read_log(&self, after: u64, epoch: u32) -> Result<Vec<Arc<Event>>> {
-        let client = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let statement = client
             .prepare_cached(&format!(
                 "SELECT s.epoch, c.* FROM sync_state s LEFT JOIN LATERAL (
@@ -314,7 +337,9 @@ impl State {
 }
 
 fn expired_epoch() -> StoreError {
-    StoreError::Expired("too old resource version: the change log was reset (apiserver restart)".into())
+    StoreError::Expired(
+        "too old resource version: the change log was reset (apiserver restart)".into(),
+    )
 }
 
 /// A position in the change feed that yields every later event exactly once, in order.
@@ -389,12 +414,16 @@ impl Subscription {
             return Err(expired_epoch());
         }
         let covered = self.cursor >= state.head
-            || state.ring.front().is_some_and(|first| first.seq() <= self.cursor + 1);
+            || state
+                .ring
+                .front()
+                .is_some_and(|first| first.seq() <= self.cursor + 1);
         if !covered {
             return Ok(false);
         }
         let cursor = self.cursor;
-        self.backlog.extend(state.ring.iter().filter(|e| e.seq() > cursor).cloned());
+        self.backlog
+            .extend(state.ring.iter().filter(|e| e.seq() > cursor).cloned());
         let after = cursor.max(state.head);
         self.register(&mut state, after);
         Ok(true)

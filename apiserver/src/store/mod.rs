@@ -22,17 +22,29 @@ pub use rv::{ContinueToken, ResourceVersion};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("{resource} {name:?} not found")]
-    NotFound { resource: &'static str, name: String },
+    NotFound {
+        resource: &'static str,
+        name: String,
+    },
     #[error("{resource} {name:?} already exists")]
-    AlreadyExists { resource: &'static str, name: String },
+    AlreadyExists {
+        resource: &'static str,
+        name: String,
+    },
     #[error("{resource} {name:?} already exists: the name was used before and is reserved")]
-    NameReserved { resource: &'static str, name: String },
+    NameReserved {
+        resource: &'static str,
+        name: String,
+    },
     #[error("{0}")]
     Conflict(String),
     #[error("{}", join_errors(.0))]
     Invalid(Vec<FieldError>),
     #[error("{message}")]
-    Forbidden { reason: ForbiddenReason, message: String },
+    Forbidden {
+        reason: ForbiddenReason,
+        message: String,
+    },
     /// The resourceVersion or continue token is no longer (or not yet) served; relist.
     #[error("{0}")]
     Expired(String),
@@ -67,13 +79,11 @@ impl From<SessionRuleError> for StoreError {
         let message = e.to_string();
         match e {
             SessionRuleError::Invalid(errors) => Self::Invalid(errors),
-            SessionRuleError::AgentNotFound(_) => {
-                Self::Invalid(vec![FieldError::new(
-                    apis::validation::FieldErrorKind::Invalid,
-                    "spec.agent.name",
-                    message,
-                )])
-            }
+            SessionRuleError::AgentNotFound(_) => Self::Invalid(vec![FieldError::new(
+                apis::validation::FieldErrorKind::Invalid,
+                "spec.agent.name",
+                message,
+            )]),
             SessionRuleError::AgentInactive(_) => Self::Forbidden {
                 reason: ForbiddenReason::AgentInactive,
                 message,
@@ -181,9 +191,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<K>;
 
     /// Issues a session under the rules of DESIGN §2.
-    async fn create_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>>;
+    async fn create_session(
+        &self,
+        session: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>>;
     /// Updates a session through the main resource (status and authority fields are kept).
-    async fn update_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>>;
+    async fn update_session(
+        &self,
+        session: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>>;
     /// Revokes one session; a no-op if it already is revoked.
     async fn revoke_session(
         &self,

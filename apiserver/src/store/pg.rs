@@ -10,9 +10,7 @@ use apis::rules::{
 };
 use apis::selector::FieldRequirement;
 use apis::validation::FieldError;
-use apis::{
-    AccessSession, AccessSessionStatus, Agent, AgentStatus, Kind, SessionPhase, ServerRef,
-};
+use apis::{AccessSession, AccessSessionStatus, Agent, AgentStatus, Kind, ServerRef, SessionPhase};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -75,6 +73,7 @@ pub struct PgStore {
 
 struct Inner {
     pool: Pool,
+    write_gate: tokio::sync::Mutex<()>,
     feed: Arc<Feed>,
     config: StoreConfig,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -109,7 +108,11 @@ impl PgStore {
     /// Applies migrations, rotates the epoch (expiring every resourceVersion handed out
     /// before), and starts the change feed and the log trimmer.
     pub async fn start(config: StoreConfig) -> Result<Self> {
-        let (mut client, connection) = config.pg.connect(tokio_postgres::NoTls).await.map_err(pg_err)?;
+        let (mut client, connection) = config
+            .pg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(pg_err)?;
         let driver = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "setup connection ended");
@@ -156,6 +159,7 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                write_gate: tokio::sync::Mutex::new(()),
                 feed,
                 config,
                 tasks,
@@ -181,6 +185,14 @@ impl PgStore {
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.inner.pool.get().await.map_err(pool_err)
+    }
+
+    /// A connection for a write transaction, and this process's turn to write. Writers are
+    /// serialized by the sync-state row lock anyway; queueing them here first keeps that
+    /// lock uncontended (cheap to take) and leaves pool connections to readers.
+    async fn writer(&self) -> Result<(tokio::sync::MutexGuard<'_, ()>, deadpool_postgres::Object)> {
+        let gate = self.inner.write_gate.lock().await;
+        Ok((gate, self.client().await?))
     }
 }
 
@@ -242,7 +254,8 @@ struct StoredRow {
 
 fn decode<K: Kind>(mut body: Value, rv: ResourceVersion) -> Result<K> {
     set_resource_version(&mut body, rv);
-    serde_json::from_value(body).map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))
+    serde_json::from_value(body)
+        .map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))
 }
 
 fn encode<K: Kind>(object: &K) -> Result<Value> {
@@ -352,6 +365,29 @@ fn check_preconditions<K: Kind>(
     Ok(())
 }
 
+/// The tail of every write statement: moves the sync-state sequence to `$seq` (the row is
+/// already locked by this transaction) and queues the commit notification for the feed.
+macro_rules! advance_sync_state {
+    ($seq:literal) => {
+        concat!(
+            "s AS (UPDATE sync_state SET seq = ",
+            $seq,
+            " WHERE id = 1 RETURNING 1) SELECT pg_notify('mcp_access_changes', '') FROM s"
+        )
+    };
+}
+
+const LOAD_SQL: &str =
+    "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3";
+
+fn stored_row(r: &tokio_postgres::Row) -> StoredRow {
+    StoredRow {
+        seq: r.get::<_, i64>(0) as u64,
+        uid: r.get(1),
+        body: r.get(2),
+    }
+}
+
 /// One write transaction: holds the sync-state row lock from `begin` to `commit`.
 struct WriteTx<'a> {
     tx: deadpool_postgres::Transaction<'a>,
@@ -361,27 +397,81 @@ struct WriteTx<'a> {
 }
 
 impl<'a> WriteTx<'a> {
+    /// Starts the transaction. The sync-state lock is taken by the first `lock_*` call,
+    /// pipelined with the transaction's first read.
     async fn begin(client: &'a mut deadpool_postgres::Object) -> Result<Self> {
         let tx = client.transaction().await.map_err(pg_err)?;
-        let stmt = tx
+        Ok(Self {
+            tx,
+            epoch: 0,
+            start: 0,
+            seq: 0,
+        })
+    }
+
+    /// Takes the sync-state row lock, then runs `sql` in the same round trip. The query is
+    /// sent after the lock request on the same connection, so it runs once the lock is held
+    /// and (READ COMMITTED) sees every transaction that committed before.
+    async fn lock_with(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        // Prepare first: the two executions below must leave in this order.
+        let lock = self
+            .tx
             .prepare_cached("SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE")
             .await
             .map_err(pg_err)?;
-        let row = tx.query_one(&stmt, &[]).await.map_err(pg_err)?;
-        let seq = row.get::<_, i64>(1) as u64;
-        Ok(Self {
-            tx,
-            epoch: row.get::<_, i32>(0) as u32,
-            start: seq,
-            seq,
-        })
+        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
+        let (row, rows) =
+            tokio::try_join!(self.tx.query_one(&lock, &[]), self.tx.query(&stmt, params))
+                .map_err(pg_err)?;
+        self.epoch = row.get::<_, i32>(0) as u32;
+        self.start = row.get::<_, i64>(1) as u64;
+        self.seq = self.start;
+        Ok(rows)
+    }
+
+    /// Takes the lock and loads one object.
+    async fn lock_and_load(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<StoredRow>> {
+        let rows = self.lock_with(LOAD_SQL, &[&resource, &ns, &name]).await?;
+        Ok(rows.first().map(stored_row))
+    }
+
+    /// Takes the lock and loads one object of a kind.
+    async fn lock_and_load_typed<K: Kind>(
+        &mut self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<(K, StoredRow)>> {
+        let row = self
+            .lock_and_load(K::PLURAL, scoped_ns::<K>(ns), name)
+            .await?;
+        self.typed(row)
+    }
+
+    fn typed<K: Kind>(&self, row: Option<StoredRow>) -> Result<Option<(K, StoredRow)>> {
+        match row {
+            Some(row) => Ok(Some((decode(row.body.clone(), self.rv(row.seq))?, row))),
+            None => Ok(None),
+        }
     }
 
     fn rv(&self, seq: u64) -> ResourceVersion {
         ResourceVersion::new(self.epoch, seq)
     }
 
-    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>> {
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
         let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
         self.tx.query(&stmt, params).await.map_err(pg_err)
     }
@@ -391,49 +481,52 @@ impl<'a> WriteTx<'a> {
         self.tx.execute(&stmt, params).await.map_err(pg_err)
     }
 
-    async fn load(&self, resource: &str, ns: &str, name: &str) -> Result<Option<StoredRow>> {
+    async fn load_typed<K: Kind>(&self, ns: &str, name: &str) -> Result<Option<(K, StoredRow)>> {
         let rows = self
-            .query(
-                "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3",
-                &[&resource, &ns, &name],
+            .query(LOAD_SQL, &[&K::PLURAL, &scoped_ns::<K>(ns), &name])
+            .await?;
+        self.typed(rows.first().map(stored_row))
+    }
+
+    /// Takes the lock and checks that a new session may use its name (unused, never used)
+    /// and its server uid (not fenced). Returns whether the server is fenced.
+    async fn lock_and_check_new_session(
+        &mut self,
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+    ) -> Result<bool> {
+        let rows = self
+            .lock_with(
+                "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3),
+                        EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3),
+                        EXISTS (SELECT 1 FROM server_fences WHERE server_uid = $4)",
+                &[&SESSIONS, &ns, &name, &server_uid],
             )
             .await?;
-        Ok(rows.first().map(|r| StoredRow {
-            seq: r.get::<_, i64>(0) as u64,
-            uid: r.get(1),
-            body: r.get(2),
-        }))
-    }
-
-    async fn load_typed<K: Kind>(&self, ns: &str, name: &str) -> Result<Option<(K, StoredRow)>> {
-        match self.load(K::PLURAL, scoped_ns::<K>(ns), name).await? {
-            Some(row) => Ok(Some((decode(row.body.clone(), self.rv(row.seq))?, row))),
-            None => Ok(None),
-        }
-    }
-
-    /// Fails unless the name is unused and was never used (for kinds that reserve names).
-    async fn ensure_name_free(&self, resource: &'static str, ns: &str, name: &str) -> Result<()> {
-        let row = &self
-            .query(
-                "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3),
-                        EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3)",
-                &[&resource, &ns, &name],
-            )
-            .await?[0];
+        let row = &rows[0];
         let name = display_name(ns, name);
         if row.get::<_, bool>(0) {
-            return Err(StoreError::AlreadyExists { resource, name });
+            return Err(StoreError::AlreadyExists {
+                resource: SESSIONS,
+                name,
+            });
         }
         if row.get::<_, bool>(1) {
-            return Err(StoreError::NameReserved { resource, name });
+            return Err(StoreError::NameReserved {
+                resource: SESSIONS,
+                name,
+            });
         }
-        Ok(())
+        Ok(row.get(2))
     }
 
     async fn is_fenced(&self, server_uid: &str) -> Result<bool> {
         let rows = self
-            .query("SELECT 1 FROM server_fences WHERE server_uid = $1", &[&server_uid])
+            .query(
+                "SELECT 1 FROM server_fences WHERE server_uid = $1",
+                &[&server_uid],
+            )
             .await?;
         Ok(!rows.is_empty())
     }
@@ -460,13 +553,25 @@ impl<'a> WriteTx<'a> {
     }
 
     /// Stores a new object and its ADDED event.
-    async fn insert(&mut self, resource: &str, ns: &str, name: &str, uid: Uuid, body: &Value) -> Result<u64> {
+    async fn insert(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        uid: Uuid,
+        body: &Value,
+    ) -> Result<u64> {
         let seq = self.next_seq();
         self.execute(
+            concat!(
             "WITH o AS (
                  INSERT INTO objects (resource, namespace, name, uid, seq, body) VALUES ($1, $2, $3, $4, $5, $6)
-             )
-             INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)",
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)
+             ),
+             ",
+            advance_sync_state!("$5")
+        ),
             &[&resource, &ns, &name, &uid, &seq, body],
         )
         .await?;
@@ -474,15 +579,27 @@ impl<'a> WriteTx<'a> {
     }
 
     /// Replaces an object and records the MODIFIED event with its before-image.
-    async fn replace(&mut self, resource: &str, ns: &str, name: &str, body: &Value, before: &StoredRow) -> Result<u64> {
+    async fn replace(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        body: &Value,
+        before: &StoredRow,
+    ) -> Result<u64> {
         let seq = self.next_seq();
         let prev = before.seq as i64;
         self.execute(
+            concat!(
             "WITH o AS (
                  UPDATE objects SET seq = $4, body = $5 WHERE resource = $1 AND namespace = $2 AND name = $3
-             )
-             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
-             VALUES ($4, $1, $2, $3, 'MODIFIED', $5, $6, $7)",
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+                 VALUES ($4, $1, $2, $3, 'MODIFIED', $5, $6, $7)
+             ),
+             ",
+            advance_sync_state!("$4")
+        ),
             &[&resource, &ns, &name, &seq, body, &before.body, &prev],
         )
         .await?;
@@ -490,7 +607,11 @@ impl<'a> WriteTx<'a> {
     }
 
     /// Replaces many objects of one resource in one statement (bulk revocation).
-    async fn replace_many(&mut self, resource: &str, rows: Vec<(String, String, Value, StoredRow)>) -> Result<()> {
+    async fn replace_many(
+        &mut self,
+        resource: &str,
+        rows: Vec<(String, String, Value, StoredRow)>,
+    ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -508,32 +629,49 @@ impl<'a> WriteTx<'a> {
             prevs.push(before.seq as i64);
             befores.push(before.body);
         }
+        let last = self.seq as i64;
         self.execute(
+            concat!(
             "WITH d AS (
                  SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::jsonb[], $7::bigint[])
                      AS d(namespace, name, seq, body, before, prev_seq)
              ), o AS (
                  UPDATE objects SET seq = d.seq, body = d.body FROM d
                   WHERE objects.resource = $1 AND objects.namespace = d.namespace AND objects.name = d.name
-             )
-             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
-             SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d",
-            &[&resource, &namespaces, &names, &seqs, &bodies, &befores, &prevs],
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+                 SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d
+             ),
+             ",
+            advance_sync_state!("$8")
+        ),
+            &[&resource, &namespaces, &names, &seqs, &bodies, &befores, &prevs, &last],
         )
         .await?;
         Ok(())
     }
 
     /// Deletes an object and records the DELETED event carrying its last state.
-    async fn remove(&mut self, resource: &str, ns: &str, name: &str, last: &StoredRow) -> Result<u64> {
+    async fn remove(
+        &mut self,
+        resource: &str,
+        ns: &str,
+        name: &str,
+        last: &StoredRow,
+    ) -> Result<u64> {
         let seq = self.next_seq();
         let prev = last.seq as i64;
         self.execute(
+            concat!(
             "WITH o AS (
                  DELETE FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3
-             )
-             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
-             VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)",
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+                 VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)
+             ),
+             ",
+            advance_sync_state!("$4")
+        ),
             &[&resource, &ns, &name, &seq, &last.body, &prev],
         )
         .await?;
@@ -580,18 +718,6 @@ impl<'a> WriteTx<'a> {
     }
 
     async fn commit(self) -> Result<()> {
-        if self.seq > self.start {
-            let stmt = self
-                .tx
-                .prepare_cached("UPDATE sync_state SET seq = $1 WHERE id = 1")
-                .await
-                .map_err(pg_err)?;
-            self.tx.execute(&stmt, &[&(self.seq as i64)]).await.map_err(pg_err)?;
-            self.tx
-                .batch_execute(&format!("NOTIFY {CHANNEL}"))
-                .await
-                .map_err(pg_err)?;
-        }
         self.tx.commit().await.map_err(pg_err)
     }
 }
@@ -640,7 +766,9 @@ impl Store for PgStore {
             .await
             .map_err(pg_err)?;
         let head_stmt = tx
-            .prepare_cached("SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1")
+            .prepare_cached(
+                "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
+            )
             .await
             .map_err(pg_err)?;
         let head = tx.query_one(&head_stmt, &[]).await.map_err(pg_err)?;
@@ -710,11 +838,16 @@ impl Store for PgStore {
         let mut items = Vec::new();
         let mut more = false;
         loop {
-            let chunk = want.map_or(LIST_CHUNK, |w| (w + 1 - items.len()).max(64)).min(LIST_CHUNK * 5);
+            let chunk = want
+                .map_or(LIST_CHUNK, |w| (w + 1 - items.len()).max(64))
+                .min(LIST_CHUNK * 5);
             params[2] = Box::new(after.0.clone());
             params[3] = Box::new(after.1.clone());
             params[limit_param - 1] = Box::new(chunk as i64);
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            let refs: Vec<&(dyn ToSql + Sync)> = params
+                .iter()
+                .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                .collect();
             let rows = tx.query(&stmt, &refs).await.map_err(pg_err)?;
             let exhausted = rows.len() < chunk;
             for row in rows {
@@ -732,7 +865,10 @@ impl Store for PgStore {
                     break;
                 }
                 let seq = row.get::<_, i64>(2) as u64;
-                items.push((decode::<K>(body, ResourceVersion::new(epoch, seq))?, after.clone()));
+                items.push((
+                    decode::<K>(body, ResourceVersion::new(epoch, seq))?,
+                    after.clone(),
+                ));
             }
             if more || exhausted {
                 break;
@@ -741,7 +877,12 @@ impl Store for PgStore {
         tx.commit().await.map_err(pg_err)?;
         let continue_token = more.then(|| {
             let (ns, name) = items.last().map(|(_, key)| key.clone()).unwrap_or_default();
-            ContinueToken { rv: rv.to_string(), ns, name }.encode()
+            ContinueToken {
+                rv: rv.to_string(),
+                ns,
+                name,
+            }
+            .encode()
         });
         Ok(ObjectList {
             items: items.into_iter().map(|(item, _)| item).collect(),
@@ -758,9 +899,9 @@ impl Store for PgStore {
         dry_run: bool,
     ) -> Result<K> {
         let ns = scoped_ns::<K>(namespace);
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((object, stored)) = tx.load_typed::<K>(ns, name).await? else {
+        let Some((object, stored)) = tx.lock_and_load_typed::<K>(ns, name).await? else {
             return Err(not_found::<K>(name));
         };
         check_preconditions::<K>(
@@ -797,7 +938,11 @@ impl Store for PgStore {
         decode(stored.body, rv)
     }
 
-    async fn create_session(&self, mut session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
+    async fn create_session(
+        &self,
+        mut session: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>> {
         let now = now();
         let ns = namespace_of::<AccessSession>(&session.metadata)?;
         init_metadata(&mut session.metadata, &ns, now);
@@ -808,17 +953,19 @@ impl Store for PgStore {
         }
         let name = session.metadata.name.clone().unwrap_or_default();
 
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        tx.ensure_name_free(SESSIONS, &ns, &name).await?;
-        let server_fenced = tx.is_fenced(&session.spec.server.uid).await?;
+        let server_fenced = tx
+            .lock_and_check_new_session(&ns, &name, &session.spec.server.uid)
+            .await?;
         let agent = match &session.spec.agent {
             Some(agent_ref) => tx.load_typed::<Agent>("", &agent_ref.name).await?,
             None => None,
         };
         let agent_active_sessions = match &agent {
             Some((a, row)) if a.spec.max_active_sessions.is_some() => {
-                tx.active_sessions_of_agent(&row.uid.to_string(), now).await?
+                tx.active_sessions_of_agent(&row.uid.to_string(), now)
+                    .await?
             }
             _ => 0,
         };
@@ -841,7 +988,9 @@ impl Store for PgStore {
         if !dry_run {
             let uid = Uuid::parse_str(session.metadata.uid.as_deref().unwrap_or_default())
                 .map_err(|e| StoreError::Internal(e.to_string()))?;
-            let seq = tx.insert(SESSIONS, &ns, &name, uid, &encode(&session)?).await?;
+            let seq = tx
+                .insert(SESSIONS, &ns, &name, uid, &encode(&session)?)
+                .await?;
             session.metadata.resource_version = Some(tx.rv(seq).to_string());
             tx.commit().await?;
         }
@@ -851,12 +1000,17 @@ impl Store for PgStore {
         })
     }
 
-    async fn update_session(&self, session: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
+    async fn update_session(
+        &self,
+        session: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>> {
         let ns = namespace_of::<AccessSession>(&session.metadata)?;
         let name = session.metadata.name.clone().unwrap_or_default();
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((current, stored)) = tx.load_typed::<AccessSession>(&ns, &name).await? else {
+        let Some((current, stored)) = tx.lock_and_load_typed::<AccessSession>(&ns, &name).await?
+        else {
             return Err(not_found::<AccessSession>(&name));
         };
         check_preconditions::<AccessSession>(
@@ -878,12 +1032,20 @@ impl Store for PgStore {
         }
         updated.spec = spec;
         if updated == current || dry_run {
-            return Ok(Written { object: updated, warnings: Vec::new() });
+            return Ok(Written {
+                object: updated,
+                warnings: Vec::new(),
+            });
         }
-        let seq = tx.replace(SESSIONS, &ns, &name, &encode(&updated)?, &stored).await?;
+        let seq = tx
+            .replace(SESSIONS, &ns, &name, &encode(&updated)?, &stored)
+            .await?;
         updated.metadata.resource_version = Some(tx.rv(seq).to_string());
         tx.commit().await?;
-        Ok(Written { object: updated, warnings: Vec::new() })
+        Ok(Written {
+            object: updated,
+            warnings: Vec::new(),
+        })
     }
 
     async fn revoke_session(
@@ -893,24 +1055,32 @@ impl Store for PgStore {
         cause: &str,
         revocation_name: Option<&str>,
     ) -> Result<AccessSession> {
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((mut session, stored)) = tx.load_typed::<AccessSession>(namespace, name).await? else {
+        let Some((mut session, stored)) = tx
+            .lock_and_load_typed::<AccessSession>(namespace, name)
+            .await?
+        else {
             return Err(not_found::<AccessSession>(name));
         };
         if !rules::revoke_session(&mut session, cause, revocation_name, now()) {
             return Ok(session);
         }
-        let seq = tx.replace(SESSIONS, namespace, name, &encode(&session)?, &stored).await?;
+        let seq = tx
+            .replace(SESSIONS, namespace, name, &encode(&session)?, &stored)
+            .await?;
         session.metadata.resource_version = Some(tx.rv(seq).to_string());
         tx.commit().await?;
         Ok(session)
     }
 
     async fn unrevoke_session(&self, namespace: &str, name: &str) -> Result<AccessSession> {
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((mut session, stored)) = tx.load_typed::<AccessSession>(namespace, name).await? else {
+        let Some((mut session, stored)) = tx
+            .lock_and_load_typed::<AccessSession>(namespace, name)
+            .await?
+        else {
             return Err(not_found::<AccessSession>(name));
         };
         let fenced = tx.is_fenced(&session.spec.server.uid).await?;
@@ -929,7 +1099,9 @@ impl Store for PgStore {
         if !rules::unrevoke_session(&mut session, fenced)? {
             return Ok(session);
         }
-        let seq = tx.replace(SESSIONS, namespace, name, &encode(&session)?, &stored).await?;
+        let seq = tx
+            .replace(SESSIONS, namespace, name, &encode(&session)?, &stored)
+            .await?;
         session.metadata.resource_version = Some(tx.rv(seq).to_string());
         tx.commit().await?;
         Ok(session)
@@ -942,11 +1114,14 @@ impl Store for PgStore {
         revocation_name: Option<&str>,
     ) -> Result<RevocationOutcome> {
         if server.uid.is_empty() {
-            return Err(StoreError::Invalid(vec![FieldError::required("spec.target.server.uid", "Required value")]));
+            return Err(StoreError::Invalid(vec![FieldError::required(
+                "spec.target.server.uid",
+                "Required value",
+            )]));
         }
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        tx.execute(
+        tx.lock_with(
             "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name)
              VALUES ($1, $2, $3, $4) ON CONFLICT (server_uid) DO NOTHING",
             &[&server.uid, &server.name, &namespace, &revocation_name],
@@ -979,10 +1154,13 @@ impl Store for PgStore {
             ..Default::default()
         });
         agent.set_type_meta();
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        if tx.load(AGENTS, "", &name).await?.is_some() {
-            return Err(StoreError::AlreadyExists { resource: AGENTS, name });
+        if tx.lock_and_load(AGENTS, "", &name).await?.is_some() {
+            return Err(StoreError::AlreadyExists {
+                resource: AGENTS,
+                name,
+            });
         }
         if !dry_run {
             let uid = Uuid::parse_str(agent.metadata.uid.as_deref().unwrap_or_default())
@@ -991,7 +1169,10 @@ impl Store for PgStore {
             agent.metadata.resource_version = Some(tx.rv(seq).to_string());
             tx.commit().await?;
         }
-        Ok(Written { object: agent, warnings: Vec::new() })
+        Ok(Written {
+            object: agent,
+            warnings: Vec::new(),
+        })
     }
 
     async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>> {
@@ -1001,9 +1182,9 @@ impl Store for PgStore {
             return Err(StoreError::Invalid(errors));
         }
         let now = now();
-        let mut client = self.client().await?;
+        let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((current, stored)) = tx.load_typed::<Agent>("", &name).await? else {
+        let Some((current, stored)) = tx.lock_and_load_typed::<Agent>("", &name).await? else {
             return Err(not_found::<Agent>(&name));
         };
         check_preconditions::<Agent>(
@@ -1031,7 +1212,10 @@ impl Store for PgStore {
             status.deactivated_at = None;
         }
         if updated == current || dry_run {
-            return Ok(Written { object: updated, warnings: Vec::new() });
+            return Ok(Written {
+                object: updated,
+                warnings: Vec::new(),
+            });
         }
         if deactivating {
             tx.revoke_sessions_where(
@@ -1043,10 +1227,15 @@ impl Store for PgStore {
             )
             .await?;
         }
-        let seq = tx.replace(AGENTS, "", &name, &encode(&updated)?, &stored).await?;
+        let seq = tx
+            .replace(AGENTS, "", &name, &encode(&updated)?, &stored)
+            .await?;
         updated.metadata.resource_version = Some(tx.rv(seq).to_string());
         tx.commit().await?;
-        Ok(Written { object: updated, warnings: Vec::new() })
+        Ok(Written {
+            object: updated,
+            warnings: Vec::new(),
+        })
     }
 
     async fn current_version(&self) -> Result<ResourceVersion> {
@@ -1055,7 +1244,10 @@ impl Store for PgStore {
             .query_one("SELECT epoch, seq FROM sync_state WHERE id = 1", &[])
             .await
             .map_err(pg_err)?;
-        Ok(ResourceVersion::new(row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
+        Ok(ResourceVersion::new(
+            row.get::<_, i32>(0) as u32,
+            row.get::<_, i64>(1) as u64,
+        ))
     }
 
     async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription> {
@@ -1069,7 +1261,10 @@ impl Store for PgStore {
             .map_err(pg_err)?;
         let epoch = row.get::<_, i32>(0) as u32;
         let head = row.get::<_, i64>(1) as u64;
-        let horizon = row.get::<_, Option<i64>>(2).map(|m| m as u64 - 1).unwrap_or(head);
+        let horizon = row
+            .get::<_, Option<i64>>(2)
+            .map(|m| m as u64 - 1)
+            .unwrap_or(head);
         if from.epoch != epoch {
             return Err(StoreError::Expired(format!(
                 "too old resource version: {from}: the change log was reset (apiserver restart)"

@@ -37,7 +37,10 @@ impl ResourceVersion {
     /// out-of-range value are garbled.
     pub fn parse(s: &str) -> Result<Self, GarbledVersion> {
         let garbled = || GarbledVersion(s.to_string());
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
+        if s.is_empty()
+            || !s.bytes().all(|b| b.is_ascii_digit())
+            || (s.len() > 1 && s.starts_with('0'))
+        {
             return Err(garbled());
         }
         let v: u64 = s.parse().map_err(|_| garbled())?;
@@ -85,7 +88,9 @@ impl ContinueToken {
     }
 
     pub fn decode(s: &str) -> Result<(Self, ResourceVersion), GarbledToken> {
-        let bytes = URL_SAFE_NO_PAD.decode(s.trim_end_matches('=')).map_err(|_| GarbledToken)?;
+        let bytes = URL_SAFE_NO_PAD
+            .decode(s.trim_end_matches('='))
+            .map_err(|_| GarbledToken)?;
         let token: Self = serde_json::from_slice(&bytes).map_err(|_| GarbledToken)?;
         let rv = ResourceVersion::parse(&token.rv).map_err(|_| GarbledToken)?;
         Ok((token, rv))
@@ -101,7 +106,17 @@ mod tests {
         let rv = ResourceVersion::new(0xABCDE, 123_456);
         assert_eq!(ResourceVersion::parse(&rv.to_string()), Ok(rv));
         assert!(rv.as_u64() < (1u64 << 63));
-        for bad in ["", "-1", "0", "01", "abc", " 1", "1 ", "99999999999999999999", "123"] {
+        for bad in [
+            "",
+            "-1",
+            "0",
+            "01",
+            "abc",
+            " 1",
+            "1 ",
+            "99999999999999999999",
+            "123",
+        ] {
             assert!(ResourceVersion::parse(bad).is_err(), "{bad}");
         }
         let max = ResourceVersion::new(EPOCH_LIMIT - 1, SEQ_MASK);
@@ -111,11 +126,18 @@ mod tests {
 
     #[test]
     fn continue_tokens() {
-        let t = ContinueToken { rv: ResourceVersion::new(7, 9).to_string(), ns: "a".into(), name: "b".into() };
+        let t = ContinueToken {
+            rv: ResourceVersion::new(7, 9).to_string(),
+            ns: "a".into(),
+            name: "b".into(),
+        };
         let (back, rv) = ContinueToken::decode(&t.encode()).unwrap();
         assert_eq!(back, t);
         assert_eq!(rv, ResourceVersion::new(7, 9));
         assert!(ContinueToken::decode("not-a-token").is_err());
-        assert!(ContinueToken::decode(&URL_SAFE_NO_PAD.encode(b"{\"rv\":\"x\",\"ns\":\"\",\"name\":\"\"}")).is_err());
+        assert!(ContinueToken::decode(
+            &URL_SAFE_NO_PAD.encode(b"{\"rv\":\"x\",\"ns\":\"\",\"name\":\"\"}")
+        )
+        .is_err());
     }
 }

@@ -21,7 +21,10 @@ impl TestDb {
             "MCP_TEST_DATABASE_URL is not set: run the tests through hack/test.sh, which starts PostgreSQL",
         );
         let admin = tokio_postgres::Config::from_str(&base).expect("MCP_TEST_DATABASE_URL parses");
-        let (client, conn) = admin.connect(tokio_postgres::NoTls).await.expect("connect to test PostgreSQL");
+        let (client, conn) = admin
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect to test PostgreSQL");
         tokio::spawn(conn);
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         client
@@ -38,11 +41,17 @@ impl TestDb {
     }
 
     pub async fn store(&self) -> PgStore {
-        PgStore::start(self.store_config()).await.expect("store starts")
+        PgStore::start(self.store_config())
+            .await
+            .expect("store starts")
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, conn) = self.config.connect(tokio_postgres::NoTls).await.expect("connect");
+        let (client, conn) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect");
         tokio::spawn(conn);
         client
     }
@@ -57,7 +66,10 @@ pub fn in_hours(h: i64) -> Time {
 pub fn mk_session(ns: &str, name: &str, server_uid: &str) -> AccessSession {
     let mut s = AccessSession {
         spec: AccessSessionSpec {
-            server: ServerRef { name: "github".into(), uid: server_uid.into() },
+            server: ServerRef {
+                name: "github".into(),
+                uid: server_uid.into(),
+            },
             teams: vec!["payments".into()],
             expires_at: Some(in_hours(1)),
             ..Default::default()
@@ -76,10 +88,19 @@ pub fn mk_human_session(ns: &str, name: &str, server_uid: &str, user: &str) -> A
     s
 }
 
-pub fn mk_agent_session(ns: &str, name: &str, server_uid: &str, agent: &str, teams: &[&str]) -> AccessSession {
+pub fn mk_agent_session(
+    ns: &str,
+    name: &str,
+    server_uid: &str,
+    agent: &str,
+    teams: &[&str],
+) -> AccessSession {
     let mut s = mk_session(ns, name, server_uid);
     s.spec.teams = teams.iter().map(|t| t.to_string()).collect();
-    s.spec.agent = Some(AgentRef { name: agent.into(), uid: None });
+    s.spec.agent = Some(AgentRef {
+        name: agent.into(),
+        uid: None,
+    });
     s
 }
 

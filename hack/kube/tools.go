@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the Kubernetes commands that hack/build-kube.sh builds.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
