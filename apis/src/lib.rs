@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod duration;
+pub mod resources;
 pub mod rules;
 pub mod selector;
 pub mod types;

@@ -1,6 +1,7 @@
 //! The API objects of `access.mcp-runtime.dev/v1alpha1` (DESIGN §2).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// API group of every MCP Access resource.
@@ -36,22 +37,27 @@ const META_FIELDS: [(&str, &[&str]); 2] = [
 ];
 
 /// A grant of access to one MCP server for an agent, a human or a team.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessSession {
+    /// APIVersion defines the versioned schema of this representation of an object.
     #[serde(default)]
     pub api_version: String,
+    /// Kind is a string value representing the REST resource this object represents.
     #[serde(default)]
     pub kind: String,
+    /// Standard object's metadata.
     #[serde(default)]
     pub metadata: ObjectMeta,
+    /// What the session grants, to whom, and until when.
     pub spec: AccessSessionSpec,
+    /// Observed state: phase, revocation and pending enrollment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<AccessSessionStatus>,
 }
 
 /// What an access session grants.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionSpec {
     /// The MCPServer generation this session is for.
@@ -73,39 +79,45 @@ pub struct AccessSessionSpec {
 }
 
 /// A reference to one generation of an MCPServer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ServerRef {
+    /// Name of the MCPServer.
     #[serde(default)]
     pub name: String,
+    /// UID of the MCPServer generation.
     #[serde(default)]
     pub uid: String,
 }
 
 /// A reference to an Agent directory entry.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AgentRef {
+    /// Name of the Agent.
     #[serde(default)]
     pub name: String,
+    /// UID of the Agent, bound by the server at issuance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
 }
 
 /// A human subject.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Subject {
+    /// The user name, as the cluster authenticates it.
     #[serde(default)]
     pub user: String,
 }
 
 /// A grant reference.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GrantRef {
+    /// Name of the grant.
     #[serde(default)]
     pub name: String,
 }
 
 /// Lifecycle phase of a session.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum SessionPhase {
     #[default]
     Active,
@@ -127,49 +139,64 @@ impl SessionPhase {
 }
 
 /// Observed state of a session.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionStatus {
+    /// Active, PendingEnrollment, Revoked or Expired.
     #[serde(default)]
     pub phase: SessionPhase,
+    /// Set when the session was revoked; written only by revocation paths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<RevocationInfo>,
+    /// Present while an enrollment is pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enrollment: Option<EnrollmentInfo>,
+    /// Standard conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
 /// Why and when a session was revoked. Written only by revocation paths.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationInfo {
+    /// When the session was revoked.
     pub revoked_at: Time,
+    /// Why: manual, compromised, agent_deactivated, server_retired, ...
     pub cause: String,
+    /// The Revocation object that revoked it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_name: Option<String>,
 }
 
 /// Pending enrollment metadata.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnrollmentInfo {
+    /// Enrollment state (Pending).
     pub state: String,
+    /// The user who created the enrollment.
     pub owner: String,
+    /// When the enrollment was requested.
     pub requested_at: Time,
 }
 
 /// An entry of the agent directory (cluster-scoped).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Agent {
+    /// APIVersion defines the versioned schema of this representation of an object.
     #[serde(default)]
     pub api_version: String,
+    /// Kind is a string value representing the REST resource this object represents.
     #[serde(default)]
     pub kind: String,
+    /// Standard object's metadata.
     #[serde(default)]
     pub metadata: ObjectMeta,
+    /// Who the agent is and what it may hold.
     pub spec: AgentSpec,
+    /// Observed state of the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<AgentStatus>,
 }
@@ -179,15 +206,19 @@ fn default_true() -> bool {
 }
 
 /// Who an agent is and what it may hold.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSpec {
+    /// Human-readable name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_name: Option<String>,
+    /// Users responsible for the agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<String>,
+    /// Teams the agent may act for; a session's teams must be a subset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<String>,
+    /// Whether the agent may hold sessions; false revokes all of them.
     #[serde(default = "default_true")]
     pub active: bool,
     /// Longest session this agent may hold, as a Go duration (`8h`, `90m`).
@@ -197,6 +228,7 @@ pub struct AgentSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_session_ttl: Option<String>,
+    /// Most sessions this agent may hold at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_sessions: Option<u32>,
 }
@@ -215,13 +247,16 @@ impl Default for AgentSpec {
 }
 
 /// Observed state of an agent.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
+    /// Sessions of this agent that are active or pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_sessions: Option<u32>,
+    /// When the agent was deactivated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deactivated_at: Option<Time>,
+    /// Standard conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -1,0 +1,62 @@
+//! What the API serves: one descriptor per resource, the single source for discovery,
+//! OpenAPI paths, routing and RBAC verb lists.
+
+use crate::types::{AccessSession, Agent, Kind};
+
+/// A served resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResourceInfo {
+    /// URL segment and storage key, e.g. `accesssessions`.
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub list_kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+    /// Subresources served under `<name>/<subresource>`.
+    pub subresources: &'static [&'static str],
+}
+
+/// Every verb of a fully served resource.
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// The category every MCP Access resource belongs to (`kubectl get mcp-access`).
+pub const CATEGORY: &str = "mcp-access";
+
+pub const ACCESS_SESSIONS: ResourceInfo = ResourceInfo {
+    plural: AccessSession::PLURAL,
+    singular: "accesssession",
+    kind: AccessSession::KIND,
+    list_kind: "AccessSessionList",
+    namespaced: true,
+    short_names: &["acs"],
+    categories: &[CATEGORY],
+    verbs: ALL_VERBS,
+    subresources: &[],
+};
+
+pub const AGENTS: ResourceInfo = ResourceInfo {
+    plural: Agent::PLURAL,
+    singular: "agent",
+    kind: Agent::KIND,
+    list_kind: "AgentList",
+    namespaced: false,
+    short_names: &[],
+    categories: &[CATEGORY],
+    verbs: ALL_VERBS,
+    subresources: &[],
+};
+
+/// Every served resource, in discovery order.
+pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS];
