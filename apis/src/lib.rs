@@ -2,10 +2,13 @@
 //! session rules as pure functions (no I/O), shared by the apiserver, controllers and gateways.
 #![forbid(unsafe_code)]
 
+pub mod discovery;
 pub mod duration;
+pub mod openapi;
 pub mod resources;
 pub mod rules;
 pub mod selector;
+pub mod table;
 pub mod types;
 pub mod validation;
 

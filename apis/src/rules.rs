@@ -283,12 +283,14 @@ fn format_duration(d: SignedDuration) -> String {
 /// Checks an update of a session through the main resource and returns the spec to store.
 ///
 /// Everything that carries authority is immutable: server, agent, subject, teams and grant.
-/// `expiresAt` may be brought forward, never extended.
+/// `expiresAt` may be brought forward; a later value is kept at the current expiry with a
+/// warning (as issuance clamps), so re-applying a manifest whose expiry was clamped works.
 pub fn admit_session_update(
     old: &AccessSessionSpec,
     new: &AccessSessionSpec,
-) -> Result<AccessSessionSpec, SessionRuleError> {
+) -> Result<Admission, SessionRuleError> {
     let mut errors = Vec::new();
+    let mut warnings = Vec::new();
     let immutable = |field: &str| FieldError::invalid(field, "field is immutable");
     if new.server != old.server {
         errors.push(immutable("spec.server"));
@@ -311,15 +313,18 @@ pub fn admit_session_update(
         errors.push(immutable("spec.grant"));
     }
     match (&old.expires_at, &new.expires_at) {
-        (Some(o), Some(n)) if n.0 > o.0 => errors.push(FieldError::forbidden(
-            "spec.expiresAt",
-            "may be brought forward but not extended",
-        )),
+        (Some(o), Some(n)) if n.0 > o.0 => {
+            warnings.push(format!(
+                "spec.expiresAt cannot be extended: kept at {}",
+                o.0.strftime("%Y-%m-%dT%H:%M:%SZ")
+            ));
+            merged.expires_at = Some(o.clone());
+        }
         (_, None) => errors.push(FieldError::required("spec.expiresAt", "Required value")),
         _ => {}
     }
     if errors.is_empty() {
-        Ok(merged)
+        Ok(Admission { spec: merged, warnings })
     } else {
         Err(SessionRuleError::Invalid(errors))
     }
@@ -543,10 +548,13 @@ mod tests {
         shorter.agent.as_mut().unwrap().uid = None;
         shorter.expires_at = Some(Time(now() + SignedDuration::from_hours(1)));
         let merged = admit_session_update(&old, &shorter).unwrap();
-        assert_eq!(merged.agent, old.agent);
+        assert_eq!(merged.spec.agent, old.agent);
+        assert!(merged.warnings.is_empty());
         let mut longer = old.clone();
         longer.expires_at = Some(Time(now() + SignedDuration::from_hours(3)));
-        assert!(admit_session_update(&old, &longer).is_err());
+        let kept = admit_session_update(&old, &longer).unwrap();
+        assert_eq!(kept.spec.expires_at, old.expires_at);
+        assert_eq!(kept.warnings.len(), 1);
         let mut other_server = old.clone();
         other_server.server.uid = "srv-2".into();
         assert!(admit_session_update(&old, &other_server).is_err());

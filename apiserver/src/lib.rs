@@ -1,4 +1,9 @@
 //! The MCP Access aggregated API server.
 #![forbid(unsafe_code)]
 
+pub mod auth;
+pub mod cli;
+pub mod http;
+pub mod server;
 pub mod store;
+pub mod tls;

@@ -67,6 +67,25 @@ pub struct Event {
     pub name: String,
     /// The object after the change; for DELETED, its last state.
     pub object: serde_json::Value,
+    /// The object before the change (none for ADDED). Watches with selectors use it to
+    /// turn a MODIFIED that enters or leaves the selection into ADDED or DELETED.
+    pub before: Option<serde_json::Value>,
+    /// Encoded renderings of this event, made once and shared by every watcher.
+    pub rendered: EventRenderings,
+}
+
+/// Lazily encoded forms of one event, keyed by rendering.
+#[derive(Debug, Default)]
+pub struct EventRenderings {
+    pub json: std::sync::OnceLock<bytes::Bytes>,
+    pub metadata: std::sync::OnceLock<bytes::Bytes>,
+    pub table_row: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl Clone for EventRenderings {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 impl Event {
@@ -86,6 +105,8 @@ impl Event {
             namespace: row.get("namespace"),
             name: row.get("name"),
             object,
+            before: row.get("before"),
+            rendered: EventRenderings::default(),
         })
     }
 }
@@ -100,7 +121,7 @@ pub(super) fn set_resource_version(object: &mut serde_json::Value, rv: ResourceV
     }
 }
 
-const LOG_COLUMNS: &str = "seq, resource, namespace, name, event, object";
+const LOG_COLUMNS: &str = "seq, resource, namespace, name, event, object, before";
 
 /// Shared state of the feed.
 pub(super) struct Feed {
@@ -403,6 +424,24 @@ impl Subscription {
                     )))
                 }
             }
+        }
+    }
+
+    /// When every event up to the reader's head has reached this subscriber, moves the
+    /// cursor to that head: a bookmark can then say how far the stream is known complete,
+    /// even if none of those events were for this watcher.
+    pub fn advance_if_idle(&mut self) {
+        let Some((rx, _)) = &self.live else {
+            return;
+        };
+        if !self.backlog.is_empty() {
+            return;
+        }
+        // The reader sends and moves its head under this lock, so an empty queue seen under
+        // it means nothing up to the head is still in flight.
+        let state = self.feed.state();
+        if state.epoch == self.epoch && rx.is_empty() && state.head > self.cursor {
+            self.cursor = state.head;
         }
     }
 

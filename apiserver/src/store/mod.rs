@@ -13,7 +13,7 @@ use apis::validation::{join_errors, FieldError};
 use apis::{AccessSession, Agent, Kind, ServerRef};
 use async_trait::async_trait;
 
-pub use feed::{Event, EventType, Subscription};
+pub use feed::{Event, EventRenderings, EventType, Subscription};
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
 pub use rv::{ContinueToken, ResourceVersion};

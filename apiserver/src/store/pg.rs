@@ -1020,7 +1020,8 @@ impl Store for PgStore {
             session.metadata.uid.as_deref(),
             session.metadata.resource_version.as_deref(),
         )?;
-        let spec = admit_session_update(&current.spec, &session.spec)?;
+        let admission = admit_session_update(&current.spec, &session.spec)?;
+        let (spec, warnings) = (admission.spec, admission.warnings);
         let mut updated = current.clone();
         updated.metadata = merge_metadata(&current.metadata, &session.metadata);
         let errors = validate_metadata(&updated.metadata);
@@ -1034,7 +1035,7 @@ impl Store for PgStore {
         if updated == current || dry_run {
             return Ok(Written {
                 object: updated,
-                warnings: Vec::new(),
+                warnings,
             });
         }
         let seq = tx
@@ -1044,7 +1045,7 @@ impl Store for PgStore {
         tx.commit().await?;
         Ok(Written {
             object: updated,
-            warnings: Vec::new(),
+            warnings,
         })
     }
 

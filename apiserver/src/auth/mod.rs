@@ -1,0 +1,148 @@
+//! Who is calling (authentication) and whether they may (authorization).
+//!
+//! The HTTP layer asks an [`Authenticator`] and an [`Authorizer`]; standalone mode plugs in a
+//! static token file and an allow-all-authenticated authorizer.
+
+mod token_file;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+pub use token_file::{TokenFile, TokenFileError};
+
+/// An authenticated user, as Kubernetes' `user.Info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// Group every authenticated user belongs to.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
+/// What is known about the connection a request arrived on.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionInfo {
+    /// DER of the client certificate chain the TLS handshake verified, leaf first.
+    pub peer_certificates: Vec<Vec<u8>>,
+}
+
+/// Establishes who made a request.
+#[async_trait]
+pub trait Authenticator: Send + Sync + 'static {
+    /// `Ok(None)` when the request carries no credentials this authenticator understands;
+    /// an error when it carries credentials that are invalid.
+    async fn authenticate(
+        &self,
+        request: &http::request::Parts,
+        connection: &ConnectionInfo,
+    ) -> Result<Option<UserInfo>, AuthenticationError>;
+}
+
+/// Invalid credentials, or the authority that checks them is unreachable.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthenticationError {
+    #[error("invalid bearer token")]
+    InvalidToken,
+    #[error("authentication unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The attributes of a request an authorizer decides on (`authorizer.Attributes`).
+#[derive(Clone, Debug, Default)]
+pub struct Attributes {
+    pub verb: String,
+    /// True for requests to a resource; false for non-resource paths (discovery, OpenAPI).
+    pub resource_request: bool,
+    pub namespace: String,
+    pub api_group: String,
+    pub api_version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub name: String,
+    pub path: String,
+}
+
+impl Attributes {
+    /// Kubernetes' message for a denied request.
+    pub fn forbidden_message(&self, user: &UserInfo, reason: &str) -> String {
+        let mut message = if self.resource_request {
+            let resource = if self.subresource.is_empty() {
+                self.resource.clone()
+            } else {
+                format!("{}/{}", self.resource, self.subresource)
+            };
+            let mut m = format!(
+                "{}.{} ",
+                self.resource, self.api_group
+            );
+            if !self.name.is_empty() {
+                m.push_str(&format!("{:?} ", self.name));
+            }
+            m.push_str(&format!(
+                "is forbidden: User {:?} cannot {} resource {:?} in API group {:?}",
+                user.name, self.verb, resource, self.api_group
+            ));
+            if self.namespace.is_empty() {
+                m.push_str(" at the cluster scope");
+            } else {
+                m.push_str(&format!(" in the namespace {:?}", self.namespace));
+            }
+            m
+        } else {
+            format!(
+                "forbidden: User {:?} cannot {} path {:?}",
+                user.name,
+                self.verb.to_lowercase(),
+                self.path
+            )
+        };
+        if !reason.is_empty() {
+            message.push_str(": ");
+            message.push_str(reason);
+        }
+        message
+    }
+}
+
+/// An authorization decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Denied, with the reason the authorizer gave (may be empty).
+    Deny(String),
+}
+
+/// Decides whether a user may perform a request.
+#[async_trait]
+pub trait Authorizer: Send + Sync + 'static {
+    async fn authorize(&self, user: &UserInfo, attributes: &Attributes) -> Decision;
+}
+
+/// Allows every authenticated request (standalone mode).
+pub struct AllowAuthenticated;
+
+#[async_trait]
+impl Authorizer for AllowAuthenticated {
+    async fn authorize(&self, user: &UserInfo, _attributes: &Attributes) -> Decision {
+        if user.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+            Decision::Allow
+        } else {
+            Decision::Deny("not authenticated".into())
+        }
+    }
+}
+
+/// The bearer token of a request, if any.
+pub fn bearer_token(request: &http::request::Parts) -> Option<&str> {
+    let value = request.headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty()).then_some(token)
+}

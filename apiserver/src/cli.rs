@@ -1,0 +1,211 @@
+//! Flags (each with an environment fallback) and the wiring of the whole process.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, ValueEnum};
+use k8s_openapi::jiff::SignedDuration;
+use prometheus_client::registry::Registry;
+
+use crate::auth::{AllowAuthenticated, Authenticator, Authorizer, TokenFile};
+use crate::http::{AppState, HttpConfig, HttpMetrics};
+use crate::server::{self, Health};
+use crate::store::{PgStore, StoreConfig};
+use crate::tls::{self, ReloadingCert};
+
+/// The MCP Access aggregated API server.
+#[derive(Debug, Parser)]
+#[command(name = "mcp-access-apiserver", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub storage: StorageArgs,
+    #[command(flatten)]
+    pub serving: ServingArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+    /// Log format.
+    #[arg(long, env = "MCP_ACCESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// PostgreSQL and the change log.
+#[derive(Debug, Args)]
+pub struct StorageArgs {
+    /// PostgreSQL connection string (libpq key=value or postgres:// URL). Never logged.
+    #[arg(long, env = "MCP_ACCESS_DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Connections in the PostgreSQL pool.
+    #[arg(long, env = "MCP_ACCESS_DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: usize,
+    /// Change-log events kept for watches and continue tokens.
+    #[arg(long, env = "MCP_ACCESS_RETAINED_EVENTS", default_value_t = 100_000)]
+    pub retained_events: u64,
+    /// Server-wide maximum session lifetime (Go duration).
+    #[arg(long, env = "MCP_ACCESS_MAX_SESSION_TTL", default_value = "24h")]
+    pub max_session_ttl: String,
+    /// Interval between watch bookmarks (Go duration).
+    #[arg(long, env = "MCP_ACCESS_WATCH_BOOKMARK_INTERVAL", default_value = "5s")]
+    pub watch_bookmark_interval: String,
+}
+
+/// Listeners and certificates.
+#[derive(Debug, Args)]
+pub struct ServingArgs {
+    /// Address of the API and metrics listeners.
+    #[arg(long, env = "MCP_ACCESS_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// HTTPS port of the API.
+    #[arg(long, env = "MCP_ACCESS_SECURE_PORT", default_value_t = 8443)]
+    pub secure_port: u16,
+    /// Plain-HTTP port of /metrics, /livez and /readyz.
+    #[arg(long, env = "MCP_ACCESS_METRICS_PORT", default_value_t = 9090)]
+    pub metrics_port: u16,
+    /// Serving certificate (PEM). Reloaded when it changes.
+    #[arg(long, env = "MCP_ACCESS_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Serving key (PEM).
+    #[arg(long, env = "MCP_ACCESS_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// Standalone only, without a certificate: where the generated self-signed certificate
+    /// (apiserver.crt) is written for clients to trust.
+    #[arg(long, env = "MCP_ACCESS_CERT_DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Names and addresses the generated certificate is valid for.
+    #[arg(long, env = "MCP_ACCESS_TLS_SAN", value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+    pub tls_san: Vec<String>,
+}
+
+/// Authentication and authorization.
+#[derive(Debug, Args)]
+pub struct AuthArgs {
+    /// Serve the API directly with a static token file and allow every authenticated user
+    /// (development only).
+    #[arg(long, env = "MCP_ACCESS_STANDALONE")]
+    pub standalone: bool,
+    /// Static tokens (`token,user,uid,"group1,group2"` per line); standalone mode.
+    #[arg(long, env = "MCP_ACCESS_TOKEN_AUTH_FILE")]
+    pub token_auth_file: Option<PathBuf>,
+}
+
+fn go_duration(flag: &str, value: &str) -> anyhow::Result<SignedDuration> {
+    let d = apis::duration::parse_go_duration(value).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+    if d <= SignedDuration::ZERO {
+        bail!("--{flag} must be greater than 0");
+    }
+    Ok(d)
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Entry point of the binary.
+pub fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(run(cli))
+}
+
+/// Runs the server until SIGINT/SIGTERM: the first signal drains (readiness false, watches
+/// closed cleanly), a second one aborts.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Validate every security-relevant setting before touching anything.
+    let (authenticator, authorizer): (Arc<dyn Authenticator>, Arc<dyn Authorizer>) = if cli.auth.standalone {
+        let Some(path) = &cli.auth.token_auth_file else {
+            bail!("--standalone needs --token-auth-file: refusing to serve without authentication");
+        };
+        (Arc::new(TokenFile::load(path)?), Arc::new(AllowAuthenticated))
+    } else {
+        bail!("delegated authentication (behind kube-apiserver) is not available in this build; run with --standalone and --token-auth-file");
+    };
+    let cert = match (&cli.serving.tls_cert_file, &cli.serving.tls_private_key_file) {
+        (Some(cert), Some(key)) => ReloadingCert::from_files(cert.clone(), key.clone())?,
+        _ if cli.auth.standalone => {
+            let (key, pem) = tls::self_signed(&cli.serving.tls_san)?;
+            if let Some(dir) = &cli.serving.cert_dir {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                let path = dir.join("apiserver.crt");
+                std::fs::write(&path, pem).with_context(|| format!("cannot write {}", path.display()))?;
+                tracing::info!(path = %path.display(), "wrote the self-signed serving certificate");
+            }
+            ReloadingCert::fixed(key)
+        }
+        _ => bail!("--tls-cert-file and --tls-private-key-file are required outside standalone mode"),
+    };
+    let tls_config = tls::server_config(cert.clone(), None)?;
+    // The DSN may carry a password: report only that it is malformed.
+    let pg = tokio_postgres::Config::from_str(&cli.storage.database_url)
+        .map_err(|_| anyhow::anyhow!("--database-url is not a valid PostgreSQL connection string"))?;
+    let mut store_config = StoreConfig::new(pg);
+    store_config.pool_size = cli.storage.database_pool_size.max(2);
+    store_config.retained_events = cli.storage.retained_events;
+    store_config.max_session_ttl = go_duration("max-session-ttl", &cli.storage.max_session_ttl)?;
+    let bookmark_interval: Duration = go_duration("watch-bookmark-interval", &cli.storage.watch_bookmark_interval)?
+        .try_into()
+        .context("--watch-bookmark-interval")?;
+
+    let api_listener = server::bind(SocketAddr::new(cli.serving.bind_address, cli.serving.secure_port)).await?;
+    let metrics_listener = server::bind(SocketAddr::new(cli.serving.bind_address, cli.serving.metrics_port)).await?;
+
+    let store = PgStore::start(store_config).await.context("storage")?;
+    let mut registry = Registry::default();
+    let metrics = HttpMetrics::register(&mut registry);
+    let registry = Arc::new(Mutex::new(registry));
+    let health = Arc::new(Health::default());
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let app = AppState::new(
+        store.clone(),
+        authenticator,
+        authorizer,
+        HttpConfig { bookmark_interval },
+        metrics,
+        shutdown_rx.clone(),
+    );
+
+    let mut api = tokio::spawn(server::serve_api(api_listener, tls_config, app, shutdown_rx.clone()));
+    let mut metrics_server = tokio::spawn(server::serve_metrics(metrics_listener, registry, health.clone(), shutdown_rx.clone()));
+    let mut cert_watch = tokio::spawn(cert.watch(Duration::from_secs(10)));
+    health.set_ready(true);
+    tracing::info!(port = cli.serving.secure_port, metrics_port = cli.serving.metrics_port, "serving");
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let result: anyhow::Result<()> = tokio::select! {
+        _ = tokio::signal::ctrl_c() => Ok(()),
+        _ = terminate.recv() => Ok(()),
+        r = &mut api => Err(anyhow::anyhow!("API listener ended: {r:?}")),
+        r = &mut metrics_server => Err(anyhow::anyhow!("metrics listener ended: {r:?}")),
+        r = &mut cert_watch => Err(anyhow::anyhow!("certificate watcher ended: {r:?}")),
+    };
+    result?;
+    tracing::info!("shutting down: draining (signal again to abort)");
+    health.set_ready(false);
+    let _ = shutdown_tx.send(true);
+    tokio::select! {
+        _ = async { let _ = api.await; let _ = metrics_server.await; } => {}
+        _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    drop(store);
+    Ok(())
+}

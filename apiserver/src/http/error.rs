@@ -1,0 +1,179 @@
+//! Every API error as a `metav1.Status`, in one place.
+
+use apis::resources::ResourceInfo;
+use apis::validation::FieldError;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use crate::store::StoreError;
+
+/// An API failure: HTTP code, Status reason, message and details.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+    details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
+    }
+    pub fn not_found_path() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource")
+    }
+    pub fn method_not_allowed(verb: &str, what: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource ({verb} {what})"),
+        )
+    }
+    pub fn not_acceptable(accept: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "NotAcceptable",
+            format!("only the following media types are accepted: application/json, application/json;as=Table;v=v1;g=meta.k8s.io, application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io (requested {accept:?})"),
+        )
+    }
+    pub fn unsupported_media_type(content_type: &str, supported: &[&str]) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: {} (got {content_type:?})", supported.join(", ")),
+        )
+    }
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
+    }
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GONE, "Expired", message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+    }
+
+    /// 422 Invalid for request parameters (not an object's fields).
+    pub fn invalid_params(resource: &ResourceInfo, errors: &[FieldError]) -> Self {
+        Self::invalid(resource, "", errors)
+    }
+
+    /// 422 Invalid with one cause per field error.
+    pub fn invalid(resource: &ResourceInfo, name: &str, errors: &[FieldError]) -> Self {
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|e| json!({"reason": e.kind.cause_type(), "message": e.message, "field": e.field}))
+            .collect();
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "{}.{} {name:?} is invalid: {}",
+                resource.kind,
+                apis::GROUP,
+                apis::validation::join_errors(errors)
+            ),
+        )
+        .with_details(json!({"name": name, "group": apis::GROUP, "kind": resource.kind, "causes": causes}))
+    }
+
+    /// Maps a storage error for a request on `resource` (named `name`, if any).
+    pub fn from_store(err: StoreError, resource: &ResourceInfo, name: &str) -> Self {
+        let qualified = format!("{}.{}", resource.plural, apis::GROUP);
+        let details = json!({"name": name, "group": apis::GROUP, "kind": resource.plural});
+        match err {
+            StoreError::NotFound { .. } => {
+                Self::new(StatusCode::NOT_FOUND, "NotFound", format!("{qualified} {name:?} not found")).with_details(details)
+            }
+            StoreError::AlreadyExists { .. } => Self::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{qualified} {name:?} already exists"),
+            )
+            .with_details(details),
+            StoreError::NameReserved { .. } => Self::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{qualified} {name:?} already exists: the name was used before by a deleted {} and names are never reused", resource.singular),
+            )
+            .with_details(details),
+            StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "Conflict", message).with_details(details),
+            StoreError::Invalid(errors) => Self::invalid(resource, name, &errors),
+            StoreError::Forbidden { reason, message } => Self::new(
+                StatusCode::FORBIDDEN,
+                reason.as_str(),
+                format!("{qualified} {name:?} is forbidden: {message}"),
+            )
+            .with_details(details),
+            StoreError::Expired(message) => Self::expired(message),
+            StoreError::BadRequest(message) => Self::bad_request(message),
+            StoreError::Unavailable(message) => {
+                tracing::warn!(error = %message, "storage unavailable");
+                Self::unavailable("storage is unavailable; retry later")
+            }
+            StoreError::Internal(message) => {
+                tracing::error!(error = %message, "storage error");
+                Self::internal(format!("Internal error occurred: {message}"))
+            }
+        }
+    }
+
+    /// The `metav1.Status` object.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.code, axum::Json(self.to_status())).into_response();
+        if self.code == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// Result of an API handler.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,470 @@
+//! The Kubernetes-style HTTP API: routing, authentication and authorization of each request,
+//! discovery and OpenAPI, and the REST verbs on every served resource.
+
+mod error;
+mod patch;
+mod render;
+mod request;
+mod resource;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apis::resources::RESOURCES;
+use apis::{AccessSession, Agent};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{header, Method, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+
+pub use error::{ApiError, ApiResult};
+pub use request::Rendering;
+
+use crate::auth::{Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo};
+use crate::store::Store;
+use request::Params;
+use resource::{ResourceRequest, Served};
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Settings of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// How often a watch that asked for bookmarks gets one.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            bookmark_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: String,
+    resource: String,
+    code: u16,
+}
+
+/// Metrics of the HTTP layer.
+#[derive(Default)]
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+    watches: Gauge,
+}
+
+impl HttpMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<Self> {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("mcp_access_apiserver");
+        sub.register("requests", "API requests by verb, resource and code", metrics.requests.clone());
+        sub.register("open_watches", "Watches currently streaming", metrics.watches.clone());
+        Arc::new(metrics)
+    }
+}
+
+/// Discovery and OpenAPI documents, encoded once.
+struct Documents {
+    group_list: Bytes,
+    group: Bytes,
+    resource_list: Bytes,
+    aggregated: Bytes,
+    core_versions: Bytes,
+    core_aggregated: Bytes,
+    openapi_v2: Bytes,
+    openapi_v3_root: Bytes,
+    openapi_v3_group: Bytes,
+    openapi_v3_hash: String,
+    version: Bytes,
+}
+
+fn encode(v: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+impl Documents {
+    fn build() -> Self {
+        let v3 = encode(&apis::openapi::openapi_v3_group());
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            v3.hash(&mut h);
+            format!("{:016X}", h.finish())
+        };
+        Self {
+            group_list: encode(&apis::discovery::api_group_list()),
+            group: encode(&apis::discovery::api_group()),
+            resource_list: encode(&apis::discovery::api_resource_list()),
+            aggregated: encode(&apis::discovery::aggregated_discovery()),
+            core_versions: encode(&apis::discovery::empty_core_api_versions()),
+            core_aggregated: encode(&apis::discovery::empty_aggregated_discovery()),
+            openapi_v2: encode(&apis::openapi::openapi_v2()),
+            openapi_v3_root: encode(&apis::openapi::openapi_v3_root(&hash)),
+            openapi_v3_group: v3,
+            openapi_v3_hash: hash,
+            version: encode(&json!({
+                "major": "1",
+                "minor": "36",
+                "gitVersion": concat!("v", env!("CARGO_PKG_VERSION"), "-mcp-access"),
+                "gitCommit": "",
+                "gitTreeState": "clean",
+                "buildDate": "",
+                "goVersion": "",
+                "compiler": "rustc",
+                "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+            })),
+        }
+    }
+}
+
+/// Everything a request handler needs.
+pub struct AppState<S> {
+    pub store: S,
+    pub authenticator: Arc<dyn Authenticator>,
+    pub authorizer: Arc<dyn Authorizer>,
+    pub config: HttpConfig,
+    pub metrics: Arc<HttpMetrics>,
+    /// Flips to true on shutdown: open watches end cleanly.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    docs: Arc<Documents>,
+}
+
+impl<S: Clone> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            authenticator: self.authenticator.clone(),
+            authorizer: self.authorizer.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            docs: self.docs.clone(),
+        }
+    }
+}
+
+impl<S: Store + Clone> AppState<S> {
+    pub fn new(
+        store: S,
+        authenticator: Arc<dyn Authenticator>,
+        authorizer: Arc<dyn Authorizer>,
+        config: HttpConfig,
+        metrics: Arc<HttpMetrics>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            store,
+            authenticator,
+            authorizer,
+            config,
+            metrics,
+            shutdown,
+            docs: Arc::new(Documents::build()),
+        }
+    }
+
+    /// Serves one request.
+    pub async fn handle(self, request: Request) -> Response {
+        let method = request.method().clone();
+        let (verb, resource, response) = match self.route(request).await {
+            Ok((verb, resource, response)) => (verb, resource, response),
+            Err((verb, resource, e)) => (verb, resource, e.into_response()),
+        };
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                verb: if verb.is_empty() { method.as_str().to_lowercase() } else { verb },
+                resource,
+                code: response.status().as_u16(),
+            })
+            .inc();
+        response
+    }
+
+    async fn route(&self, request: Request) -> Result<(String, String, Response), (String, String, ApiError)> {
+        let (parts, body) = request.into_parts();
+        let path = parts.uri.path().to_string();
+        let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(request::percent_decode).collect();
+        let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let fail = |verb: &str, resource: &str| {
+            let (verb, resource) = (verb.to_string(), resource.to_string());
+            move |e: ApiError| (verb.clone(), resource.clone(), e)
+        };
+
+        if matches!(segs.as_slice(), ["livez"] | ["readyz"] | ["healthz"]) {
+            return Ok(("get".into(), String::new(), (StatusCode::OK, "ok").into_response()));
+        }
+
+        let connection = parts.extensions.get::<ConnectionInfo>().cloned().unwrap_or_default();
+        let user = match self.authenticator.authenticate(&parts, &connection).await {
+            Ok(Some(user)) => user,
+            Ok(None) | Err(AuthenticationError::InvalidToken) => return Err(fail("", "")(ApiError::unauthorized())),
+            Err(AuthenticationError::Unavailable(m)) => {
+                tracing::warn!(error = %m, "authentication unavailable");
+                return Err(fail("", "")(ApiError::unauthorized()));
+            }
+        };
+        let params = Params::parse(parts.uri.query()).map_err(fail("", ""))?;
+        let target = Target::parse(&segs);
+        let attributes = target.attributes(&parts.method, &params, &path).map_err(fail("", ""))?;
+        let verb = attributes.verb.clone();
+        let resource_label = attributes.resource.clone();
+        let fail = fail(&verb, &resource_label);
+        if let Decision::Deny(reason) = self.authorizer.authorize(&user, &attributes).await {
+            return Err(fail(ApiError::forbidden(attributes.forbidden_message(&user, &reason))));
+        }
+        tracing::debug!(user = %user.name, verb = %verb, path = %path, "request");
+
+        let body = read_body(&parts.headers, body).await.map_err(&fail)?;
+        let response = match target {
+            Target::NonResource(doc) => self.document(doc, &parts.headers).map_err(&fail)?,
+            Target::Resource { namespace, plural, name } => {
+                let req = ResourceRequest {
+                    namespace: namespace.as_deref(),
+                    name: name.as_deref(),
+                    params,
+                    headers: &parts.headers,
+                    body,
+                };
+                let result = match plural.as_str() {
+                    p if p == AccessSession::INFO.plural => self.serve::<AccessSession>(&verb, req, &user).await,
+                    p if p == Agent::INFO.plural => self.serve::<Agent>(&verb, req, &user).await,
+                    _ => Err(ApiError::not_found_path()),
+                };
+                result.map_err(&fail)?
+            }
+            Target::Unknown => return Err(fail(ApiError::not_found_path())),
+        };
+        Ok((verb, resource_label, response))
+    }
+
+    async fn serve<K: Served>(&self, verb: &str, req: ResourceRequest<'_>, _user: &UserInfo) -> ApiResult<Response> {
+        if K::INFO.namespaced == req.namespace.is_none() && req.name.is_some() {
+            return Err(ApiError::not_found_path());
+        }
+        if !K::INFO.namespaced && req.namespace.is_some() {
+            return Err(ApiError::not_found_path());
+        }
+        if let Some(ns) = req.namespace {
+            if !apis::validation::is_dns1123_label(ns) {
+                return Err(ApiError::not_found_path());
+            }
+        }
+        let fields = K::FIELDS;
+        match verb {
+            "get" => resource::get::<K, S>(&self.store, req).await,
+            "list" => {
+                let options = req.params.list_options(&K::INFO, fields)?;
+                resource::list::<K, S>(&self.store, req, options).await
+            }
+            "watch" => {
+                let options = req.params.list_options(&K::INFO, fields)?;
+                let rendering = Rendering::from_headers(req.headers, req.params.include_object())?;
+                watch::watch::<K, S>(self, req.namespace.map(str::to_string), options, rendering).await
+            }
+            "create" => {
+                if K::INFO.namespaced && req.namespace.is_none() {
+                    return Err(ApiError::method_not_allowed("POST", K::INFO.plural));
+                }
+                resource::create::<K, S>(&self.store, req).await
+            }
+            "update" => resource::update::<K, S>(&self.store, req).await,
+            "patch" => resource::patch::<K, S>(&self.store, req).await,
+            "delete" => resource::delete::<K, S>(&self.store, req).await,
+            "deletecollection" => {
+                let options = req.params.list_options(&K::INFO, fields)?;
+                resource::delete_collection::<K, S>(&self.store, req, options).await
+            }
+            other => Err(ApiError::method_not_allowed(&other.to_uppercase(), K::INFO.plural)),
+        }
+    }
+
+    fn document(&self, doc: Doc, headers: &http::HeaderMap) -> ApiResult<Response> {
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let wants_aggregated = wants_aggregated_discovery(accept);
+        let docs = &self.docs;
+        let (bytes, content_type) = match doc {
+            Doc::Apis if wants_aggregated => (
+                docs.aggregated.clone(),
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            ),
+            Doc::Api if wants_aggregated => (
+                docs.core_aggregated.clone(),
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            ),
+            Doc::Apis => (docs.group_list.clone(), "application/json"),
+            Doc::Api => (docs.core_versions.clone(), "application/json"),
+            Doc::Group => (docs.group.clone(), "application/json"),
+            Doc::ResourceList => (docs.resource_list.clone(), "application/json"),
+            Doc::OpenApiV2 => (docs.openapi_v2.clone(), "application/json"),
+            Doc::OpenApiV3 => (docs.openapi_v3_root.clone(), "application/json"),
+            Doc::OpenApiV3Group => (docs.openapi_v3_group.clone(), "application/json"),
+            Doc::Version => (docs.version.clone(), "application/json"),
+        };
+        let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], bytes).into_response();
+        if matches!(doc, Doc::OpenApiV3Group) {
+            if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", docs.openapi_v3_hash)) {
+                response.headers_mut().insert(header::ETAG, etag);
+            }
+        }
+        Ok(response)
+    }
+}
+
+/// Whether the first media type of `Accept` this server can answer is aggregated
+/// discovery v2 (rather than the legacy documents).
+fn wants_aggregated_discovery(accept: &str) -> bool {
+    for media in accept.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let mime = parts.next().unwrap_or("");
+        let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
+        let param = |k: &str| params.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v);
+        match param("as") {
+            Some("APIGroupDiscoveryList") if param("g") == Some("apidiscovery.k8s.io") && param("v") == Some("v2") => {
+                return true
+            }
+            Some(_) => continue,
+            None if mime == "application/json" || mime == "*/*" || mime == "application/*" => return false,
+            None => continue,
+        }
+    }
+    false
+}
+
+async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResult<Bytes> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::too_large(MAX_BODY_BYTES))
+}
+
+/// A non-resource document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Doc {
+    Api,
+    Apis,
+    Group,
+    ResourceList,
+    OpenApiV2,
+    OpenApiV3,
+    OpenApiV3Group,
+    Version,
+}
+
+/// What a path addresses.
+#[derive(Debug)]
+enum Target {
+    NonResource(Doc),
+    Resource {
+        namespace: Option<String>,
+        plural: String,
+        name: Option<String>,
+    },
+    Unknown,
+}
+
+impl Target {
+    fn parse(segs: &[&str]) -> Self {
+        let (g, v) = (apis::GROUP, apis::VERSION);
+        match segs {
+            ["api"] => Self::NonResource(Doc::Api),
+            ["apis"] => Self::NonResource(Doc::Apis),
+            ["apis", group] if *group == g => Self::NonResource(Doc::Group),
+            ["apis", group, version] if *group == g && *version == v => Self::NonResource(Doc::ResourceList),
+            ["openapi", "v2"] => Self::NonResource(Doc::OpenApiV2),
+            ["openapi", "v3"] => Self::NonResource(Doc::OpenApiV3),
+            ["openapi", "v3", "apis", group, version] if *group == g && *version == v => {
+                Self::NonResource(Doc::OpenApiV3Group)
+            }
+            ["version"] => Self::NonResource(Doc::Version),
+            ["apis", group, version, rest @ ..] if *group == g && *version == v => match rest {
+                ["namespaces", ns, plural] => Self::resource(Some(ns), plural, None),
+                ["namespaces", ns, plural, name] => Self::resource(Some(ns), plural, Some(name)),
+                [plural] => Self::resource(None, plural, None),
+                [plural, name] => Self::resource(None, plural, Some(name)),
+                _ => Self::Unknown,
+            },
+            _ => Self::Unknown,
+        }
+    }
+
+    fn resource(namespace: Option<&str>, plural: &str, name: Option<&str>) -> Self {
+        if !RESOURCES.iter().any(|r| r.plural == plural) {
+            return Self::Unknown;
+        }
+        Self::Resource {
+            namespace: namespace.map(str::to_string),
+            plural: plural.to_string(),
+            name: name.map(str::to_string),
+        }
+    }
+
+    /// Authorization attributes, with Kubernetes' verb mapping.
+    fn attributes(&self, method: &Method, params: &Params, path: &str) -> ApiResult<Attributes> {
+        match self {
+            Self::Resource { namespace, plural, name } => {
+                let watch = params.is_watch()?;
+                let verb = match (method, name.is_some()) {
+                    (&Method::GET | &Method::HEAD, true) => "get",
+                    (&Method::GET | &Method::HEAD, false) if watch => "watch",
+                    (&Method::GET | &Method::HEAD, false) => "list",
+                    (&Method::POST, false) => "create",
+                    (&Method::PUT, true) => "update",
+                    (&Method::PATCH, true) => "patch",
+                    (&Method::DELETE, true) => "delete",
+                    (&Method::DELETE, false) => "deletecollection",
+                    (m, _) => return Err(ApiError::method_not_allowed(m.as_str(), plural)),
+                };
+                // A list or watch pinned to one name is authorized as that name.
+                let pinned = if name.is_none() {
+                    params
+                        .get("fieldSelector")
+                        .and_then(|f| {
+                            f.split(',').find_map(|t| {
+                                let t = t.trim();
+                                t.strip_prefix("metadata.name==").or_else(|| t.strip_prefix("metadata.name="))
+                            })
+                        })
+                        .map(str::to_string)
+                } else {
+                    None
+                };
+                Ok(Attributes {
+                    verb: verb.to_string(),
+                    resource_request: true,
+                    namespace: namespace.clone().unwrap_or_default(),
+                    api_group: apis::GROUP.to_string(),
+                    api_version: apis::VERSION.to_string(),
+                    resource: plural.clone(),
+                    subresource: String::new(),
+                    name: name.clone().or(pinned).unwrap_or_default(),
+                    path: path.to_string(),
+                })
+            }
+            Self::NonResource(_) | Self::Unknown => Ok(Attributes {
+                verb: method.as_str().to_lowercase(),
+                resource_request: false,
+                path: path.to_string(),
+                ..Default::default()
+            }),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The three patch types kubectl sends: JSON patch (RFC 6902), JSON merge patch (RFC 7386)
+//! and strategic merge patch.
+
+use serde_json::{Map, Value};
+
+/// A supported patch type, from the request's `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchType {
+    Json,
+    Merge,
+    StrategicMerge,
+}
+
+/// Media types accepted for PATCH.
+pub const PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+];
+
+impl PatchType {
+    pub fn from_content_type(content_type: &str) -> Option<Self> {
+        match content_type.split(';').next().unwrap_or("").trim() {
+            "application/json-patch+json" => Some(Self::Json),
+            "application/merge-patch+json" => Some(Self::Merge),
+            "application/strategic-merge-patch+json" => Some(Self::StrategicMerge),
+            _ => None,
+        }
+    }
+}
+
+/// Why a patch could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    /// The patch document itself is malformed (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// The patch is well-formed but cannot apply to this object (422).
+    #[error("{0}")]
+    Inapplicable(String),
+}
+
+/// Applies `patch` (the raw request body) to `doc`.
+pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), PatchError> {
+    match patch_type {
+        PatchType::Json => {
+            let patch: json_patch::Patch = serde_json::from_slice(patch)
+                .map_err(|e| PatchError::Malformed(format!("invalid JSON patch: {e}")))?;
+            json_patch::patch(doc, &patch).map_err(|e| PatchError::Inapplicable(format!("the JSON patch cannot be applied: {e}")))
+        }
+        PatchType::Merge | PatchType::StrategicMerge => {
+            let patch: Value = serde_json::from_slice(patch)
+                .map_err(|e| PatchError::Malformed(format!("invalid JSON in patch: {e}")))?;
+            if !patch.is_object() {
+                return Err(PatchError::Malformed("a merge patch must be a JSON object".into()));
+            }
+            if patch_type == PatchType::Merge {
+                json_patch::merge(doc, &patch);
+                Ok(())
+            } else {
+                strategic_merge(doc, &patch, "")
+            }
+        }
+    }
+}
+
+/// The merge key of a list field that merges element-wise (`patchMergeKey` in the
+/// Kubernetes types); every other list is replaced whole.
+fn merge_key(path: &str) -> Option<&'static str> {
+    match path {
+        "metadata.ownerReferences" => Some("uid"),
+        "status.conditions" => Some("type"),
+        _ => None,
+    }
+}
+
+fn strategic_merge(doc: &mut Value, patch: &Value, path: &str) -> Result<(), PatchError> {
+    let Some(patch) = patch.as_object() else {
+        *doc = patch.clone();
+        return Ok(());
+    };
+    match patch.get("$patch").and_then(Value::as_str) {
+        Some("replace") => {
+            let mut replaced = patch.clone();
+            replaced.remove("$patch");
+            *doc = Value::Object(strip_directives(replaced));
+            return Ok(());
+        }
+        Some("delete") => {
+            *doc = Value::Null;
+            return Ok(());
+        }
+        Some("merge") | None => {}
+        Some(other) => return Err(PatchError::Malformed(format!("unknown patch directive $patch: {other:?}"))),
+    }
+    if !doc.is_object() {
+        *doc = Value::Object(Map::new());
+    }
+    let Some(target) = doc.as_object_mut() else {
+        return Ok(());
+    };
+    if let Some(keep) = patch.get("$retainKeys").and_then(Value::as_array) {
+        let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
+        target.retain(|k, _| keep.contains(&k.as_str()));
+    }
+    for (key, value) in patch {
+        if key == "$patch" || key == "$retainKeys" || key.starts_with("$setElementOrder/") {
+            continue;
+        }
+        if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
+            let remove = value.as_array().cloned().unwrap_or_default();
+            if let Some(Value::Array(items)) = target.get_mut(field) {
+                items.retain(|v| !remove.contains(v));
+            }
+            continue;
+        }
+        if key.starts_with('$') {
+            return Err(PatchError::Malformed(format!("unknown patch directive {key:?}")));
+        }
+        let child_path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+        match value {
+            Value::Null => {
+                target.remove(key);
+            }
+            Value::Object(_) => {
+                let entry = target.entry(key.clone()).or_insert(Value::Null);
+                strategic_merge(entry, value, &child_path)?;
+                if entry.is_null() {
+                    target.remove(key);
+                }
+            }
+            Value::Array(items) => match merge_key(&child_path) {
+                Some(mk) => {
+                    let entry = target.entry(key.clone()).or_insert_with(|| Value::Array(Vec::new()));
+                    merge_list(entry, items, mk, &child_path)?;
+                }
+                None => {
+                    target.insert(key.clone(), Value::Array(items.iter().map(strip_value).collect()));
+                }
+            },
+            other => {
+                target.insert(key.clone(), other.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn merge_list(doc: &mut Value, items: &[Value], key: &str, path: &str) -> Result<(), PatchError> {
+    if !doc.is_array() {
+        *doc = Value::Array(Vec::new());
+    }
+    let Some(list) = doc.as_array_mut() else {
+        return Ok(());
+    };
+    for item in items {
+        let Some(id) = item.get(key) else {
+            return Err(PatchError::Inapplicable(format!("{path}: element has no merge key {key:?}")));
+        };
+        let position = list.iter().position(|e| e.get(key) == Some(id));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (position, delete) {
+            (Some(i), true) => {
+                list.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic_merge(&mut list[i], item, path)?,
+            (None, false) => list.push(strip_value(item)),
+        }
+    }
+    Ok(())
+}
+
+fn strip_directives(map: Map<String, Value>) -> Map<String, Value> {
+    map.into_iter()
+        .filter(|(k, _)| !k.starts_with('$'))
+        .map(|(k, v)| (k, strip_value(&v)))
+        .collect()
+}
+
+fn strip_value(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(strip_directives(m.clone())),
+        Value::Array(a) => Value::Array(a.iter().map(strip_value).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn patched(doc: Value, t: PatchType, patch: Value) -> Result<Value, PatchError> {
+        let mut doc = doc;
+        apply(&mut doc, t, &serde_json::to_vec(&patch).unwrap())?;
+        Ok(doc)
+    }
+
+    #[test]
+    fn merge_patch_merges_maps_and_deletes_nulls() {
+        let doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"teams": ["x", "y"]}});
+        let out = patched(doc, PatchType::Merge, json!({"metadata": {"labels": {"a": null, "c": "3"}}, "spec": {"teams": ["z"]}})).unwrap();
+        assert_eq!(out, json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "spec": {"teams": ["z"]}}));
+    }
+
+    #[test]
+    fn json_patch_applies_and_reports_failures() {
+        let doc = json!({"metadata": {"labels": {"a": "1"}}});
+        let out = patched(doc.clone(), PatchType::Json, json!([{"op": "add", "path": "/metadata/labels/b", "value": "2"}])).unwrap();
+        assert_eq!(out["metadata"]["labels"]["b"], "2");
+        assert!(matches!(
+            patched(doc.clone(), PatchType::Json, json!([{"op": "remove", "path": "/nope"}])),
+            Err(PatchError::Inapplicable(_))
+        ));
+        assert!(matches!(patched(doc, PatchType::Json, json!({"op": "add"})), Err(PatchError::Malformed(_))));
+    }
+
+    #[test]
+    fn strategic_merge_honours_directives_and_merge_keys() {
+        let doc = json!({
+            "metadata": {"labels": {"a": "1"}, "finalizers": ["f1", "f2"],
+                         "ownerReferences": [{"uid": "u1", "name": "one"}, {"uid": "u2", "name": "two"}]},
+            "spec": {"teams": ["x"], "grant": {"name": "g"}}
+        });
+        let out = patched(
+            doc,
+            PatchType::StrategicMerge,
+            json!({
+                "$setElementOrder/metadata": [],
+                "metadata": {
+                    "labels": {"b": "2"},
+                    "$deleteFromPrimitiveList/finalizers": ["f1"],
+                    "ownerReferences": [{"uid": "u2", "name": "TWO"}, {"uid": "u1", "$patch": "delete"}, {"uid": "u3", "name": "three"}]
+                },
+                "spec": {"teams": ["y", "z"], "grant": {"$patch": "replace", "name": "h"}}
+            }),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["labels"], json!({"a": "1", "b": "2"}));
+        assert_eq!(out["metadata"]["finalizers"], json!(["f2"]));
+        assert_eq!(out["metadata"]["ownerReferences"], json!([{"uid": "u2", "name": "TWO"}, {"uid": "u3", "name": "three"}]));
+        assert_eq!(out["spec"], json!({"teams": ["y", "z"], "grant": {"name": "h"}}));
+        assert!(patched(json!({}), PatchType::StrategicMerge, json!({"$bogus": 1})).is_err());
+        assert!(patched(json!({}), PatchType::StrategicMerge, json!([1])).is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Watch: newline-delimited JSON events over a chunked 200 response, fed by the change feed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, StatusCode};
+use rand::Rng;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::error::{ApiError, ApiResult};
+use super::render::{bookmark_line, event_line, object_json, table, watch_line};
+use super::request::{ListOptions, Rendering};
+use super::resource::Served;
+use super::AppState;
+use crate::store::{Event, EventType, ListAt, ListQuery, ResourceVersion, Store, StoreError, Subscription};
+
+/// Lines queued between the watch task and the connection.
+const LINE_BUFFER: usize = 256;
+
+/// Which objects a watch selects.
+struct Selection {
+    namespace: Option<String>,
+    options: ListOptions,
+}
+
+impl Selection {
+    fn matches(&self, object: &Value) -> bool {
+        if let Some(ns) = &self.namespace {
+            if object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("") != ns {
+                return false;
+            }
+        }
+        let labels = object
+            .pointer("/metadata/labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok());
+        self.options.labels.matches(labels.as_ref()) && self.options.fields.matches(object)
+    }
+
+    /// The event this watcher sees for a change, if any: a MODIFIED that enters the
+    /// selection is ADDED, one that leaves it is DELETED (carrying the last matching state).
+    fn view(&self, event: &Event) -> Option<(EventType, Option<Value>)> {
+        match event.event_type {
+            EventType::Added | EventType::Deleted => self.matches(&event.object).then_some((event.event_type, None)),
+            EventType::Modified => {
+                let now = self.matches(&event.object);
+                let before = event.before.as_ref().is_some_and(|b| self.matches(b));
+                match (before, now) {
+                    (true, true) => Some((EventType::Modified, None)),
+                    (false, true) => Some((EventType::Added, None)),
+                    (true, false) => {
+                        let mut last = event.before.clone().unwrap_or_default();
+                        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
+                            meta.insert("resourceVersion".into(), Value::String(event.rv.to_string()));
+                        }
+                        Some((EventType::Deleted, Some(last)))
+                    }
+                    (false, false) => None,
+                }
+            }
+        }
+    }
+}
+
+fn error_line(err: &ApiError) -> Bytes {
+    watch_line("ERROR", &err.to_status())
+}
+
+/// Starts a watch. Errors before the stream starts are returned as HTTP errors; an expired
+/// resourceVersion is a 200 with one ERROR event, as clients expect.
+pub async fn watch<K: Served, S: Store + Clone>(
+    app: &AppState<S>,
+    namespace: Option<String>,
+    options: ListOptions,
+    rendering: Rendering,
+) -> ApiResult<Response> {
+    let selection = Selection { namespace, options };
+    let (tx, rx) = mpsc::channel::<Bytes>(LINE_BUFFER);
+    let initial = selection.options.send_initial_events
+        || matches!(selection.options.resource_version.as_deref(), None | Some("0"));
+
+    // Resolve the starting point before answering, so early failures are plain errors.
+    let mut lines: Vec<Bytes> = Vec::new();
+    let mut first = true;
+    let start: Result<(Subscription, Option<ResourceVersion>), ApiError> = async {
+        if initial {
+            let list = app
+                .store
+                .list::<K>(&ListQuery {
+                    namespace: selection.namespace.clone(),
+                    labels: selection.options.labels.clone(),
+                    fields: selection.options.fields.clone(),
+                    limit: None,
+                    at: ListAt::Latest,
+                })
+                .await
+                .map_err(|e| ApiError::from_store(e, &K::INFO, ""))?;
+            for item in &list.items {
+                let object = object_json(item)?;
+                let rendered = match rendering {
+                    Rendering::Object => object,
+                    Rendering::Metadata => super::render::partial_metadata(&object),
+                    Rendering::Table(include) => {
+                        let rv = object.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
+                        table::<K>(std::slice::from_ref(&object), include, rv, None, first)?
+                    }
+                };
+                first = false;
+                lines.push(watch_line("ADDED", &rendered));
+            }
+            let end = selection.options.send_initial_events.then_some(list.resource_version);
+            let sub = app.store.subscribe(list.resource_version).await.map_err(|e| ApiError::from_store(e, &K::INFO, ""))?;
+            Ok((sub, end))
+        } else {
+            let raw = selection.options.resource_version.as_deref().unwrap_or_default();
+            let rv = ResourceVersion::parse(raw)
+                .map_err(|_| ApiError::expired(format!("too old resource version: {raw} (it is not a resourceVersion this server issued)")))?;
+            let sub = app.store.subscribe(rv).await.map_err(|e| match e {
+                StoreError::Expired(m) => ApiError::expired(m),
+                e => ApiError::from_store(e, &K::INFO, ""),
+            })?;
+            Ok((sub, None))
+        }
+    }
+    .await;
+
+    let (subscription, initial_end) = match start {
+        Ok(s) => s,
+        Err(e) if e.code == StatusCode::GONE => {
+            // Expired: 200 with one ERROR event, then the end of the stream.
+            let _ = tx.try_send(error_line(&e));
+            drop(tx);
+            return Ok(stream_response(rx));
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(rv) = initial_end {
+        lines.push(bookmark_line::<K>(rv, rendering, true)?);
+    }
+
+    let timeout = selection.options.timeout.unwrap_or_else(|| {
+        // kube-apiserver's default: a random duration between one and two minRequestTimeouts.
+        Duration::from_secs(rand::rng().random_range(1800..3600))
+    });
+    let task = WatchTask {
+        selection,
+        rendering,
+        subscription,
+        tx,
+        first,
+        bookmark_interval: app.config.bookmark_interval,
+        shutdown: app.shutdown.clone(),
+        metrics: app.metrics.clone(),
+    };
+    tokio::spawn(task.run::<K>(lines, timeout));
+    Ok(stream_response(rx))
+}
+
+fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures::StreamExt::map(ReceiverStream::new(rx), Ok::<_, std::convert::Infallible>);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+struct WatchTask {
+    selection: Selection,
+    rendering: Rendering,
+    subscription: Subscription,
+    tx: mpsc::Sender<Bytes>,
+    first: bool,
+    bookmark_interval: Duration,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<super::HttpMetrics>,
+}
+
+impl WatchTask {
+    async fn run<K: Served>(mut self, initial: Vec<Bytes>, timeout: Duration) {
+        self.metrics.watches.inc();
+        let _guard = scopeguard(self.metrics.clone());
+        for line in initial {
+            if self.tx.send(line).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut bookmarks = tokio::time::interval(self.bookmark_interval);
+        bookmarks.tick().await;
+        loop {
+            tokio::select! {
+                event = self.subscription.next() => match event {
+                    Ok(event) => {
+                        if event.resource != K::PLURAL {
+                            continue;
+                        }
+                        let Some((event_type, replaced)) = self.selection.view(&event) else { continue };
+                        let line = match replaced {
+                            Some(object) => {
+                                let owned = Event { object, event_type, ..(*event).clone() };
+                                event_line::<K>(&owned, event_type, self.rendering, self.first)
+                            }
+                            None => event_line::<K>(&event, event_type, self.rendering, self.first),
+                        };
+                        self.first = false;
+                        match line {
+                            Ok(line) => if self.tx.send(line).await.is_err() { return },
+                            Err(e) => {
+                                let _ = self.tx.send(error_line(&e)).await;
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let err = match e {
+                            StoreError::Expired(m) => ApiError::expired(m),
+                            e => ApiError::from_store(e, &K::INFO, ""),
+                        };
+                        let _ = self.tx.send(error_line(&err)).await;
+                        return;
+                    }
+                },
+                _ = bookmarks.tick(), if self.selection.options.allow_bookmarks => {
+                    self.subscription.advance_if_idle();
+                    // Sent every interval, changed or not: it tells the client the stream is alive.
+                    match bookmark_line::<K>(self.subscription.cursor(), self.rendering, false) {
+                        Ok(line) => if self.tx.send(line).await.is_err() { return },
+                        Err(_) => return,
+                    }
+                }
+                _ = &mut deadline => return,
+                _ = self.tx.closed() => return,
+                _ = self.shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Decrements the open-watch gauge when the task ends, however it ends.
+fn scopeguard(metrics: Arc<super::HttpMetrics>) -> impl Drop {
+    struct Guard(Arc<super::HttpMetrics>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.watches.dec();
+        }
+    }
+    Guard(metrics)
+}
