@@ -104,6 +104,8 @@ pub fn mk_agent_session(
     s
 }
 
+pub mod server;
+
 pub fn mk_agent(name: &str, teams: &[&str]) -> Agent {
     let mut a = Agent::default();
     a.metadata.name = Some(name.into());

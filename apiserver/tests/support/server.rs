@@ -1,0 +1,182 @@
+//! An apiserver in standalone mode inside the test process, on a random loopback port, over
+//! its own database, with a kubeconfig for `kubectl` and clients for kube-rs and raw HTTP.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiserver::auth::{AllowAuthenticated, TokenFile};
+use apiserver::http::{AppState, HttpConfig, HttpMetrics};
+use apiserver::store::{PgStore, StoreConfig};
+use apiserver::tls::{self, ReloadingCert};
+use prometheus_client::registry::Registry;
+
+use super::TestDb;
+
+/// Token of a `system:masters` user.
+pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
+/// Token of an ordinary user.
+pub const USER_TOKEN: &str = "user-token-0123456789";
+
+pub struct TestServer {
+    pub db: TestDb,
+    pub store: PgStore,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub ca_pem: String,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+/// Output of a command.
+#[derive(Debug)]
+pub struct Output {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}, HttpConfig::default()).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(&mut StoreConfig), http: HttpConfig) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let db = TestDb::new().await;
+        let mut config = db.store_config();
+        tweak(&mut config);
+        let store = PgStore::start(config).await.expect("store starts");
+        let dir = std::env::temp_dir().join(format!("mcp-access-test-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let tokens = TokenFile::parse(
+            &format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n{USER_TOKEN},alice,alice-uid,\"devs\"\n"),
+            "test",
+        )
+        .unwrap();
+        let (key, ca_pem) = tls::self_signed(&["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let tls_config = tls::server_config(ReloadingCert::fixed(key), None).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let mut registry = Registry::default();
+        let app = AppState::new(
+            store.clone(),
+            Arc::new(tokens),
+            Arc::new(AllowAuthenticated),
+            http,
+            HttpMetrics::register(&mut registry),
+            shutdown_rx.clone(),
+        );
+        tokio::spawn(apiserver::server::serve_api(listener, tls_config, app, shutdown_rx));
+
+        let url = format!("https://127.0.0.1:{port}");
+        std::fs::write(dir.join("ca.crt"), &ca_pem).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &url, &dir.join("ca.crt"), ADMIN_TOKEN);
+        Self {
+            db,
+            store,
+            url,
+            ca_pem,
+            dir,
+            kubeconfig,
+            shutdown,
+        }
+    }
+
+    /// A kubeconfig for another token.
+    pub fn kubeconfig_for(&self, token: &str) -> PathBuf {
+        let path = self.dir.join(format!("kubeconfig-{}", &token[..8]));
+        write_kubeconfig(&path, &self.url, &self.dir.join("ca.crt"), token);
+        path
+    }
+
+    /// Runs the real `kubectl` against this server as the admin.
+    pub async fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_with(&self.kubeconfig, args, None).await
+    }
+
+    /// Runs `kubectl` with a kubeconfig and optional stdin.
+    pub async fn kubectl_with(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        use tokio::io::AsyncWriteExt;
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("kubectl is on PATH");
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(input) = stdin {
+            pipe.write_all(input.as_bytes()).await.unwrap();
+        }
+        drop(pipe);
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("kubectl finishes within 60s")
+            .unwrap();
+        Output {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts a long-running `kubectl` (e.g. `get -w`); its stdout is read line by line.
+    pub fn kubectl_spawn(&self, args: &[&str]) -> tokio::process::Child {
+        tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .env_remove("KUBECONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kubectl is on PATH")
+    }
+
+    /// A raw HTTPS client trusting this server, with no credentials.
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
+            .build()
+            .unwrap()
+    }
+
+    /// A kube-rs client for the admin.
+    pub async fn kube_client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write_kubeconfig(path: &Path, url: &str, ca: &Path, token: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{cluster: test, user: u, namespace: default}}\ncurrent-context: test\n",
+            ca.display()
+        ),
+    )
+    .unwrap();
+}
