@@ -1,6 +1,7 @@
 //! The MCP Access aggregated API server.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod auth;
 pub mod cli;
 pub mod http;

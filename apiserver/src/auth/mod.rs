@@ -3,12 +3,17 @@
 //! The HTTP layer asks an [`Authenticator`] and an [`Authorizer`]; standalone mode plugs in a
 //! static token file and an allow-all-authenticated authorizer.
 
+mod cache;
+mod delegated;
+mod sar;
 mod token_file;
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
+pub use delegated::{common_name, AuthConfigError, DelegatedAuthenticator, RequestHeaderConfig, SwappableClientVerifier};
+pub use sar::{SubjectAccessReviewer, MASTERS_GROUP};
 pub use token_file::{TokenFile, TokenFileError};
 
 /// An authenticated user, as Kubernetes' `user.Info`.
