@@ -107,7 +107,7 @@ impl RequestHeaderConfig {
             return true;
         }
         match common_name(&leaf) {
-            Some(cn) => self.allowed_names.iter().any(|n| *n == cn),
+            Some(cn) => self.allowed_names.contains(&cn),
             None => false,
         }
     }
