@@ -1,0 +1,48 @@
+//! `mcp-access-local`: the product on this machine (what `hack/up.sh` runs). Starts etcd,
+//! kube-apiserver, kube-controller-manager, PostgreSQL and MCP Access behind its APIService,
+//! prints `KUBECONFIG=<path>` when ready and runs until interrupted.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use e2e::{Database, LocalCluster, Options};
+
+#[derive(Parser)]
+#[command(name = "mcp-access-local", about)]
+struct Cli {
+    /// Working directory (pki, logs, data); reused across runs.
+    #[arg(long, env = "MCP_ACCESS_LOCAL_DIR")]
+    dir: PathBuf,
+    /// The mcp-access-apiserver binary.
+    #[arg(long, env = "MCP_ACCESS_APISERVER_BIN")]
+    apiserver_bin: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let dir = std::path::absolute(&cli.dir)?;
+    let cluster = LocalCluster::start(Options {
+        dir,
+        apiserver_bin: std::path::absolute(&cli.apiserver_bin)?,
+        database: Database::Local,
+    })?;
+    eprintln!(
+        "MCP Access is served through kube-apiserver at {}; logs in {}",
+        cluster.env.get("KUBE_APISERVER_URL").map(String::as_str).unwrap_or("?"),
+        cluster.dir.join("logs").display()
+    );
+    println!("KUBECONFIG={}", cluster.kubeconfig.display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        anyhow::Ok(())
+    })?;
+    eprintln!("stopping");
+    drop(cluster);
+    Ok(())
+}

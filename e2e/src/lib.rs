@@ -1,0 +1,332 @@
+//! The local control plane with MCP Access behind its APIService — one launcher for
+//! `hack/up.sh` and the end-to-end tests.
+//!
+//! `hack/cluster.sh` starts etcd, kube-apiserver and kube-controller-manager (built from the
+//! Go module proxy by `hack/build-kube.sh`); this module then applies `deploy/rbac`, gives the
+//! apiserver a token of its own service account (so the RBAC in `deploy/` is what it runs
+//! with), registers the APIService through an ExternalName Service pointing at localhost, and
+//! runs `mcp-access-apiserver` in delegated mode.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Where the database comes from.
+pub enum Database {
+    /// A fresh database is created in this server (libpq DSN of an admin connection).
+    CreateIn(String),
+    /// PostgreSQL is started under the cluster directory (for `hack/up.sh`).
+    Local,
+}
+
+/// Launch settings.
+pub struct Options {
+    /// Working directory: pki, logs, data.
+    pub dir: PathBuf,
+    /// The `mcp-access-apiserver` binary.
+    pub apiserver_bin: PathBuf,
+    pub database: Database,
+}
+
+/// A running local cluster with MCP Access registered.
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    /// Admin kubeconfig (client certificate in `system:masters`).
+    pub kubeconfig: PathBuf,
+    /// `DIR/env` of `hack/cluster.sh`.
+    pub env: HashMap<String, String>,
+    pub database_url: String,
+    /// Port of the MCP Access API (TLS) on 127.0.0.1.
+    pub api_port: u16,
+    pub metrics_port: u16,
+    apiserver_bin: PathBuf,
+    apiserver: Option<Child>,
+    local_pg: bool,
+}
+
+/// Output of a command.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    Ok(Output {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+fn checked(cmd: &mut Command) -> Result<String> {
+    let out = run(cmd)?;
+    if !out.success {
+        bail!("{cmd:?} failed: {}{}", out.stdout, out.stderr);
+    }
+    Ok(out.stdout)
+}
+
+fn read_env(path: &Path) -> Result<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('\'').trim_matches('"').to_string()))
+        .collect())
+}
+
+/// Creates a fresh database in the server `admin_dsn` points at and returns its DSN.
+fn create_database(admin_dsn: &str) -> Result<String> {
+    let name = format!("e2e_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(admin_dsn, tokio_postgres::NoTls)
+            .await
+            .context("cannot connect to the test PostgreSQL")?;
+        let driver = tokio::spawn(conn);
+        client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+        drop(client);
+        let _ = driver.await;
+        anyhow::Ok(())
+    })?;
+    let base: Vec<&str> = admin_dsn.split_whitespace().filter(|kv| !kv.starts_with("dbname=")).collect();
+    Ok(format!("{} dbname={name}", base.join(" ")))
+}
+
+impl LocalCluster {
+    /// Starts everything and waits until the APIService is Available and discovery lists
+    /// our resources.
+    pub fn start(options: Options) -> Result<Self> {
+        let dir = options.dir;
+        std::fs::create_dir_all(&dir)?;
+        let root = repo_root();
+        let started = Instant::now();
+        let out = checked(Command::new("bash").arg(root.join("hack/cluster.sh")).arg("start").arg(&dir).stderr(Stdio::inherit()))?;
+        if !out.contains("KUBECONFIG=") {
+            bail!("hack/cluster.sh printed no KUBECONFIG");
+        }
+        let env = read_env(&dir.join("env"))?;
+        let kubeconfig = PathBuf::from(env.get("KUBECONFIG").context("KUBECONFIG missing from env")?);
+        let (database_url, local_pg) = match options.database {
+            Database::CreateIn(admin) => (create_database(&admin)?, false),
+            Database::Local => {
+                let script = format!(
+                    ". {}/hack/lib/postgres.sh && postgres_stop {pg} && postgres_start {pg} >&2 && echo \"$PG_DSN\"",
+                    root.display(),
+                    pg = dir.join("pg").display()
+                );
+                let dsn = checked(Command::new("bash").arg("-c").arg(script).stderr(Stdio::inherit()))?;
+                (dsn.trim().to_string(), true)
+            }
+        };
+        let mut cluster = Self {
+            dir,
+            kubeconfig,
+            env,
+            database_url,
+            api_port: free_port()?,
+            metrics_port: free_port()?,
+            apiserver_bin: options.apiserver_bin,
+            apiserver: None,
+            local_pg,
+        };
+        cluster.install()?;
+        cluster.start_apiserver()?;
+        cluster.wait_available(Duration::from_secs(120))?;
+        eprintln!("local cluster with MCP Access ready in {:.1}s", started.elapsed().as_secs_f64());
+        Ok(cluster)
+    }
+
+    /// Runs `kubectl` as the admin.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_as(&self.kubeconfig, args, None)
+    }
+
+    /// Runs `kubectl` with a kubeconfig and optional stdin.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        use std::io::Write;
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .env("KUBECACHEDIR", self.dir.join("kube-cache"))
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let spawned = cmd.spawn().and_then(|mut child| {
+            if let Some(mut pipe) = child.stdin.take() {
+                if let Some(input) = stdin {
+                    pipe.write_all(input.as_bytes())?;
+                }
+            }
+            child.wait_with_output()
+        });
+        match spawned {
+            Ok(out) => Output {
+                success: out.status.success(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            },
+            Err(e) => Output {
+                success: false,
+                stdout: String::new(),
+                stderr: format!("cannot run kubectl: {e}"),
+            },
+        }
+    }
+
+    fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let out = self.kubectl_as(&self.kubeconfig, args, stdin);
+        if !out.success {
+            bail!("kubectl {} failed: {}{}", args.join(" "), out.stdout, out.stderr);
+        }
+        Ok(out.stdout)
+    }
+
+    /// Applies the RBAC, writes the apiserver's own kubeconfig and registers the APIService.
+    fn install(&self) -> Result<()> {
+        let root = repo_root();
+        self.kubectl_ok(&["apply", "-k", &root.join("deploy/rbac").display().to_string()], None)?;
+        // The apiserver runs with its service account's token, as it would in a Pod.
+        let token = self.kubectl_ok(
+            &["create", "token", "mcp-access-apiserver", "-n", "mcp-access", "--duration=24h"],
+            None,
+        )?;
+        let server = self.env.get("KUBE_APISERVER_URL").context("KUBE_APISERVER_URL missing")?;
+        let ca = self.env.get("CLUSTER_CA_FILE").context("CLUSTER_CA_FILE missing")?;
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: mcp-access-apiserver\n  user:\n    token: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: mcp-access-apiserver}}\ncurrent-context: local\n",
+            token.trim()
+        );
+        let path = self.dir.join("mcp-access-apiserver.kubeconfig");
+        std::fs::write(&path, kubeconfig)?;
+        let ca_bundle = std::fs::read(self.env.get("AGGREGATED_CA_FILE").context("AGGREGATED_CA_FILE missing")?)?;
+        let manifest = std::fs::read_to_string(root.join("deploy/local/apiservice.yaml"))?
+            .replace("@PORT@", &self.api_port.to_string())
+            .replace("@CA_BUNDLE@", &base64::engine::general_purpose::STANDARD.encode(ca_bundle));
+        self.kubectl_ok(&["apply", "-f", "-"], Some(&manifest))?;
+        Ok(())
+    }
+
+    /// Starts (or restarts) `mcp-access-apiserver`; every start rotates the change-log epoch.
+    pub fn start_apiserver(&mut self) -> Result<()> {
+        self.stop_apiserver();
+        let logs = self.dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join("mcp-access-apiserver.log"))?;
+        let get = |k: &str| self.env.get(k).cloned().with_context(|| format!("{k} missing from env"));
+        let child = Command::new(&self.apiserver_bin)
+            .arg("--tls-cert-file")
+            .arg(get("MCP_ACCESS_TLS_CERT_FILE")?)
+            .arg("--tls-private-key-file")
+            .arg(get("MCP_ACCESS_TLS_PRIVATE_KEY_FILE")?)
+            .arg("--kubeconfig")
+            .arg(self.dir.join("mcp-access-apiserver.kubeconfig"))
+            .args(["--bind-address", "127.0.0.1"])
+            .args(["--secure-port", &self.api_port.to_string()])
+            .args(["--metrics-port", &self.metrics_port.to_string()])
+            .env("MCP_ACCESS_DATABASE_URL", &self.database_url)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.apiserver_bin.display()))?;
+        self.apiserver = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(child) = self.apiserver.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    bail!(
+                        "mcp-access-apiserver exited ({status}); see {}",
+                        logs.join("mcp-access-apiserver.log").display()
+                    );
+                }
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.api_port)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("mcp-access-apiserver did not listen within 30s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops `mcp-access-apiserver` (SIGTERM via kill, then wait).
+    pub fn stop_apiserver(&mut self) {
+        if let Some(mut child) = self.apiserver.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until the APIService is Available and discovery through kube-apiserver lists
+    /// our resources.
+    pub fn wait_available(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.kubectl(&[
+                "get",
+                "apiservice",
+                "v1alpha1.access.mcp-runtime.dev",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ]);
+            let resources = self.kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev", "-o", "name"]);
+            if status.stdout.trim() == "True" && resources.stdout.contains("accesssessions") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let detail = self.kubectl(&["get", "apiservice", "v1alpha1.access.mcp-runtime.dev", "-o", "yaml"]);
+                bail!("the APIService did not become Available: {}", detail.stdout);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops everything this cluster started.
+    pub fn stop(&mut self) {
+        self.stop_apiserver();
+        let root = repo_root();
+        let _ = Command::new("bash").arg(root.join("hack/cluster.sh")).arg("stop").arg(&self.dir).status();
+        if self.local_pg {
+            let script = format!(". {}/hack/lib/postgres.sh && postgres_stop {}", root.display(), self.dir.join("pg").display());
+            let _ = Command::new("bash").arg("-c").arg(script).status();
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# MCP Access on this machine: etcd, kube-apiserver and kube-controller-manager (built once from
+# the Go module proxy and cached), PostgreSQL, and mcp-access-apiserver behind its APIService
+# with RBAC on. Prints KUBECONFIG=<path> when ready; runs until interrupted.
+# State lives in .local/ (MCP_ACCESS_LOCAL_DIR to change); running it again reuses it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
+hack/build-kube.sh >/dev/null
+cargo build -p apiserver --bin mcp-access-apiserver -p e2e --bin mcp-access-local >&2
+exec target/debug/mcp-access-local --dir "$dir" --apiserver-bin target/debug/mcp-access-apiserver
