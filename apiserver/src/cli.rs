@@ -11,7 +11,8 @@ use clap::{Args, Parser, ValueEnum};
 use k8s_openapi::jiff::SignedDuration;
 use prometheus_client::registry::Registry;
 
-use crate::auth::{AllowAuthenticated, Authenticator, Authorizer, TokenFile};
+use crate::admission::NamespaceLifecycle;
+use crate::auth::{AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, SubjectAccessReviewer, TokenFile};
 use crate::http::{AppState, HttpConfig, HttpMetrics};
 use crate::server::{self, Health};
 use crate::store::{PgStore, StoreConfig};
@@ -88,6 +89,16 @@ pub struct ServingArgs {
 /// Authentication and authorization.
 #[derive(Debug, Args)]
 pub struct AuthArgs {
+    /// Kubeconfig for reaching kube-apiserver (TokenReview, SubjectAccessReview, the
+    /// authentication ConfigMap, namespaces). Without it: the in-cluster service account.
+    #[arg(long, env = "MCP_ACCESS_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// How long an allowed SubjectAccessReview is reused (Go duration).
+    #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_ALLOW_TTL", default_value = "10s")]
+    pub authorization_allow_ttl: String,
+    /// How long a denied SubjectAccessReview is reused (Go duration).
+    #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_DENY_TTL", default_value = "10s")]
+    pub authorization_deny_ttl: String,
     /// Serve the API directly with a static token file and allow every authenticated user
     /// (development only).
     #[arg(long, env = "MCP_ACCESS_STANDALONE")]
@@ -103,6 +114,25 @@ fn go_duration(flag: &str, value: &str) -> anyhow::Result<SignedDuration> {
         bail!("--{flag} must be greater than 0");
     }
     Ok(d)
+}
+
+/// The authenticator, the authorizer and the TLS client-certificate policy of one mode.
+type AuthParts = (
+    Arc<dyn Authenticator>,
+    Arc<dyn Authorizer>,
+    Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+);
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
+    };
+    Ok(kube::Client::try_from(config)?)
 }
 
 fn init_tracing(format: LogFormat) {
@@ -130,17 +160,40 @@ pub fn main() -> anyhow::Result<()> {
 /// closed cleanly), a second one aborts.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     // Validate every security-relevant setting before touching anything.
-    let (authenticator, authorizer): (Arc<dyn Authenticator>, Arc<dyn Authorizer>) = if cli.auth.standalone {
+    let mut background: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let mut namespaces = None;
+    let (authenticator, authorizer, client_verifier): AuthParts = if cli.auth.standalone {
         let Some(path) = &cli.auth.token_auth_file else {
             bail!("--standalone needs --token-auth-file: refusing to serve without authentication");
         };
-        (Arc::new(TokenFile::load(path)?), Arc::new(AllowAuthenticated))
+        (Arc::new(TokenFile::load(path)?), Arc::new(AllowAuthenticated), None)
     } else {
-        bail!("delegated authentication (behind kube-apiserver) is not available in this build; run with --standalone and --token-auth-file");
+        if cli.auth.token_auth_file.is_some() {
+            bail!("--token-auth-file is only for --standalone: behind kube-apiserver, tokens are checked with TokenReview");
+        }
+        if cli.serving.tls_cert_file.is_none() {
+            bail!("--tls-cert-file and --tls-private-key-file are required outside standalone mode");
+        }
+        let allow_ttl: Duration = go_duration("authorization-allow-ttl", &cli.auth.authorization_allow_ttl)?.try_into()?;
+        let deny_ttl: Duration = go_duration("authorization-deny-ttl", &cli.auth.authorization_deny_ttl)?.try_into()?;
+        let client = kube_client(cli.auth.kubeconfig.as_deref()).await?;
+        let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone())
+            .await
+            .context("delegated authentication")?;
+        background.push(tokio::spawn(authenticator.clone().follow_configmap(client.clone())));
+        let (lifecycle, run) = NamespaceLifecycle::start(client.clone());
+        background.push(tokio::spawn(run));
+        namespaces = Some(lifecycle);
+        let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = verifier;
+        (
+            authenticator,
+            Arc::new(SubjectAccessReviewer::new(client, allow_ttl, deny_ttl)),
+            Some(verifier),
+        )
     };
     let cert = match (&cli.serving.tls_cert_file, &cli.serving.tls_private_key_file) {
         (Some(cert), Some(key)) => ReloadingCert::from_files(cert.clone(), key.clone())?,
-        _ if cli.auth.standalone => {
+        _ => {
             let (key, pem) = tls::self_signed(&cli.serving.tls_san)?;
             if let Some(dir) = &cli.serving.cert_dir {
                 std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -150,9 +203,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             ReloadingCert::fixed(key)
         }
-        _ => bail!("--tls-cert-file and --tls-private-key-file are required outside standalone mode"),
     };
-    let tls_config = tls::server_config(cert.clone(), None)?;
+    let tls_config = tls::server_config(cert.clone(), client_verifier)?;
     // The DSN may carry a password: report only that it is malformed.
     let pg = tokio_postgres::Config::from_str(&cli.storage.database_url)
         .map_err(|_| anyhow::anyhow!("--database-url is not a valid PostgreSQL connection string"))?;
@@ -185,6 +237,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut api = tokio::spawn(server::serve_api(api_listener, tls_config, app, shutdown_rx.clone()));
     let mut metrics_server = tokio::spawn(server::serve_metrics(metrics_listener, registry, health.clone(), shutdown_rx.clone()));
     let mut cert_watch = tokio::spawn(cert.watch(Duration::from_secs(10)));
+    let mut background = futures::future::select_all(background.into_iter().chain([tokio::spawn(std::future::pending())]));
     health.set_ready(true);
     tracing::info!(port = cli.serving.secure_port, metrics_port = cli.serving.metrics_port, "serving");
 
@@ -195,6 +248,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         r = &mut api => Err(anyhow::anyhow!("API listener ended: {r:?}")),
         r = &mut metrics_server => Err(anyhow::anyhow!("metrics listener ended: {r:?}")),
         r = &mut cert_watch => Err(anyhow::anyhow!("certificate watcher ended: {r:?}")),
+        (r, _, _) = &mut background => Err(anyhow::anyhow!("a background task ended: {r:?}")),
     };
     result?;
     tracing::info!("shutting down: draining (signal again to abort)");
