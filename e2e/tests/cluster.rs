@@ -123,7 +123,17 @@ fn apiservice_available_and_discoverable(c: &mut LocalCluster) -> Result<(), Str
     ensure!(status.trim() == "True", "APIService not Available: {status}");
     let resources = ok(&c.kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev"]), "api-resources")?;
     ensure!(resources.contains("accesssessions") && resources.contains("acs") && resources.contains("agents"), "{resources}");
-    let explain = ok(&c.kubectl(&["explain", "accesssession.spec"]), "explain")?;
+    // The aggregator downloads our OpenAPI in the background after the APIService turns
+    // Available; explain works once it has.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let explain = loop {
+        let out = c.kubectl(&["explain", "accesssession.spec"]);
+        if out.success {
+            break out.stdout;
+        }
+        ensure!(Instant::now() < deadline, "explain never worked: {out:?}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
     ensure!(explain.contains("expiresAt") && explain.contains("server"), "{explain}");
     let explain = ok(&c.kubectl(&["explain", "accesssession"]), "explain")?;
     ensure!(explain.contains("KIND:       AccessSession") || explain.contains("AccessSession"), "{explain}");

@@ -28,7 +28,9 @@ use serde_json::{json, Value};
 pub use error::{ApiError, ApiResult};
 pub use request::Rendering;
 
-use crate::auth::{Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo};
+use crate::auth::{
+    Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo,
+};
 use crate::store::Store;
 use request::Params;
 use resource::{ResourceRequest, Served};
@@ -69,8 +71,16 @@ impl HttpMetrics {
     pub fn register(registry: &mut Registry) -> Arc<Self> {
         let metrics = Self::default();
         let sub = registry.sub_registry_with_prefix("mcp_access_apiserver");
-        sub.register("requests", "API requests by verb, resource and code", metrics.requests.clone());
-        sub.register("open_watches", "Watches currently streaming", metrics.watches.clone());
+        sub.register(
+            "requests",
+            "API requests by verb, resource and code",
+            metrics.requests.clone(),
+        );
+        sub.register(
+            "open_watches",
+            "Watches currently streaming",
+            metrics.watches.clone(),
+        );
         Arc::new(metrics)
     }
 }
@@ -185,7 +195,11 @@ impl<S: Store + Clone> AppState<S> {
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
-                verb: if verb.is_empty() { method.as_str().to_lowercase() } else { verb },
+                verb: if verb.is_empty() {
+                    method.as_str().to_lowercase()
+                } else {
+                    verb
+                },
                 resource,
                 code: response.status().as_u16(),
             })
@@ -193,10 +207,17 @@ impl<S: Store + Clone> AppState<S> {
         response
     }
 
-    async fn route(&self, request: Request) -> Result<(String, String, Response), (String, String, ApiError)> {
+    async fn route(
+        &self,
+        request: Request,
+    ) -> Result<(String, String, Response), (String, String, ApiError)> {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path().to_string();
-        let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(request::percent_decode).collect();
+        let segments: Vec<String> = path
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(request::percent_decode)
+            .collect();
         let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
         let fail = |verb: &str, resource: &str| {
             let (verb, resource) = (verb.to_string(), resource.to_string());
@@ -204,13 +225,23 @@ impl<S: Store + Clone> AppState<S> {
         };
 
         if matches!(segs.as_slice(), ["livez"] | ["readyz"] | ["healthz"]) {
-            return Ok(("get".into(), String::new(), (StatusCode::OK, "ok").into_response()));
+            return Ok((
+                "get".into(),
+                String::new(),
+                (StatusCode::OK, "ok").into_response(),
+            ));
         }
 
-        let connection = parts.extensions.get::<ConnectionInfo>().cloned().unwrap_or_default();
+        let connection = parts
+            .extensions
+            .get::<ConnectionInfo>()
+            .cloned()
+            .unwrap_or_default();
         let user = match self.authenticator.authenticate(&parts, &connection).await {
             Ok(Some(user)) => user,
-            Ok(None) | Err(AuthenticationError::InvalidToken) => return Err(fail("", "")(ApiError::unauthorized())),
+            Ok(None) | Err(AuthenticationError::InvalidToken) => {
+                return Err(fail("", "")(ApiError::unauthorized()))
+            }
             Err(AuthenticationError::Unavailable(m)) => {
                 tracing::warn!(error = %m, "authentication unavailable");
                 return Err(fail("", "")(ApiError::unauthorized()));
@@ -218,19 +249,27 @@ impl<S: Store + Clone> AppState<S> {
         };
         let params = Params::parse(parts.uri.query()).map_err(fail("", ""))?;
         let target = Target::parse(&segs);
-        let attributes = target.attributes(&parts.method, &params, &path).map_err(fail("", ""))?;
+        let attributes = target
+            .attributes(&parts.method, &params, &path)
+            .map_err(fail("", ""))?;
         let verb = attributes.verb.clone();
         let resource_label = attributes.resource.clone();
         let fail = fail(&verb, &resource_label);
         if let Decision::Deny(reason) = self.authorizer.authorize(&user, &attributes).await {
-            return Err(fail(ApiError::forbidden(attributes.forbidden_message(&user, &reason))));
+            return Err(fail(ApiError::forbidden(
+                attributes.forbidden_message(&user, &reason),
+            )));
         }
         tracing::debug!(user = %user.name, verb = %verb, path = %path, "request");
 
         let body = read_body(&parts.headers, body).await.map_err(&fail)?;
         let response = match target {
             Target::NonResource(doc) => self.document(doc, &parts.headers).map_err(&fail)?,
-            Target::Resource { namespace, plural, name } => {
+            Target::Resource {
+                namespace,
+                plural,
+                name,
+            } => {
                 let req = ResourceRequest {
                     namespace: namespace.as_deref(),
                     name: name.as_deref(),
@@ -239,7 +278,9 @@ impl<S: Store + Clone> AppState<S> {
                     body,
                 };
                 let result = match plural.as_str() {
-                    p if p == AccessSession::INFO.plural => self.serve::<AccessSession>(&verb, req, &user).await,
+                    p if p == AccessSession::INFO.plural => {
+                        self.serve::<AccessSession>(&verb, req, &user).await
+                    }
                     p if p == Agent::INFO.plural => self.serve::<Agent>(&verb, req, &user).await,
                     _ => Err(ApiError::not_found_path()),
                 };
@@ -250,7 +291,12 @@ impl<S: Store + Clone> AppState<S> {
         Ok((verb, resource_label, response))
     }
 
-    async fn serve<K: Served>(&self, verb: &str, req: ResourceRequest<'_>, _user: &UserInfo) -> ApiResult<Response> {
+    async fn serve<K: Served>(
+        &self,
+        verb: &str,
+        req: ResourceRequest<'_>,
+        _user: &UserInfo,
+    ) -> ApiResult<Response> {
         if K::INFO.namespaced == req.namespace.is_none() && req.name.is_some() {
             return Err(ApiError::not_found_path());
         }
@@ -272,7 +318,8 @@ impl<S: Store + Clone> AppState<S> {
             "watch" => {
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let rendering = Rendering::from_headers(req.headers, req.params.include_object())?;
-                watch::watch::<K, S>(self, req.namespace.map(str::to_string), options, rendering).await
+                watch::watch::<K, S>(self, req.namespace.map(str::to_string), options, rendering)
+                    .await
             }
             "create" => {
                 if K::INFO.namespaced && req.namespace.is_none() {
@@ -287,12 +334,18 @@ impl<S: Store + Clone> AppState<S> {
                 let options = req.params.list_options(&K::INFO, fields)?;
                 resource::delete_collection::<K, S>(&self.store, req, options).await
             }
-            other => Err(ApiError::method_not_allowed(&other.to_uppercase(), K::INFO.plural)),
+            other => Err(ApiError::method_not_allowed(
+                &other.to_uppercase(),
+                K::INFO.plural,
+            )),
         }
     }
 
     fn document(&self, doc: Doc, headers: &http::HeaderMap) -> ApiResult<Response> {
-        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         let wants_aggregated = wants_aggregated_discovery(accept);
         let docs = &self.docs;
         let (bytes, content_type) = match doc {
@@ -313,9 +366,15 @@ impl<S: Store + Clone> AppState<S> {
             Doc::OpenApiV3Group => (docs.openapi_v3_group.clone(), "application/json"),
             Doc::Version => (docs.version.clone(), "application/json"),
         };
-        let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], bytes).into_response();
+        let mut response = (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, content_type)],
+            bytes,
+        )
+            .into_response();
         if matches!(doc, Doc::OpenApiV3Group) {
-            if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", docs.openapi_v3_hash)) {
+            if let Ok(etag) = http::HeaderValue::from_str(&format!("\"{}\"", docs.openapi_v3_hash))
+            {
                 response.headers_mut().insert(header::ETAG, etag);
             }
         }
@@ -332,28 +391,54 @@ fn wants_aggregated_discovery(accept: &str) -> bool {
         let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
         let param = |k: &str| params.iter().find(|(pk, _)| *pk == k).map(|(_, v)| *v);
         match param("as") {
-            Some("APIGroupDiscoveryList") if param("g") == Some("apidiscovery.k8s.io") && param("v") == Some("v2") => {
+            Some("APIGroupDiscoveryList")
+                if param("g") == Some("apidiscovery.k8s.io") && param("v") == Some("v2") =>
+            {
                 return true
             }
             Some(_) => continue,
-            None if mime == "application/json" || mime == "*/*" || mime == "application/*" => return false,
+            None if mime == "application/json" || mime == "*/*" || mime == "application/*" => {
+                return false
+            }
             None => continue,
         }
     }
     false
 }
 
+/// How much of an oversized body is still read (and discarded) before answering 413. Clients
+/// built on hyper (kube-rs among them) write the whole body before reading the response: if
+/// the server answers and closes the connection early they see a broken pipe, not the Status.
+const MAX_DRAINED_BYTES: usize = 4 * MAX_BODY_BYTES;
+
 async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResult<Bytes> {
+    use futures::StreamExt;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+    if declared.is_some_and(|n| n > MAX_DRAINED_BYTES) {
         return Err(ApiError::too_large(MAX_BODY_BYTES));
     }
-    axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| ApiError::too_large(MAX_BODY_BYTES))
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(MAX_BODY_BYTES));
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err(ApiError::too_large(MAX_BODY_BYTES));
+        };
+        total += chunk.len();
+        if total > MAX_DRAINED_BYTES {
+            break;
+        }
+        if total <= MAX_BODY_BYTES {
+            buf.extend_from_slice(&chunk);
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    Ok(buf.freeze())
 }
 
 /// A non-resource document.
@@ -388,7 +473,9 @@ impl Target {
             ["api"] => Self::NonResource(Doc::Api),
             ["apis"] => Self::NonResource(Doc::Apis),
             ["apis", group] if *group == g => Self::NonResource(Doc::Group),
-            ["apis", group, version] if *group == g && *version == v => Self::NonResource(Doc::ResourceList),
+            ["apis", group, version] if *group == g && *version == v => {
+                Self::NonResource(Doc::ResourceList)
+            }
             ["openapi", "v2"] => Self::NonResource(Doc::OpenApiV2),
             ["openapi", "v3"] => Self::NonResource(Doc::OpenApiV3),
             ["openapi", "v3", "apis", group, version] if *group == g && *version == v => {
@@ -420,7 +507,11 @@ impl Target {
     /// Authorization attributes, with Kubernetes' verb mapping.
     fn attributes(&self, method: &Method, params: &Params, path: &str) -> ApiResult<Attributes> {
         match self {
-            Self::Resource { namespace, plural, name } => {
+            Self::Resource {
+                namespace,
+                plural,
+                name,
+            } => {
                 let watch = params.is_watch()?;
                 let verb = match (method, name.is_some()) {
                     (&Method::GET | &Method::HEAD, true) => "get",
@@ -440,7 +531,8 @@ impl Target {
                         .and_then(|f| {
                             f.split(',').find_map(|t| {
                                 let t = t.trim();
-                                t.strip_prefix("metadata.name==").or_else(|| t.strip_prefix("metadata.name="))
+                                t.strip_prefix("metadata.name==")
+                                    .or_else(|| t.strip_prefix("metadata.name="))
                             })
                         })
                         .map(str::to_string)

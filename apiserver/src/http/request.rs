@@ -46,9 +46,17 @@ impl Rendering {
             let mime = parts.next().unwrap_or("").to_ascii_lowercase();
             let params: HashMap<String, String> = parts
                 .filter_map(|p| p.split_once('='))
-                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().trim_matches('"').to_string()))
+                .map(|(k, v)| {
+                    (
+                        k.trim().to_ascii_lowercase(),
+                        v.trim().trim_matches('"').to_string(),
+                    )
+                })
                 .collect();
-            if !matches!(mime.as_str(), "application/json" | "application/*" | "*/*" | "application/json-seq") {
+            if !matches!(
+                mime.as_str(),
+                "application/json" | "application/*" | "*/*" | "application/json-seq"
+            ) {
                 continue;
             }
             if mime == "application/json-seq" {
@@ -56,7 +64,8 @@ impl Rendering {
             }
             let group = params.get("g").map(String::as_str);
             let version = params.get("v").map(String::as_str);
-            let meta_version = group == Some("meta.k8s.io") && matches!(version, Some("v1") | Some("v1beta1"));
+            let meta_version =
+                group == Some("meta.k8s.io") && matches!(version, Some("v1") | Some("v1beta1"));
             match params.get("as").map(String::as_str) {
                 None => return Ok(Self::Object),
                 Some("Table") if meta_version => {
@@ -72,7 +81,9 @@ impl Rendering {
                     };
                     return Ok(Self::Table(include));
                 }
-                Some("PartialObjectMetadata") | Some("PartialObjectMetadataList") if meta_version => {
+                Some("PartialObjectMetadata") | Some("PartialObjectMetadataList")
+                    if meta_version =>
+                {
                     return Ok(Self::Metadata)
                 }
                 _ => continue,
@@ -92,7 +103,9 @@ fn parse_bool(name: &str, v: &str) -> ApiResult<bool> {
     match v {
         "true" | "1" | "True" | "TRUE" => Ok(true),
         "false" | "0" | "False" | "FALSE" | "" => Ok(false),
-        _ => Err(ApiError::bad_request(format!("{name}: invalid boolean value {v:?}"))),
+        _ => Err(ApiError::bad_request(format!(
+            "{name}: invalid boolean value {v:?}"
+        ))),
     }
 }
 
@@ -145,7 +158,11 @@ impl Params {
     }
 
     /// Selectors, limit, continue and resourceVersion rules of a list or watch.
-    pub fn list_options(&self, resource: &ResourceInfo, fields: &'static [(&'static str, &'static [&'static str])]) -> ApiResult<ListOptions> {
+    pub fn list_options(
+        &self,
+        resource: &ResourceInfo,
+        fields: &'static [(&'static str, &'static [&'static str])],
+    ) -> ApiResult<ListOptions> {
         let labels = LabelSelector::parse(self.get("labelSelector").unwrap_or(""))
             .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
         let fields = FieldSelector::parse(self.get("fieldSelector").unwrap_or(""), fields)
@@ -158,8 +175,14 @@ impl Params {
                 Err(_) => return Err(ApiError::bad_request(format!("limit: invalid value {v:?}"))),
             },
         };
-        let continue_token = self.get("continue").filter(|c| !c.is_empty()).map(str::to_string);
-        let resource_version = self.get("resourceVersion").filter(|v| !v.is_empty()).map(str::to_string);
+        let continue_token = self
+            .get("continue")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string);
+        let resource_version = self
+            .get("resourceVersion")
+            .filter(|v| !v.is_empty())
+            .map(str::to_string);
         let watch = self.is_watch()?;
         let send_initial_events = match self.get("sendInitialEvents") {
             None => None,
@@ -185,13 +208,16 @@ impl Params {
             None | Some("") => None,
             Some(v) => match v.parse::<u64>() {
                 Ok(n) => Some(Duration::from_secs(n)),
-                Err(_) => return Err(ApiError::bad_request(format!("timeoutSeconds: invalid value {v:?}"))),
+                Err(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "timeoutSeconds: invalid value {v:?}"
+                    )))
+                }
             },
         };
 
         // The validation rules of k8s.io/apimachinery's ValidateListOptions.
         let mut errors = Vec::new();
-        let invalid = |field: &str, message: &str| FieldError::invalid(field, message);
         let forbidden = |field: &str, message: &str| FieldError::forbidden(field, message);
         if let Some(m) = rv_match {
             if watch {
@@ -230,7 +256,10 @@ impl Params {
         }
         if let Some(sie) = send_initial_events {
             if !watch {
-                errors.push(forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list"));
+                errors.push(forbidden(
+                    "sendInitialEvents",
+                    "sendInitialEvents is forbidden for list",
+                ));
             } else if sie {
                 if rv_match != Some(RvMatch::NotOlderThan) {
                     errors.push(forbidden(
@@ -246,14 +275,17 @@ impl Params {
                 }
             }
         }
-        if continue_token.is_some() && resource_version.is_some() && !watch {
-            errors.push(invalid(
-                "resourceVersion",
-                "specifying resource version is not allowed when using continue",
-            ));
-        }
         if !errors.is_empty() {
             return Err(ApiError::invalid_params(resource, &errors));
+        }
+        // As kube-apiserver's storage: the token decides the version; "0" is tolerated.
+        if continue_token.is_some()
+            && resource_version.as_deref().is_some_and(|rv| rv != "0")
+            && !watch
+        {
+            return Err(ApiError::bad_request(
+                "specifying resource version is not allowed when using continue",
+            ));
         }
         Ok(ListOptions {
             labels,
@@ -290,7 +322,9 @@ pub fn percent_decode(s: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -357,14 +391,22 @@ mod tests {
             accept("application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json").unwrap(),
             Rendering::Metadata
         );
-        assert_eq!(accept("application/vnd.kubernetes.protobuf, */*").unwrap(), Rendering::Object);
-        assert_eq!(accept("application/json;as=Table;v=v2;g=meta.k8s.io, application/json").unwrap(), Rendering::Object);
+        assert_eq!(
+            accept("application/vnd.kubernetes.protobuf, */*").unwrap(),
+            Rendering::Object
+        );
+        assert_eq!(
+            accept("application/json;as=Table;v=v2;g=meta.k8s.io, application/json").unwrap(),
+            Rendering::Object
+        );
         assert!(accept("application/vnd.kubernetes.protobuf").is_err());
         assert!(accept("text/html").is_err());
     }
 
     fn opts(q: &str) -> ApiResult<ListOptions> {
-        Params::parse(Some(q)).unwrap().list_options(&ACCESS_SESSIONS, AccessSession::FIELDS)
+        Params::parse(Some(q))
+            .unwrap()
+            .list_options(&ACCESS_SESSIONS, AccessSession::FIELDS)
     }
 
     #[test]
@@ -377,7 +419,10 @@ mod tests {
         assert!(opts("watch=1&resourceVersionMatch=NotOlderThan").is_err());
         let o = opts("watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true").unwrap();
         assert!(o.send_initial_events && o.allow_bookmarks);
-        let o = opts("labelSelector=app%3Dweb%2Cenv+in+%28a%29&fieldSelector=spec.server.uid%3Du1&limit=2").unwrap();
+        let o = opts(
+            "labelSelector=app%3Dweb%2Cenv+in+%28a%29&fieldSelector=spec.server.uid%3Du1&limit=2",
+        )
+        .unwrap();
         assert_eq!(o.labels.0.len(), 2);
         assert_eq!(o.limit, Some(2));
         assert!(opts("fieldSelector=spec.nope%3D1").is_err());

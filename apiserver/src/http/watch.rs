@@ -17,7 +17,9 @@ use super::render::{bookmark_line, event_line, object_json, table, watch_line};
 use super::request::{ListOptions, Rendering};
 use super::resource::Served;
 use super::AppState;
-use crate::store::{Event, EventType, ListAt, ListQuery, ResourceVersion, Store, StoreError, Subscription};
+use crate::store::{
+    Event, EventType, ListAt, ListQuery, ResourceVersion, Store, StoreError, Subscription,
+};
 
 /// Lines queued between the watch task and the connection.
 const LINE_BUFFER: usize = 256;
@@ -31,7 +33,12 @@ struct Selection {
 impl Selection {
     fn matches(&self, object: &Value) -> bool {
         if let Some(ns) = &self.namespace {
-            if object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("") != ns {
+            if object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                != ns
+            {
                 return false;
             }
         }
@@ -45,7 +52,9 @@ impl Selection {
     /// selection is ADDED, one that leaves it is DELETED (carrying the last matching state).
     fn view(&self, event: &Event) -> Option<(EventType, Option<Value>)> {
         match event.event_type {
-            EventType::Added | EventType::Deleted => self.matches(&event.object).then_some((event.event_type, None)),
+            EventType::Added | EventType::Deleted => self
+                .matches(&event.object)
+                .then_some((event.event_type, None)),
             EventType::Modified => {
                 let now = self.matches(&event.object);
                 let before = event.before.as_ref().is_some_and(|b| self.matches(b));
@@ -54,8 +63,12 @@ impl Selection {
                     (false, true) => Some((EventType::Added, None)),
                     (true, false) => {
                         let mut last = event.before.clone().unwrap_or_default();
-                        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
-                            meta.insert("resourceVersion".into(), Value::String(event.rv.to_string()));
+                        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut)
+                        {
+                            meta.insert(
+                                "resourceVersion".into(),
+                                Value::String(event.rv.to_string()),
+                            );
                         }
                         Some((EventType::Deleted, Some(last)))
                     }
@@ -81,7 +94,10 @@ pub async fn watch<K: Served, S: Store + Clone>(
     let selection = Selection { namespace, options };
     let (tx, rx) = mpsc::channel::<Bytes>(LINE_BUFFER);
     let initial = selection.options.send_initial_events
-        || matches!(selection.options.resource_version.as_deref(), None | Some("0"));
+        || matches!(
+            selection.options.resource_version.as_deref(),
+            None | Some("0")
+        );
 
     // Resolve the starting point before answering, so early failures are plain errors.
     let mut lines: Vec<Bytes> = Vec::new();
@@ -142,10 +158,16 @@ pub async fn watch<K: Served, S: Store + Clone>(
         lines.push(bookmark_line::<K>(rv, rendering, true)?);
     }
 
-    let timeout = selection.options.timeout.unwrap_or_else(|| {
-        // kube-apiserver's default: a random duration between one and two minRequestTimeouts.
-        Duration::from_secs(rand::rng().random_range(1800..3600))
-    });
+    // `timeoutSeconds=0` means "not set", as in kube-apiserver (kube-rs sends it for
+    // `watcher::Config::timeout(0)`): closing such a watch at once would make clients spin.
+    let timeout = selection
+        .options
+        .timeout
+        .filter(|t| !t.is_zero())
+        .unwrap_or_else(|| {
+            // kube-apiserver's default: a random duration between one and two minRequestTimeouts.
+            Duration::from_secs(rand::rng().random_range(1800..3600))
+        });
     let task = WatchTask {
         selection,
         rendering,
@@ -161,7 +183,8 @@ pub async fn watch<K: Served, S: Store + Clone>(
 }
 
 fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream = futures::StreamExt::map(ReceiverStream::new(rx), Ok::<_, std::convert::Infallible>);
+    let stream =
+        futures::StreamExt::map(ReceiverStream::new(rx), Ok::<_, std::convert::Infallible>);
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")

@@ -431,10 +431,12 @@ impl Subscription {
     /// cursor to that head: a bookmark can then say how far the stream is known complete,
     /// even if none of those events were for this watcher.
     pub fn advance_if_idle(&mut self) {
-        let Some((rx, _)) = &self.live else {
+        let Some((rx, cut_off)) = &self.live else {
             return;
         };
-        if !self.backlog.is_empty() {
+        // A subscriber that was cut off has missed events: its queue may be drained, but a
+        // bookmark past them would tell the client it saw everything up to the head.
+        if !self.backlog.is_empty() || cut_off.load(Ordering::Acquire) {
             return;
         }
         // The reader sends and moves its head under this lock, so an empty queue seen under
