@@ -324,7 +324,10 @@ pub fn admit_session_update(
         _ => {}
     }
     if errors.is_empty() {
-        Ok(Admission { spec: merged, warnings })
+        Ok(Admission {
+            spec: merged,
+            warnings,
+        })
     } else {
         Err(SessionRuleError::Invalid(errors))
     }

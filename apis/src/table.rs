@@ -17,7 +17,13 @@ pub struct Column {
 }
 
 impl Column {
-    const fn new(name: &'static str, type_: &'static str, format: &'static str, description: &'static str, priority: i32) -> Self {
+    const fn new(
+        name: &'static str,
+        type_: &'static str,
+        format: &'static str,
+        description: &'static str,
+        priority: i32,
+    ) -> Self {
         Self {
             name,
             type_,
@@ -54,13 +60,7 @@ const NAME: Column = Column::new(
     "Name must be unique within a namespace.",
     0,
 );
-const AGE: Column = Column::new(
-    "Age",
-    "string",
-    "",
-    "Time since the object was created.",
-    0,
-);
+const AGE: Column = Column::new("Age", "string", "", "Time since the object was created.", 0);
 
 fn or_none(s: Option<&str>) -> Value {
     Value::String(s.filter(|s| !s.is_empty()).unwrap_or("<none>").to_string())
@@ -123,24 +123,73 @@ pub fn human_duration(secs: i64) -> String {
 impl TableRow for AccessSession {
     const COLUMNS: &'static [Column] = &[
         NAME,
-        Column::new("Server", "string", "", "The MCPServer this session is for.", 0),
-        Column::new("Agent", "string", "", "The agent acting under this session.", 0),
-        Column::new("Subject", "string", "", "The human subject, or the teams of a team session.", 0),
-        Column::new("Phase", "string", "", "Active, PendingEnrollment, Revoked or Expired.", 0),
-        Column::new("Expires", "string", "", "Time left until the session expires.", 0),
+        Column::new(
+            "Server",
+            "string",
+            "",
+            "The MCPServer this session is for.",
+            0,
+        ),
+        Column::new(
+            "Agent",
+            "string",
+            "",
+            "The agent acting under this session.",
+            0,
+        ),
+        Column::new(
+            "Subject",
+            "string",
+            "",
+            "The human subject, or the teams of a team session.",
+            0,
+        ),
+        Column::new(
+            "Phase",
+            "string",
+            "",
+            "Active, PendingEnrollment, Revoked or Expired.",
+            0,
+        ),
+        Column::new(
+            "Expires",
+            "string",
+            "",
+            "Time left until the session expires.",
+            0,
+        ),
         AGE,
-        Column::new("Server UID", "string", "", "UID of the MCPServer generation.", 1),
+        Column::new(
+            "Server UID",
+            "string",
+            "",
+            "UID of the MCPServer generation.",
+            1,
+        ),
         Column::new("Teams", "string", "", "Authority teams.", 1),
-        Column::new("Revocation", "string", "", "Why the session was revoked.", 1),
+        Column::new(
+            "Revocation",
+            "string",
+            "",
+            "Why the session was revoked.",
+            1,
+        ),
     ];
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let subject = match &self.spec.subject {
             Some(s) => Some(s.user.clone()),
-            None if !self.spec.teams.is_empty() => Some(format!("team:{}", self.spec.teams.join(","))),
+            None if !self.spec.teams.is_empty() => {
+                Some(format!("team:{}", self.spec.teams.join(",")))
+            }
             None => None,
         };
-        let expires = match self.spec.expires_at.as_ref().map(|t| t.0.as_second() - now.as_second()) {
+        let expires = match self
+            .spec
+            .expires_at
+            .as_ref()
+            .map(|t| t.0.as_second() - now.as_second())
+        {
             Some(left) if left > 0 => human_duration(left),
             Some(_) => "expired".into(),
             None => "<none>".into(),
@@ -156,7 +205,11 @@ impl TableRow for AccessSession {
             age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
             or_none(Some(&self.spec.server.uid)),
             or_none(Some(&self.spec.teams.join(","))),
-            or_none(status.and_then(|s| s.revocation.as_ref()).map(|r| r.cause.as_str())),
+            or_none(
+                status
+                    .and_then(|s| s.revocation.as_ref())
+                    .map(|r| r.cause.as_str()),
+            ),
         ]
     }
 }
@@ -164,13 +217,37 @@ impl TableRow for AccessSession {
 impl TableRow for Agent {
     const COLUMNS: &'static [Column] = &[
         NAME,
-        Column::new("Active", "boolean", "", "Whether the agent may hold sessions.", 0),
+        Column::new(
+            "Active",
+            "boolean",
+            "",
+            "Whether the agent may hold sessions.",
+            0,
+        ),
         Column::new("Teams", "string", "", "Teams the agent may act for.", 0),
-        Column::new("Sessions", "integer", "", "Sessions of this agent that are active or pending.", 0),
+        Column::new(
+            "Sessions",
+            "integer",
+            "",
+            "Sessions of this agent that are active or pending.",
+            0,
+        ),
         AGE,
         Column::new("Display Name", "string", "", "Human-readable name.", 1),
-        Column::new("Owners", "string", "", "Users responsible for the agent.", 1),
-        Column::new("Max TTL", "string", "", "Longest session the agent may hold.", 1),
+        Column::new(
+            "Owners",
+            "string",
+            "",
+            "Users responsible for the agent.",
+            1,
+        ),
+        Column::new(
+            "Max TTL",
+            "string",
+            "",
+            "Longest session the agent may hold.",
+            1,
+        ),
     ];
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
@@ -225,6 +302,9 @@ mod tests {
         assert_eq!(cells[2], "<none>");
         assert_eq!(cells[3], "team:payments");
         assert_eq!(cells[4], "Active");
-        assert_eq!(Agent::default().cells(Timestamp::UNIX_EPOCH).len(), Agent::COLUMNS.len());
+        assert_eq!(
+            Agent::default().cells(Timestamp::UNIX_EPOCH).len(),
+            Agent::COLUMNS.len()
+        );
     }
 }

@@ -25,7 +25,10 @@ const SESSIONS: usize = 10_000;
 fn session(ns: &str, name: &str, server_uid: &str) -> AccessSession {
     let mut s = AccessSession {
         spec: AccessSessionSpec {
-            server: ServerRef { name: "github".into(), uid: server_uid.into() },
+            server: ServerRef {
+                name: "github".into(),
+                uid: server_uid.into(),
+            },
             teams: vec!["payments".into()],
             expires_at: Some(Time(Timestamp::now() + SignedDuration::from_hours(12))),
             ..Default::default()
@@ -38,7 +41,11 @@ fn session(ns: &str, name: &str, server_uid: &str) -> AccessSession {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -80,14 +87,23 @@ impl Drop for Server {
 async fn start_server(dsn: &str, dir: &std::path::Path) -> Server {
     let port = free_port();
     let metrics = free_port();
-    std::fs::write(dir.join("tokens.csv"), format!("{TOKEN},admin,admin,\"system:masters\"\n")).unwrap();
+    std::fs::write(
+        dir.join("tokens.csv"),
+        format!("{TOKEN},admin,admin,\"system:masters\"\n"),
+    )
+    .unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-access-apiserver"))
         .args(["--standalone", "--bind-address", "127.0.0.1"])
         .arg("--token-auth-file")
         .arg(dir.join("tokens.csv"))
         .arg("--cert-dir")
         .arg(dir)
-        .args(["--secure-port", &port.to_string(), "--metrics-port", &metrics.to_string()])
+        .args([
+            "--secure-port",
+            &port.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+        ])
         .env("MCP_ACCESS_DATABASE_URL", dsn)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -96,7 +112,12 @@ async fn start_server(dsn: &str, dir: &std::path::Path) -> Server {
     let ready = format!("http://127.0.0.1:{metrics}/readyz");
     let plain = reqwest::Client::new();
     for _ in 0..200 {
-        if plain.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+        if plain
+            .get(&ready)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -119,7 +140,10 @@ impl Server {
     async fn current_rv(&self, ns: &str) -> String {
         let list: Value = self
             .client
-            .get(format!("{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions?limit=1", self.url))
+            .get(format!(
+                "{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions?limit=1",
+                self.url
+            ))
             .bearer_auth(TOKEN)
             .send()
             .await
@@ -127,11 +151,19 @@ impl Server {
             .json()
             .await
             .unwrap();
-        list["metadata"]["resourceVersion"].as_str().unwrap().to_string()
+        list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     /// Opens a watch; each received event's object name is sent with its arrival time.
-    async fn watch(&self, ns: &str, rv: &str, seen: tokio::sync::mpsc::UnboundedSender<(String, Instant)>) -> tokio::task::JoinHandle<()> {
+    async fn watch(
+        &self,
+        ns: &str,
+        rv: &str,
+        seen: tokio::sync::mpsc::UnboundedSender<(String, Instant)>,
+    ) -> tokio::task::JoinHandle<()> {
         let response = self
             .client
             .get(format!(
@@ -165,7 +197,10 @@ impl Server {
         let body = serde_json::to_vec(&session(ns, name, "srv-latency")).unwrap();
         let r = self
             .client
-            .post(format!("{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions", self.url))
+            .post(format!(
+                "{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions",
+                self.url
+            ))
             .bearer_auth(TOKEN)
             .header("content-type", "application/json")
             .body(body)
@@ -177,7 +212,11 @@ impl Server {
 }
 
 /// Latency of `writes` writes seen by `watchers` watchers.
-async fn watch_latency(server: &Server, watchers: usize, writes: usize) -> (Duration, Duration, Duration) {
+async fn watch_latency(
+    server: &Server,
+    watchers: usize,
+    writes: usize,
+) -> (Duration, Duration, Duration) {
     let ns = format!("lat-{watchers}");
     let rv = server.current_rv(&ns).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -216,7 +255,11 @@ async fn watch_latency(server: &Server, watchers: usize, writes: usize) -> (Dura
     assert_eq!(latencies.len(), expected, "every watcher saw every write");
     latencies.sort();
     write_rtt.sort();
-    (percentile(&latencies, 0.5), percentile(&latencies, 0.99), percentile(&write_rtt, 0.5))
+    (
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        percentile(&write_rtt, 0.5),
+    )
 }
 
 async fn list_all(server: &Server, limit: usize) -> (Duration, usize) {
@@ -224,11 +267,23 @@ async fn list_all(server: &Server, limit: usize) -> (Duration, usize) {
     let mut count = 0;
     let mut token = String::new();
     loop {
-        let mut url = format!("{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/bulk/accesssessions?limit={limit}", server.url);
+        let mut url = format!(
+            "{}/apis/access.mcp-runtime.dev/v1alpha1/namespaces/bulk/accesssessions?limit={limit}",
+            server.url
+        );
         if !token.is_empty() {
             url.push_str(&format!("&continue={token}"));
         }
-        let page: Value = server.client.get(url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+        let page: Value = server
+            .client
+            .get(url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         count += page["items"].as_array().map_or(0, Vec::len);
         match page["metadata"]["continue"].as_str() {
             Some(c) if !c.is_empty() => token = c.to_string(),
@@ -249,20 +304,28 @@ async fn main() {
     let (client, conn) = admin.connect(tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
     let db = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    client.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create database");
+    client
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .expect("create database");
     let mut config = admin.clone();
     config.dbname(&db);
 
     // Seed 10,000 sessions through the store before the server starts.
     {
-        let store = PgStore::start(StoreConfig::new(config.clone())).await.expect("store");
+        let store = PgStore::start(StoreConfig::new(config.clone()))
+            .await
+            .expect("store");
         let store = Arc::new(store);
         let mut tasks = Vec::new();
         for w in 0..8 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 for i in (w..SESSIONS).step_by(8) {
-                    store.create_session(session("bulk", &format!("s-{i:05}"), "srv-bulk"), false).await.expect("seed");
+                    store
+                        .create_session(session("bulk", &format!("s-{i:05}"), "srv-bulk"), false)
+                        .await
+                        .expect("seed");
                 }
             }));
         }
@@ -275,7 +338,10 @@ async fn main() {
         config.get_ports().first().copied().unwrap_or(5432),
         config.get_user().unwrap_or("postgres")
     );
-    let dir = std::env::temp_dir().join(format!("mcp-access-bench-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-access-bench-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let server = start_server(&dsn, &dir).await;
 
@@ -288,7 +354,11 @@ async fn main() {
             times.push(t);
         }
         times.sort();
-        let label = if limit == 0 { "one page".to_string() } else { format!("pages of {limit}") };
+        let label = if limit == 0 {
+            "one page".to_string()
+        } else {
+            format!("pages of {limit}")
+        };
         println!("  {label:<14} {:>8.1} ms", ms(times[2]));
     }
 

@@ -30,7 +30,9 @@ pub struct NamespaceLifecycle {
 
 impl NamespaceLifecycle {
     /// Starts the reflector; the returned future must be polled (spawned) for it to run.
-    pub fn start(client: kube::Client) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send) {
+    pub fn start(
+        client: kube::Client,
+    ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send) {
         let api: Api<Namespace> = Api::all(client);
         let (reader, writer) = reflector::store();
         let stream = watcher::watcher(api.clone(), watcher::Config::default())
@@ -54,17 +56,30 @@ impl NamespaceLifecycle {
         let ns = match cached {
             Some(ns) => Some((*ns).clone()),
             // Not seen (yet): ask the cluster, briefly.
-            None => match tokio::time::timeout(Duration::from_secs(5), self.api.get_opt(namespace)).await {
+            None => match tokio::time::timeout(Duration::from_secs(5), self.api.get_opt(namespace))
+                .await
+            {
                 Ok(Ok(ns)) => ns,
-                Ok(Err(e)) => return Err(NamespaceRefusal::Unavailable(namespace.into(), e.to_string())),
-                Err(_) => return Err(NamespaceRefusal::Unavailable(namespace.into(), "timed out".into())),
+                Ok(Err(e)) => {
+                    return Err(NamespaceRefusal::Unavailable(
+                        namespace.into(),
+                        e.to_string(),
+                    ))
+                }
+                Err(_) => {
+                    return Err(NamespaceRefusal::Unavailable(
+                        namespace.into(),
+                        "timed out".into(),
+                    ))
+                }
             },
         };
         match ns {
             None => Err(NamespaceRefusal::NotFound(namespace.into())),
             Some(ns)
                 if ns.metadata.deletion_timestamp.is_some()
-                    || ns.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating") =>
+                    || ns.status.as_ref().and_then(|s| s.phase.as_deref())
+                        == Some("Terminating") =>
             {
                 Err(NamespaceRefusal::Terminating(namespace.into()))
             }

@@ -12,7 +12,10 @@ use k8s_openapi::jiff::SignedDuration;
 use prometheus_client::registry::Registry;
 
 use crate::admission::NamespaceLifecycle;
-use crate::auth::{AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, SubjectAccessReviewer, TokenFile};
+use crate::auth::{
+    AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, SubjectAccessReviewer,
+    TokenFile,
+};
 use crate::http::{AppState, HttpConfig, HttpMetrics};
 use crate::server::{self, Health};
 use crate::store::{PgStore, StoreConfig};
@@ -72,17 +75,30 @@ pub struct ServingArgs {
     #[arg(long, env = "MCP_ACCESS_METRICS_PORT", default_value_t = 9090)]
     pub metrics_port: u16,
     /// Serving certificate (PEM). Reloaded when it changes.
-    #[arg(long, env = "MCP_ACCESS_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_TLS_CERT_FILE",
+        requires = "tls_private_key_file"
+    )]
     pub tls_cert_file: Option<PathBuf>,
     /// Serving key (PEM).
-    #[arg(long, env = "MCP_ACCESS_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_TLS_PRIVATE_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
     pub tls_private_key_file: Option<PathBuf>,
     /// Standalone only, without a certificate: where the generated self-signed certificate
     /// (apiserver.crt) is written for clients to trust.
     #[arg(long, env = "MCP_ACCESS_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
     /// Names and addresses the generated certificate is valid for.
-    #[arg(long, env = "MCP_ACCESS_TLS_SAN", value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_TLS_SAN",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1"
+    )]
     pub tls_san: Vec<String>,
 }
 
@@ -94,7 +110,11 @@ pub struct AuthArgs {
     #[arg(long, env = "MCP_ACCESS_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// How long an allowed SubjectAccessReview is reused (Go duration).
-    #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_ALLOW_TTL", default_value = "10s")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_AUTHORIZATION_ALLOW_TTL",
+        default_value = "10s"
+    )]
     pub authorization_allow_ttl: String,
     /// How long a denied SubjectAccessReview is reused (Go duration).
     #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_DENY_TTL", default_value = "10s")]
@@ -109,7 +129,8 @@ pub struct AuthArgs {
 }
 
 fn go_duration(flag: &str, value: &str) -> anyhow::Result<SignedDuration> {
-    let d = apis::duration::parse_go_duration(value).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+    let d =
+        apis::duration::parse_go_duration(value).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
     if d <= SignedDuration::ZERO {
         bail!("--{flag} must be greater than 0");
     }
@@ -128,7 +149,11 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await?
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?
         }
         None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
     };
@@ -166,21 +191,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         let Some(path) = &cli.auth.token_auth_file else {
             bail!("--standalone needs --token-auth-file: refusing to serve without authentication");
         };
-        (Arc::new(TokenFile::load(path)?), Arc::new(AllowAuthenticated), None)
+        (
+            Arc::new(TokenFile::load(path)?),
+            Arc::new(AllowAuthenticated),
+            None,
+        )
     } else {
         if cli.auth.token_auth_file.is_some() {
             bail!("--token-auth-file is only for --standalone: behind kube-apiserver, tokens are checked with TokenReview");
         }
         if cli.serving.tls_cert_file.is_none() {
-            bail!("--tls-cert-file and --tls-private-key-file are required outside standalone mode");
+            bail!(
+                "--tls-cert-file and --tls-private-key-file are required outside standalone mode"
+            );
         }
-        let allow_ttl: Duration = go_duration("authorization-allow-ttl", &cli.auth.authorization_allow_ttl)?.try_into()?;
-        let deny_ttl: Duration = go_duration("authorization-deny-ttl", &cli.auth.authorization_deny_ttl)?.try_into()?;
+        let allow_ttl: Duration =
+            go_duration("authorization-allow-ttl", &cli.auth.authorization_allow_ttl)?
+                .try_into()?;
+        let deny_ttl: Duration =
+            go_duration("authorization-deny-ttl", &cli.auth.authorization_deny_ttl)?.try_into()?;
         let client = kube_client(cli.auth.kubeconfig.as_deref()).await?;
         let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone())
             .await
             .context("delegated authentication")?;
-        background.push(tokio::spawn(authenticator.clone().follow_configmap(client.clone())));
+        background.push(tokio::spawn(
+            authenticator.clone().follow_configmap(client.clone()),
+        ));
         let (lifecycle, run) = NamespaceLifecycle::start(client.clone());
         background.push(tokio::spawn(run));
         namespaces = Some(lifecycle);
@@ -191,14 +227,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Some(verifier),
         )
     };
-    let cert = match (&cli.serving.tls_cert_file, &cli.serving.tls_private_key_file) {
+    let cert = match (
+        &cli.serving.tls_cert_file,
+        &cli.serving.tls_private_key_file,
+    ) {
         (Some(cert), Some(key)) => ReloadingCert::from_files(cert.clone(), key.clone())?,
         _ => {
             let (key, pem) = tls::self_signed(&cli.serving.tls_san)?;
             if let Some(dir) = &cli.serving.cert_dir {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
                 let path = dir.join("apiserver.crt");
-                std::fs::write(&path, pem).with_context(|| format!("cannot write {}", path.display()))?;
+                std::fs::write(&path, pem)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
                 tracing::info!(path = %path.display(), "wrote the self-signed serving certificate");
             }
             ReloadingCert::fixed(key)
@@ -206,18 +247,30 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let tls_config = tls::server_config(cert.clone(), client_verifier)?;
     // The DSN may carry a password: report only that it is malformed.
-    let pg = tokio_postgres::Config::from_str(&cli.storage.database_url)
-        .map_err(|_| anyhow::anyhow!("--database-url is not a valid PostgreSQL connection string"))?;
+    let pg = tokio_postgres::Config::from_str(&cli.storage.database_url).map_err(|_| {
+        anyhow::anyhow!("--database-url is not a valid PostgreSQL connection string")
+    })?;
     let mut store_config = StoreConfig::new(pg);
     store_config.pool_size = cli.storage.database_pool_size.max(2);
     store_config.retained_events = cli.storage.retained_events;
     store_config.max_session_ttl = go_duration("max-session-ttl", &cli.storage.max_session_ttl)?;
-    let bookmark_interval: Duration = go_duration("watch-bookmark-interval", &cli.storage.watch_bookmark_interval)?
-        .try_into()
-        .context("--watch-bookmark-interval")?;
+    let bookmark_interval: Duration = go_duration(
+        "watch-bookmark-interval",
+        &cli.storage.watch_bookmark_interval,
+    )?
+    .try_into()
+    .context("--watch-bookmark-interval")?;
 
-    let api_listener = server::bind(SocketAddr::new(cli.serving.bind_address, cli.serving.secure_port)).await?;
-    let metrics_listener = server::bind(SocketAddr::new(cli.serving.bind_address, cli.serving.metrics_port)).await?;
+    let api_listener = server::bind(SocketAddr::new(
+        cli.serving.bind_address,
+        cli.serving.secure_port,
+    ))
+    .await?;
+    let metrics_listener = server::bind(SocketAddr::new(
+        cli.serving.bind_address,
+        cli.serving.metrics_port,
+    ))
+    .await?;
 
     let store = PgStore::start(store_config).await.context("storage")?;
     let mut registry = Registry::default();
@@ -233,13 +286,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         metrics,
         shutdown_rx.clone(),
     );
+    let app = match namespaces {
+        Some(lifecycle) => app.with_namespace_lifecycle(lifecycle),
+        None => app,
+    };
 
-    let mut api = tokio::spawn(server::serve_api(api_listener, tls_config, app, shutdown_rx.clone()));
-    let mut metrics_server = tokio::spawn(server::serve_metrics(metrics_listener, registry, health.clone(), shutdown_rx.clone()));
+    let mut api = tokio::spawn(server::serve_api(
+        api_listener,
+        tls_config,
+        app,
+        shutdown_rx.clone(),
+    ));
+    let mut metrics_server = tokio::spawn(server::serve_metrics(
+        metrics_listener,
+        registry,
+        health.clone(),
+        shutdown_rx.clone(),
+    ));
     let mut cert_watch = tokio::spawn(cert.watch(Duration::from_secs(10)));
-    let mut background = futures::future::select_all(background.into_iter().chain([tokio::spawn(std::future::pending())]));
+    let mut background = futures::future::select_all(
+        background
+            .into_iter()
+            .chain([tokio::spawn(std::future::pending())]),
+    );
     health.set_ready(true);
-    tracing::info!(port = cli.serving.secure_port, metrics_port = cli.serving.metrics_port, "serving");
+    tracing::info!(
+        port = cli.serving.secure_port,
+        metrics_port = cli.serving.metrics_port,
+        "serving"
+    );
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result: anyhow::Result<()> = tokio::select! {

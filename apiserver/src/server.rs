@@ -55,11 +55,15 @@ pub async fn serve_api<S: Store + Clone>(
                     .map(|certs| certs.iter().map(|c| c.as_ref().to_vec()).collect())
                     .unwrap_or_default(),
             };
-            let service = hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(connection.clone());
-                let app = app.clone();
-                async move { Ok::<_, std::convert::Infallible>(app.handle(request.map(Body::new)).await) }
-            });
+            let service = hyper::service::service_fn(
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(connection.clone());
+                    let app = app.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(app.handle(request.map(Body::new)).await)
+                    }
+                },
+            );
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
             tokio::pin!(conn);
@@ -114,7 +118,10 @@ pub async fn serve_metrics(
                     match encoded {
                         Ok(()) => (
                             StatusCode::OK,
-                            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
                             text,
                         )
                             .into_response(),

@@ -49,7 +49,11 @@ pub fn load_certified_key(cert_path: &Path, key_path: &Path) -> Result<Certified
     certified_key(certs, key, &key_path.display().to_string())
 }
 
-fn certified_key(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>, key_name: &str) -> Result<CertifiedKey, TlsError> {
+fn certified_key(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    key_name: &str,
+) -> Result<CertifiedKey, TlsError> {
     let signing_key = provider()
         .key_provider
         .load_private_key(key)
@@ -68,9 +72,11 @@ fn certified_key(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static
 /// A self-signed serving certificate for `hosts` (DNS names or IP addresses).
 /// Returns the key and the certificate PEM (for clients to trust).
 pub fn self_signed(hosts: &[String]) -> Result<(CertifiedKey, String), TlsError> {
-    let generated = rcgen::generate_simple_self_signed(hosts.to_vec()).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let generated = rcgen::generate_simple_self_signed(hosts.to_vec())
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
     let cert_pem = generated.cert.pem();
-    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der()).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
     let certified = certified_key(vec![generated.cert.der().clone()], key, "generated key")?;
     Ok((certified, cert_pem))
 }
@@ -118,7 +124,9 @@ impl ReloadingCert {
                     last = now;
                     tracing::info!(cert = %cert.display(), "reloaded serving certificate");
                 }
-                Err(e) => tracing::warn!(error = %e, "serving certificate changed but cannot be loaded; keeping the old one"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "serving certificate changed but cannot be loaded; keeping the old one")
+                }
             }
         }
     }
@@ -126,7 +134,12 @@ impl ReloadingCert {
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(|p| p.into_inner()).clone())
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
     }
 }
 

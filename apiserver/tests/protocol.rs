@@ -1645,8 +1645,6 @@ async fn bookmarks_never_skip_events_a_cut_off_watcher_missed() {
 /// Kubernetes decodes a duplicated field "last one wins", reporting it like an unknown field:
 /// a Warning under Warn, nothing under Ignore, 400 only under Strict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug (http/resource.rs decode_object): a body with a duplicate field is 400 \
-            BadRequest whatever fieldValidation says; Kubernetes rejects it only under Strict"]
 async fn field_validation_handles_duplicate_fields() {
     let server = TestServer::start().await;
     let post = |mode: &str, name: &str| {

@@ -18,7 +18,10 @@ use base64::Engine;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// Where the database comes from.
@@ -63,11 +66,15 @@ pub struct Output {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn run(cmd: &mut Command) -> Result<Output> {
-    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
     Ok(Output {
         success: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -84,29 +91,42 @@ fn checked(cmd: &mut Command) -> Result<String> {
 }
 
 fn read_env(path: &Path) -> Result<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     Ok(text
         .lines()
         .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('\'').trim_matches('"').to_string()))
+        .map(|(k, v)| {
+            (
+                k.trim().to_string(),
+                v.trim().trim_matches('\'').trim_matches('"').to_string(),
+            )
+        })
         .collect())
 }
 
 /// Creates a fresh database in the server `admin_dsn` points at and returns its DSN.
 fn create_database(admin_dsn: &str) -> Result<String> {
     let name = format!("e2e_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let (client, conn) = tokio_postgres::connect(admin_dsn, tokio_postgres::NoTls)
             .await
             .context("cannot connect to the test PostgreSQL")?;
         let driver = tokio::spawn(conn);
-        client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await?;
         drop(client);
         let _ = driver.await;
         anyhow::Ok(())
     })?;
-    let base: Vec<&str> = admin_dsn.split_whitespace().filter(|kv| !kv.starts_with("dbname=")).collect();
+    let base: Vec<&str> = admin_dsn
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .collect();
     Ok(format!("{} dbname={name}", base.join(" ")))
 }
 
@@ -118,12 +138,21 @@ impl LocalCluster {
         std::fs::create_dir_all(&dir)?;
         let root = repo_root();
         let started = Instant::now();
-        let out = checked(Command::new("bash").arg(root.join("hack/cluster.sh")).arg("start").arg(&dir).stderr(Stdio::inherit()))?;
+        let out = checked(
+            Command::new("bash")
+                .arg(root.join("hack/cluster.sh"))
+                .arg("start")
+                .arg(&dir)
+                .stderr(Stdio::inherit()),
+        )?;
         if !out.contains("KUBECONFIG=") {
             bail!("hack/cluster.sh printed no KUBECONFIG");
         }
         let env = read_env(&dir.join("env"))?;
-        let kubeconfig = PathBuf::from(env.get("KUBECONFIG").context("KUBECONFIG missing from env")?);
+        let kubeconfig = PathBuf::from(
+            env.get("KUBECONFIG")
+                .context("KUBECONFIG missing from env")?,
+        );
         let (database_url, local_pg) = match options.database {
             Database::CreateIn(admin) => (create_database(&admin)?, false),
             Database::Local => {
@@ -132,7 +161,12 @@ impl LocalCluster {
                     root.display(),
                     pg = dir.join("pg").display()
                 );
-                let dsn = checked(Command::new("bash").arg("-c").arg(script).stderr(Stdio::inherit()))?;
+                let dsn = checked(
+                    Command::new("bash")
+                        .arg("-c")
+                        .arg(script)
+                        .stderr(Stdio::inherit()),
+                )?;
                 (dsn.trim().to_string(), true)
             }
         };
@@ -150,7 +184,10 @@ impl LocalCluster {
         cluster.install()?;
         cluster.start_apiserver()?;
         cluster.wait_available(Duration::from_secs(120))?;
-        eprintln!("local cluster with MCP Access ready in {:.1}s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "local cluster with MCP Access ready in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
         Ok(cluster)
     }
 
@@ -196,7 +233,12 @@ impl LocalCluster {
     fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
         let out = self.kubectl_as(&self.kubeconfig, args, stdin);
         if !out.success {
-            bail!("kubectl {} failed: {}{}", args.join(" "), out.stdout, out.stderr);
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                out.stdout,
+                out.stderr
+            );
         }
         Ok(out.stdout)
     }
@@ -204,24 +246,51 @@ impl LocalCluster {
     /// Applies the RBAC, writes the apiserver's own kubeconfig and registers the APIService.
     fn install(&self) -> Result<()> {
         let root = repo_root();
-        self.kubectl_ok(&["apply", "-k", &root.join("deploy/rbac").display().to_string()], None)?;
-        // The apiserver runs with its service account's token, as it would in a Pod.
-        let token = self.kubectl_ok(
-            &["create", "token", "mcp-access-apiserver", "-n", "mcp-access", "--duration=24h"],
+        self.kubectl_ok(
+            &[
+                "apply",
+                "-k",
+                &root.join("deploy/rbac").display().to_string(),
+            ],
             None,
         )?;
-        let server = self.env.get("KUBE_APISERVER_URL").context("KUBE_APISERVER_URL missing")?;
-        let ca = self.env.get("CLUSTER_CA_FILE").context("CLUSTER_CA_FILE missing")?;
+        // The apiserver runs with its service account's token, as it would in a Pod.
+        let token = self.kubectl_ok(
+            &[
+                "create",
+                "token",
+                "mcp-access-apiserver",
+                "-n",
+                "mcp-access",
+                "--duration=24h",
+            ],
+            None,
+        )?;
+        let server = self
+            .env
+            .get("KUBE_APISERVER_URL")
+            .context("KUBE_APISERVER_URL missing")?;
+        let ca = self
+            .env
+            .get("CLUSTER_CA_FILE")
+            .context("CLUSTER_CA_FILE missing")?;
         let kubeconfig = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: mcp-access-apiserver\n  user:\n    token: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: mcp-access-apiserver}}\ncurrent-context: local\n",
             token.trim()
         );
         let path = self.dir.join("mcp-access-apiserver.kubeconfig");
         std::fs::write(&path, kubeconfig)?;
-        let ca_bundle = std::fs::read(self.env.get("AGGREGATED_CA_FILE").context("AGGREGATED_CA_FILE missing")?)?;
+        let ca_bundle = std::fs::read(
+            self.env
+                .get("AGGREGATED_CA_FILE")
+                .context("AGGREGATED_CA_FILE missing")?,
+        )?;
         let manifest = std::fs::read_to_string(root.join("deploy/local/apiservice.yaml"))?
             .replace("@PORT@", &self.api_port.to_string())
-            .replace("@CA_BUNDLE@", &base64::engine::general_purpose::STANDARD.encode(ca_bundle));
+            .replace(
+                "@CA_BUNDLE@",
+                &base64::engine::general_purpose::STANDARD.encode(ca_bundle),
+            );
         self.kubectl_ok(&["apply", "-f", "-"], Some(&manifest))?;
         Ok(())
     }
@@ -235,7 +304,12 @@ impl LocalCluster {
             .create(true)
             .append(true)
             .open(logs.join("mcp-access-apiserver.log"))?;
-        let get = |k: &str| self.env.get(k).cloned().with_context(|| format!("{k} missing from env"));
+        let get = |k: &str| {
+            self.env
+                .get(k)
+                .cloned()
+                .with_context(|| format!("{k} missing from env"))
+        };
         let child = Command::new(&self.apiserver_bin)
             .arg("--tls-cert-file")
             .arg(get("MCP_ACCESS_TLS_CERT_FILE")?)
@@ -247,7 +321,10 @@ impl LocalCluster {
             .args(["--secure-port", &self.api_port.to_string()])
             .args(["--metrics-port", &self.metrics_port.to_string()])
             .env("MCP_ACCESS_DATABASE_URL", &self.database_url)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -301,12 +378,23 @@ impl LocalCluster {
                 "-o",
                 "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
             ]);
-            let resources = self.kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev", "-o", "name"]);
+            let resources = self.kubectl(&[
+                "api-resources",
+                "--api-group=access.mcp-runtime.dev",
+                "-o",
+                "name",
+            ]);
             if status.stdout.trim() == "True" && resources.stdout.contains("accesssessions") {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                let detail = self.kubectl(&["get", "apiservice", "v1alpha1.access.mcp-runtime.dev", "-o", "yaml"]);
+                let detail = self.kubectl(&[
+                    "get",
+                    "apiservice",
+                    "v1alpha1.access.mcp-runtime.dev",
+                    "-o",
+                    "yaml",
+                ]);
                 bail!("the APIService did not become Available: {}", detail.stdout);
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -317,9 +405,17 @@ impl LocalCluster {
     pub fn stop(&mut self) {
         self.stop_apiserver();
         let root = repo_root();
-        let _ = Command::new("bash").arg(root.join("hack/cluster.sh")).arg("stop").arg(&self.dir).status();
+        let _ = Command::new("bash")
+            .arg(root.join("hack/cluster.sh"))
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
         if self.local_pg {
-            let script = format!(". {}/hack/lib/postgres.sh && postgres_stop {}", root.display(), self.dir.join("pg").display());
+            let script = format!(
+                ". {}/hack/lib/postgres.sh && postgres_stop {}",
+                root.display(),
+                self.dir.join("pg").display()
+            );
             let _ = Command::new("bash").arg("-c").arg(script).status();
         }
     }

@@ -18,9 +18,16 @@ use serde_json::Value;
 type Scenario = fn(&mut LocalCluster) -> Result<(), String>;
 
 fn main() {
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let need = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run through hack/test.sh"));
-    let dir = std::env::temp_dir().join(format!("mcp-access-e2e-{}", uuid::Uuid::new_v4().simple()));
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let need = |name: &str| {
+        std::env::var(name)
+            .unwrap_or_else(|_| panic!("{name} is not set: run through hack/test.sh"))
+    };
+    let dir =
+        std::env::temp_dir().join(format!("mcp-access-e2e-{}", uuid::Uuid::new_v4().simple()));
     let mut cluster = LocalCluster::start(Options {
         dir: dir.clone(),
         apiserver_bin: PathBuf::from(need("MCP_ACCESS_APISERVER_BIN")),
@@ -29,12 +36,24 @@ fn main() {
     .expect("local cluster starts");
 
     let scenarios: &[(&str, Scenario)] = &[
-        ("apiservice_available_and_discoverable", apiservice_available_and_discoverable),
-        ("crud_and_watch_through_kube_apiserver", crud_and_watch_through_kube_apiserver),
+        (
+            "apiservice_available_and_discoverable",
+            apiservice_available_and_discoverable,
+        ),
+        (
+            "crud_and_watch_through_kube_apiserver",
+            crud_and_watch_through_kube_apiserver,
+        ),
         ("rbac_limits_users", rbac_limits_users),
-        ("forged_headers_without_proxy_certificate_are_refused", forged_headers_are_refused),
+        (
+            "forged_headers_without_proxy_certificate_are_refused",
+            forged_headers_are_refused,
+        ),
         ("namespace_lifecycle", namespace_lifecycle),
-        ("client_go_informer_stays_synced_across_restart", client_go_informer_stays_synced_across_restart),
+        (
+            "client_go_informer_stays_synced_across_restart",
+            client_go_informer_stays_synced_across_restart,
+        ),
     ];
     let mut failed = Vec::new();
     for (name, scenario) in scenarios {
@@ -42,18 +61,32 @@ fn main() {
             continue;
         }
         let started = Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut cluster)))
-            .unwrap_or_else(|p| Err(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()));
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut cluster)))
+                .unwrap_or_else(|p| {
+                    Err(p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default())
+                });
         match result {
-            Ok(()) => println!("test {name} ... ok ({:.1}s)", started.elapsed().as_secs_f64()),
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            ),
             Err(e) => {
-                println!("test {name} ... FAILED ({:.1}s)\n    {e}", started.elapsed().as_secs_f64());
+                println!(
+                    "test {name} ... FAILED ({:.1}s)\n    {e}",
+                    started.elapsed().as_secs_f64()
+                );
                 failed.push(*name);
             }
         }
     }
     if !failed.is_empty() {
-        let log = std::fs::read_to_string(dir.join("logs/mcp-access-apiserver.log")).unwrap_or_default();
+        let log =
+            std::fs::read_to_string(dir.join("logs/mcp-access-apiserver.log")).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
         eprintln!("--- last lines of mcp-access-apiserver.log ---");
         for l in tail.iter().rev() {
@@ -99,8 +132,14 @@ fn create_namespace(c: &LocalCluster, ns: &str) -> Result<(), String> {
 
 /// A kubeconfig holding only a token of a new service account `sa` in `ns`.
 fn service_account_kubeconfig(c: &LocalCluster, ns: &str, sa: &str) -> Result<PathBuf, String> {
-    ok(&c.kubectl(&["create", "serviceaccount", sa, "-n", ns]), "create serviceaccount")?;
-    let token = ok(&c.kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"]), "create token")?;
+    ok(
+        &c.kubectl(&["create", "serviceaccount", sa, "-n", ns]),
+        "create serviceaccount",
+    )?;
+    let token = ok(
+        &c.kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"]),
+        "create token",
+    )?;
     let server = c.env.get("KUBE_APISERVER_URL").cloned().unwrap_or_default();
     let ca = c.env.get("CLUSTER_CA_FILE").cloned().unwrap_or_default();
     let path = c.dir.join(format!("kubeconfig-{ns}-{sa}"));
@@ -117,12 +156,29 @@ fn service_account_kubeconfig(c: &LocalCluster, ns: &str, sa: &str) -> Result<Pa
 
 fn apiservice_available_and_discoverable(c: &mut LocalCluster) -> Result<(), String> {
     let status = ok(
-        &c.kubectl(&["get", "apiservice", "v1alpha1.access.mcp-runtime.dev", "-o", "jsonpath={.status.conditions[?(@.type==\"Available\")].status}"]),
+        &c.kubectl(&[
+            "get",
+            "apiservice",
+            "v1alpha1.access.mcp-runtime.dev",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+        ]),
         "get apiservice",
     )?;
-    ensure!(status.trim() == "True", "APIService not Available: {status}");
-    let resources = ok(&c.kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev"]), "api-resources")?;
-    ensure!(resources.contains("accesssessions") && resources.contains("acs") && resources.contains("agents"), "{resources}");
+    ensure!(
+        status.trim() == "True",
+        "APIService not Available: {status}"
+    );
+    let resources = ok(
+        &c.kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev"]),
+        "api-resources",
+    )?;
+    ensure!(
+        resources.contains("accesssessions")
+            && resources.contains("acs")
+            && resources.contains("agents"),
+        "{resources}"
+    );
     // The aggregator downloads our OpenAPI in the background after the APIService turns
     // Available; explain works once it has.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -134,9 +190,15 @@ fn apiservice_available_and_discoverable(c: &mut LocalCluster) -> Result<(), Str
         ensure!(Instant::now() < deadline, "explain never worked: {out:?}");
         std::thread::sleep(Duration::from_secs(1));
     };
-    ensure!(explain.contains("expiresAt") && explain.contains("server"), "{explain}");
+    ensure!(
+        explain.contains("expiresAt") && explain.contains("server"),
+        "{explain}"
+    );
     let explain = ok(&c.kubectl(&["explain", "accesssession"]), "explain")?;
-    ensure!(explain.contains("KIND:       AccessSession") || explain.contains("AccessSession"), "{explain}");
+    ensure!(
+        explain.contains("KIND:       AccessSession") || explain.contains("AccessSession"),
+        "{explain}"
+    );
     Ok(())
 }
 
@@ -144,14 +206,36 @@ fn crud_and_watch_through_kube_apiserver(c: &mut LocalCluster) -> Result<(), Str
     let ns = "e2e-crud";
     create_namespace(c, ns)?;
     let agent = "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Agent\nmetadata:\n  name: e2e-bot\nspec:\n  teams: [payments]\n";
-    ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-f", "-"], Some(agent)), "apply agent")?;
-    let created = c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml("s1", "srv-e2e")));
+    ok(
+        &c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-f", "-"], Some(agent)),
+        "apply agent",
+    )?;
+    let created = c.kubectl_as(
+        &c.kubeconfig.clone(),
+        &["apply", "-n", ns, "-f", "-"],
+        Some(&session_yaml("s1", "srv-e2e")),
+    );
     ok(&created, "apply session")?;
-    ensure!(created.stdout.contains("accesssession.access.mcp-runtime.dev/s1 created"), "{}", created.stdout);
+    ensure!(
+        created
+            .stdout
+            .contains("accesssession.access.mcp-runtime.dev/s1 created"),
+        "{}",
+        created.stdout
+    );
     let table = ok(&c.kubectl(&["get", "acs", "-n", ns]), "get")?;
-    ensure!(table.starts_with("NAME") && table.contains("SERVER") && table.contains("PHASE") && table.contains("s1"), "{table}");
+    ensure!(
+        table.starts_with("NAME")
+            && table.contains("SERVER")
+            && table.contains("PHASE")
+            && table.contains("s1"),
+        "{table}"
+    );
     let agents = ok(&c.kubectl(&["get", "agents"]), "get agents")?;
-    ensure!(agents.contains("e2e-bot") && agents.contains("ACTIVE"), "{agents}");
+    ensure!(
+        agents.contains("e2e-bot") && agents.contains("ACTIVE"),
+        "{agents}"
+    );
 
     // get -w sees a change made by another client.
     let mut watch = Command::new("kubectl")
@@ -171,9 +255,20 @@ fn crud_and_watch_through_kube_apiserver(c: &mut LocalCluster) -> Result<(), Str
             }
         }
     });
-    let first = rx.recv_timeout(Duration::from_secs(20)).map_err(|_| "watch printed nothing".to_string())?;
+    let first = rx
+        .recv_timeout(Duration::from_secs(20))
+        .map_err(|_| "watch printed nothing".to_string())?;
     ensure!(first.contains("EVENT"), "header expected, got {first}");
-    let patch = c.kubectl(&["patch", "acs", "s1", "-n", ns, "--type=merge", "-p", r#"{"metadata":{"labels":{"color":"blue"}}}"#]);
+    let patch = c.kubectl(&[
+        "patch",
+        "acs",
+        "s1",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"color":"blue"}}}"#,
+    ]);
     ok(&patch, "patch")?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen_modified = false;
@@ -184,14 +279,24 @@ fn crud_and_watch_through_kube_apiserver(c: &mut LocalCluster) -> Result<(), Str
     }
     let _ = watch.kill();
     let _ = watch.wait();
-    ensure!(seen_modified, "kubectl get -w did not show the MODIFIED event");
+    ensure!(
+        seen_modified,
+        "kubectl get -w did not show the MODIFIED event"
+    );
 
-    let got: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "s1", "-n", ns, "-o", "json"]), "get json")?).map_err(|e| e.to_string())?;
+    let got: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "s1", "-n", ns, "-o", "json"]),
+        "get json",
+    )?)
+    .map_err(|e| e.to_string())?;
     ensure!(got["metadata"]["labels"]["color"] == "blue", "{got}");
     let deleted = ok(&c.kubectl(&["delete", "acs", "s1", "-n", ns]), "delete")?;
     ensure!(deleted.contains("deleted"), "{deleted}");
     let gone = c.kubectl(&["get", "acs", "s1", "-n", ns]);
-    ensure!(!gone.success && gone.stderr.contains("NotFound"), "{gone:?}");
+    ensure!(
+        !gone.success && gone.stderr.contains("NotFound"),
+        "{gone:?}"
+    );
     ok(&c.kubectl(&["delete", "agent", "e2e-bot"]), "delete agent")?;
     Ok(())
 }
@@ -201,10 +306,28 @@ fn rbac_limits_users(c: &mut LocalCluster) -> Result<(), String> {
     create_namespace(c, mine)?;
     create_namespace(c, theirs)?;
     for ns in [mine, theirs] {
-        ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml("s1", "srv-rbac"))), "seed")?;
+        ok(
+            &c.kubectl_as(
+                &c.kubeconfig.clone(),
+                &["apply", "-n", ns, "-f", "-"],
+                Some(&session_yaml("s1", "srv-rbac")),
+            ),
+            "seed",
+        )?;
     }
     let viewer = service_account_kubeconfig(c, mine, "viewer")?;
-    ok(&c.kubectl(&["create", "rolebinding", "viewer", "-n", mine, "--clusterrole=view", &format!("--serviceaccount={mine}:viewer")]), "rolebinding")?;
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "viewer",
+            "-n",
+            mine,
+            "--clusterrole=view",
+            &format!("--serviceaccount={mine}:viewer"),
+        ]),
+        "rolebinding",
+    )?;
     // RBAC decisions are cached for seconds by design; retry until the binding is visible.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -212,37 +335,94 @@ fn rbac_limits_users(c: &mut LocalCluster) -> Result<(), String> {
         if listed.success && listed.stdout.contains("s1") {
             break;
         }
-        ensure!(Instant::now() < deadline, "viewer cannot list its namespace: {listed:?}");
+        ensure!(
+            Instant::now() < deadline,
+            "viewer cannot list its namespace: {listed:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
-    let created = c.kubectl_as(&viewer, &["create", "-n", mine, "-f", "-"], Some(&session_yaml("s2", "srv-rbac")));
+    let created = c.kubectl_as(
+        &viewer,
+        &["create", "-n", mine, "-f", "-"],
+        Some(&session_yaml("s2", "srv-rbac")),
+    );
     ensure!(
         !created.success
             && created.stderr.contains("Forbidden")
-            && created.stderr.contains("cannot create resource \"accesssessions\" in API group \"access.mcp-runtime.dev\""),
+            && created.stderr.contains(
+                "cannot create resource \"accesssessions\" in API group \"access.mcp-runtime.dev\""
+            ),
         "view must not create: {created:?}"
     );
     let other = c.kubectl_as(&viewer, &["get", "acs", "-n", theirs], None);
-    ensure!(!other.success && other.stderr.contains("cannot list resource"), "other namespace: {other:?}");
+    ensure!(
+        !other.success && other.stderr.contains("cannot list resource"),
+        "other namespace: {other:?}"
+    );
     let all = c.kubectl_as(&viewer, &["get", "acs", "-A"], None);
-    ensure!(!all.success && all.stderr.contains("at the cluster scope"), "all namespaces: {all:?}");
-    let watch = c.kubectl_as(&viewer, &["get", "acs", "-n", theirs, "-w", "--request-timeout=10s"], None);
-    ensure!(!watch.success && watch.stderr.contains("Forbidden"), "watch other namespace: {watch:?}");
+    ensure!(
+        !all.success && all.stderr.contains("at the cluster scope"),
+        "all namespaces: {all:?}"
+    );
+    let watch = c.kubectl_as(
+        &viewer,
+        &["get", "acs", "-n", theirs, "-w", "--request-timeout=10s"],
+        None,
+    );
+    ensure!(
+        !watch.success && watch.stderr.contains("Forbidden"),
+        "watch other namespace: {watch:?}"
+    );
     let deleted = c.kubectl_as(&viewer, &["delete", "acs", "s1", "-n", mine], None);
-    ensure!(!deleted.success && deleted.stderr.contains("cannot delete resource"), "{deleted:?}");
+    ensure!(
+        !deleted.success && deleted.stderr.contains("cannot delete resource"),
+        "{deleted:?}"
+    );
 
     // Only a revoker may revoke, and an editor is not a revoker.
     let editor = service_account_kubeconfig(c, mine, "editor")?;
-    ok(&c.kubectl(&["create", "rolebinding", "editor", "-n", mine, "--clusterrole=edit", &format!("--serviceaccount={mine}:editor")]), "rolebinding")?;
-    let can = c.kubectl_as(&editor, &["auth", "can-i", "create", "revocations.access.mcp-runtime.dev", "-n", mine], None);
-    ensure!(can.stdout.trim() == "no", "edit must not grant revocations: {can:?}");
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "editor",
+            "-n",
+            mine,
+            "--clusterrole=edit",
+            &format!("--serviceaccount={mine}:editor"),
+        ]),
+        "rolebinding",
+    )?;
+    let can = c.kubectl_as(
+        &editor,
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "revocations.access.mcp-runtime.dev",
+            "-n",
+            mine,
+        ],
+        None,
+    );
+    ensure!(
+        can.stdout.trim() == "no",
+        "edit must not grant revocations: {can:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let created = c.kubectl_as(&editor, &["create", "-n", mine, "-f", "-"], Some(&session_yaml("s3", "srv-rbac")));
+        let created = c.kubectl_as(
+            &editor,
+            &["create", "-n", mine, "-f", "-"],
+            Some(&session_yaml("s3", "srv-rbac")),
+        );
         if created.success {
             break;
         }
-        ensure!(Instant::now() < deadline, "edit should create sessions: {created:?}");
+        ensure!(
+            Instant::now() < deadline,
+            "edit should create sessions: {created:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     Ok(())
@@ -250,18 +430,34 @@ fn rbac_limits_users(c: &mut LocalCluster) -> Result<(), String> {
 
 fn forged_headers_are_refused(c: &mut LocalCluster) -> Result<(), String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let ca = std::fs::read(c.env.get("AGGREGATED_CA_FILE").ok_or("AGGREGATED_CA_FILE")?).map_err(|e| e.to_string())?;
+    let ca = std::fs::read(
+        c.env
+            .get("AGGREGATED_CA_FILE")
+            .ok_or("AGGREGATED_CA_FILE")?,
+    )
+    .map_err(|e| e.to_string())?;
     let port = c.api_port;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let client = reqwest::Client::builder()
             .tls_certs_only([reqwest::Certificate::from_pem(&ca).map_err(|e| e.to_string())?])
-            .resolve("mcp-access-apiserver.mcp-access.svc", ([127, 0, 0, 1], port).into())
+            .resolve(
+                "mcp-access-apiserver.mcp-access.svc",
+                ([127, 0, 0, 1], port).into(),
+            )
             .build()
             .map_err(|e| e.to_string())?;
-        for path in ["/apis/access.mcp-runtime.dev/v1alpha1/namespaces/default/accesssessions", "/apis/access.mcp-runtime.dev/v1alpha1/agents"] {
+        for path in [
+            "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/default/accesssessions",
+            "/apis/access.mcp-runtime.dev/v1alpha1/agents",
+        ] {
             let response = client
-                .get(format!("https://mcp-access-apiserver.mcp-access.svc:{port}{path}"))
+                .get(format!(
+                    "https://mcp-access-apiserver.mcp-access.svc:{port}{path}"
+                ))
                 .header("X-Remote-User", "admin")
                 .header("X-Remote-Group", "system:masters")
                 .send()
@@ -269,27 +465,65 @@ fn forged_headers_are_refused(c: &mut LocalCluster) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let code = response.status().as_u16();
             let body: Value = response.json().await.map_err(|e| e.to_string())?;
-            ensure!(code == 401 && body["kind"] == "Status" && body["reason"] == "Unauthorized", "forged headers: {code} {body}");
+            ensure!(
+                code == 401 && body["kind"] == "Status" && body["reason"] == "Unauthorized",
+                "forged headers: {code} {body}"
+            );
         }
         Ok(())
     })
 }
 
 fn namespace_lifecycle(c: &mut LocalCluster) -> Result<(), String> {
-    let missing = c.kubectl_as(&c.kubeconfig.clone(), &["create", "-n", "e2e-does-not-exist", "-f", "-"], Some(&session_yaml("s1", "srv-ns")));
+    let missing = c.kubectl_as(
+        &c.kubeconfig.clone(),
+        &["create", "-n", "e2e-does-not-exist", "-f", "-"],
+        Some(&session_yaml("s1", "srv-ns")),
+    );
     ensure!(
-        !missing.success && missing.stderr.contains("NotFound") && missing.stderr.contains("e2e-does-not-exist"),
+        !missing.success
+            && missing.stderr.contains("NotFound")
+            && missing.stderr.contains("e2e-does-not-exist"),
         "creating in a missing namespace: {missing:?}"
     );
     let ns = "e2e-doomed";
     create_namespace(c, ns)?;
     for i in 0..3 {
-        ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml(&format!("s{i}"), "srv-ns"))), "seed")?;
+        ok(
+            &c.kubectl_as(
+                &c.kubeconfig.clone(),
+                &["apply", "-n", ns, "-f", "-"],
+                Some(&session_yaml(&format!("s{i}"), "srv-ns")),
+            ),
+            "seed",
+        )?;
     }
-    ok(&c.kubectl(&["delete", "namespace", ns, "--wait=false"]), "delete namespace")?;
-    let wait = c.kubectl(&["wait", "--for=delete", &format!("namespace/{ns}"), "--timeout=90s"]);
-    ensure!(wait.success || wait.stderr.contains("not found"), "namespace did not finish terminating: {wait:?}");
-    let left = ok(&c.kubectl(&["get", "acs", "-A", "-o", "name", "--field-selector", &format!("metadata.namespace={ns}")]), "list")?;
+    ok(
+        &c.kubectl(&["delete", "namespace", ns, "--wait=false"]),
+        "delete namespace",
+    )?;
+    let wait = c.kubectl(&[
+        "wait",
+        "--for=delete",
+        &format!("namespace/{ns}"),
+        "--timeout=90s",
+    ]);
+    ensure!(
+        wait.success || wait.stderr.contains("not found"),
+        "namespace did not finish terminating: {wait:?}"
+    );
+    let left = ok(
+        &c.kubectl(&[
+            "get",
+            "acs",
+            "-A",
+            "-o",
+            "name",
+            "--field-selector",
+            &format!("metadata.namespace={ns}"),
+        ]),
+        "list",
+    )?;
     ensure!(left.trim().is_empty(), "sessions left behind: {left}");
     Ok(())
 }
@@ -301,7 +535,12 @@ struct Informer {
 }
 
 impl Informer {
-    fn wait_for(&self, what: &str, timeout: Duration, mut pred: impl FnMut(&Value) -> bool) -> Result<Value, String> {
+    fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> Result<Value, String> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(v) = self.lines.recv_timeout(Duration::from_millis(200)) {
@@ -321,8 +560,15 @@ impl Drop for Informer {
     }
 }
 
-fn server_state(c: &LocalCluster, ns: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
-    let list: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "-n", ns, "-o", "json"]), "list")?).map_err(|e| e.to_string())?;
+fn server_state(
+    c: &LocalCluster,
+    ns: &str,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let list: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "-n", ns, "-o", "json"]),
+        "list",
+    )?)
+    .map_err(|e| e.to_string())?;
     Ok(list["items"]
         .as_array()
         .map(|items| {
@@ -330,8 +576,14 @@ fn server_state(c: &LocalCluster, ns: &str) -> Result<std::collections::BTreeMap
                 .iter()
                 .map(|i| {
                     (
-                        i["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-                        i["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string(),
+                        i["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        i["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
                     )
                 })
                 .collect()
@@ -342,8 +594,16 @@ fn server_state(c: &LocalCluster, ns: &str) -> Result<std::collections::BTreeMap
 fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Result<(), String> {
     let ns = "e2e-informer";
     create_namespace(c, ns)?;
-    ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml("before", "srv-inf"))), "seed")?;
-    let bin = std::env::var("MCP_ACCESS_INFORMER_BIN").map_err(|_| "MCP_ACCESS_INFORMER_BIN is not set".to_string())?;
+    ok(
+        &c.kubectl_as(
+            &c.kubeconfig.clone(),
+            &["apply", "-n", ns, "-f", "-"],
+            Some(&session_yaml("before", "srv-inf")),
+        ),
+        "seed",
+    )?;
+    let bin = std::env::var("MCP_ACCESS_INFORMER_BIN")
+        .map_err(|_| "MCP_ACCESS_INFORMER_BIN is not set".to_string())?;
     let mut child = Command::new(bin)
         .arg("--kubeconfig")
         .arg(&c.kubeconfig)
@@ -365,38 +625,74 @@ fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Resul
         }
     });
     let informer = Informer { child, lines: rx };
-    informer.wait_for("ADDED before", Duration::from_secs(60), |v| v["type"] == "ADDED" && v["name"] == "before")?;
+    informer.wait_for("ADDED before", Duration::from_secs(60), |v| {
+        v["type"] == "ADDED" && v["name"] == "before"
+    })?;
     informer.wait_for("SYNCED", Duration::from_secs(30), |v| v["type"] == "SYNCED")?;
 
     // Creates, updates and deletes arrive.
-    ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml("s1", "srv-inf"))), "create")?;
-    informer.wait_for("ADDED s1", Duration::from_secs(30), |v| v["type"] == "ADDED" && v["name"] == "s1")?;
-    ok(&c.kubectl(&["label", "acs", "s1", "-n", ns, "color=red"]), "label")?;
-    informer.wait_for("MODIFIED s1", Duration::from_secs(30), |v| v["type"] == "MODIFIED" && v["name"] == "s1")?;
+    ok(
+        &c.kubectl_as(
+            &c.kubeconfig.clone(),
+            &["apply", "-n", ns, "-f", "-"],
+            Some(&session_yaml("s1", "srv-inf")),
+        ),
+        "create",
+    )?;
+    informer.wait_for("ADDED s1", Duration::from_secs(30), |v| {
+        v["type"] == "ADDED" && v["name"] == "s1"
+    })?;
+    ok(
+        &c.kubectl(&["label", "acs", "s1", "-n", ns, "color=red"]),
+        "label",
+    )?;
+    informer.wait_for("MODIFIED s1", Duration::from_secs(30), |v| {
+        v["type"] == "MODIFIED" && v["name"] == "s1"
+    })?;
     ok(&c.kubectl(&["delete", "acs", "before", "-n", ns]), "delete")?;
-    informer.wait_for("DELETED before", Duration::from_secs(30), |v| v["type"] == "DELETED" && v["name"] == "before")?;
+    informer.wait_for("DELETED before", Duration::from_secs(30), |v| {
+        v["type"] == "DELETED" && v["name"] == "before"
+    })?;
 
     // Restart MCP Access: the epoch rotates, every open watch ends with Expired, and the
     // informer must relist and keep following.
     c.start_apiserver().map_err(|e| e.to_string())?;
-    c.wait_available(Duration::from_secs(90)).map_err(|e| e.to_string())?;
+    c.wait_available(Duration::from_secs(90))
+        .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let created = c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml("after", "srv-inf")));
+        let created = c.kubectl_as(
+            &c.kubeconfig.clone(),
+            &["apply", "-n", ns, "-f", "-"],
+            Some(&session_yaml("after", "srv-inf")),
+        );
         if created.success {
             break;
         }
-        ensure!(Instant::now() < deadline, "create after restart: {created:?}");
+        ensure!(
+            Instant::now() < deadline,
+            "create after restart: {created:?}"
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
-    ok(&c.kubectl(&["delete", "acs", "s1", "-n", ns]), "delete after restart")?;
-    informer.wait_for("ADDED after", Duration::from_secs(60), |v| v["type"] == "ADDED" && v["name"] == "after")?;
+    ok(
+        &c.kubectl(&["delete", "acs", "s1", "-n", ns]),
+        "delete after restart",
+    )?;
+    informer.wait_for("ADDED after", Duration::from_secs(60), |v| {
+        v["type"] == "ADDED" && v["name"] == "after"
+    })?;
     let want = server_state(c, ns)?;
-    let want_json: serde_json::Map<String, Value> = want.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    let want_json: serde_json::Map<String, Value> = want
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     informer
-        .wait_for("a cache equal to the server's state", Duration::from_secs(60), |v| {
-            v["type"] == "STATE" && v["items"] == Value::Object(want_json.clone())
-        })
+        .wait_for(
+            "a cache equal to the server's state",
+            Duration::from_secs(60),
+            |v| v["type"] == "STATE" && v["items"] == Value::Object(want_json.clone()),
+        )
         .map_err(|e| format!("{e}; server has {want:?}"))?;
     Ok(())
 }

@@ -21,7 +21,9 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::cache::TtlCache;
-use super::{bearer_token, AuthenticationError, Authenticator, ConnectionInfo, UserInfo, AUTHENTICATED_GROUP};
+use super::{
+    bearer_token, AuthenticationError, Authenticator, ConnectionInfo, UserInfo, AUTHENTICATED_GROUP,
+};
 
 /// Namespace and name of the ConfigMap kube-apiserver publishes for extension servers.
 pub const AUTH_CONFIGMAP: (&str, &str) = ("kube-system", "extension-apiserver-authentication");
@@ -46,19 +48,29 @@ pub enum AuthConfigError {
     Unavailable(String),
 }
 
-fn json_list(data: &std::collections::BTreeMap<String, String>, key: &str) -> Result<Vec<String>, AuthConfigError> {
+fn json_list(
+    data: &std::collections::BTreeMap<String, String>,
+    key: &str,
+) -> Result<Vec<String>, AuthConfigError> {
     match data.get(key).map(|s| s.trim()) {
         None | Some("") | Some("null") => Ok(Vec::new()),
         Some(raw) => serde_json::from_str::<Option<Vec<String>>>(raw)
             .map(Option::unwrap_or_default)
-            .map_err(|e| AuthConfigError::Invalid(format!("{key} is not a JSON string array: {e}"))),
+            .map_err(|e| {
+                AuthConfigError::Invalid(format!("{key} is not a JSON string array: {e}"))
+            }),
     }
 }
 
 impl RequestHeaderConfig {
     /// Parses the ConfigMap's data. `Ok(None)` when it configures no request-header CA.
-    pub fn from_configmap(data: &std::collections::BTreeMap<String, String>) -> Result<Option<Self>, AuthConfigError> {
-        let Some(ca_pem) = data.get("requestheader-client-ca-file").filter(|s| !s.trim().is_empty()) else {
+    pub fn from_configmap(
+        data: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Option<Self>, AuthConfigError> {
+        let Some(ca_pem) = data
+            .get("requestheader-client-ca-file")
+            .filter(|s| !s.trim().is_empty())
+        else {
             return Ok(None);
         };
         let mut roots = RootCertStore::empty();
@@ -66,12 +78,14 @@ impl RequestHeaderConfig {
             .collect::<Result<_, _>>()
             .map_err(|e| AuthConfigError::Invalid(format!("requestheader-client-ca-file: {e}")))?;
         if certs.is_empty() {
-            return Err(AuthConfigError::Invalid("requestheader-client-ca-file holds no certificate".into()));
+            return Err(AuthConfigError::Invalid(
+                "requestheader-client-ca-file holds no certificate".into(),
+            ));
         }
         for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| AuthConfigError::Invalid(format!("requestheader-client-ca-file: {e}")))?;
+            roots.add(cert).map_err(|e| {
+                AuthConfigError::Invalid(format!("requestheader-client-ca-file: {e}"))
+            })?;
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
@@ -81,7 +95,9 @@ impl RequestHeaderConfig {
         .map_err(|e| AuthConfigError::Invalid(format!("requestheader-client-ca-file: {e}")))?;
         let username_headers = json_list(data, "requestheader-username-headers")?;
         if username_headers.is_empty() {
-            return Err(AuthConfigError::Invalid("requestheader-username-headers is empty".into()));
+            return Err(AuthConfigError::Invalid(
+                "requestheader-username-headers is empty".into(),
+            ));
         }
         Ok(Some(Self {
             verifier,
@@ -99,8 +115,15 @@ impl RequestHeaderConfig {
             return false;
         };
         let leaf = CertificateDer::from(leaf.as_slice());
-        let intermediates: Vec<CertificateDer<'_>> = intermediates.iter().map(|c| CertificateDer::from(c.as_slice())).collect();
-        if self.verifier.verify_client_cert(&leaf, &intermediates, UnixTime::now()).is_err() {
+        let intermediates: Vec<CertificateDer<'_>> = intermediates
+            .iter()
+            .map(|c| CertificateDer::from(c.as_slice()))
+            .collect();
+        if self
+            .verifier
+            .verify_client_cert(&leaf, &intermediates, UnixTime::now())
+            .is_err()
+        {
             return false;
         }
         if self.allowed_names.is_empty() {
@@ -129,7 +152,13 @@ impl RequestHeaderConfig {
         let mut groups: Vec<String> = self
             .group_headers
             .iter()
-            .flat_map(|n| headers.get_all(n.as_str()).iter().filter_map(|v| v.to_str().ok()).map(str::to_string))
+            .flat_map(|n| {
+                headers
+                    .get_all(n.as_str())
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .map(str::to_string)
+            })
             .collect();
         if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
             groups.push(AUTHENTICATED_GROUP.to_string());
@@ -147,14 +176,25 @@ impl RequestHeaderConfig {
                 }
             }
         }
-        Some(UserInfo { name, uid, groups, extra })
+        Some(UserInfo {
+            name,
+            uid,
+            groups,
+            extra,
+        })
     }
 }
 
 /// The common name of a DER certificate's subject.
 pub fn common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?.to_string();
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
     Some(cn)
 }
 
@@ -229,7 +269,9 @@ impl ClientCertVerifier for SwappableClientVerifier {
     ) -> Result<ClientCertVerified, rustls::Error> {
         match self.current() {
             Some(v) => v.verify_client_cert(end_entity, intermediates, now),
-            None => Err(rustls::Error::General("client certificates are not accepted".into())),
+            None => Err(rustls::Error::General(
+                "client certificates are not accepted".into(),
+            )),
         }
     }
 
@@ -239,7 +281,12 @@ impl ClientCertVerifier for SwappableClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -248,11 +295,18 @@ impl ClientCertVerifier for SwappableClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -271,7 +325,9 @@ pub struct DelegatedAuthenticator {
 impl DelegatedAuthenticator {
     /// Reads the ConfigMap once (startup fails if it cannot) and returns the authenticator
     /// with the handshake verifier to install in the TLS configuration.
-    pub async fn start(client: kube::Client) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
+    pub async fn start(
+        client: kube::Client,
+    ) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), AUTH_CONFIGMAP.0);
         let cm = configmaps
             .get(AUTH_CONFIGMAP.1)
@@ -291,8 +347,12 @@ impl DelegatedAuthenticator {
     fn apply(&self, cm: &ConfigMap) -> Result<(), AuthConfigError> {
         let data = cm.data.clone().unwrap_or_default();
         let config = RequestHeaderConfig::from_configmap(&data)?;
-        self.handshake.set(config.as_ref().map(|c| c.verifier.clone()));
-        *self.request_header.write().unwrap_or_else(|p| p.into_inner()) = config;
+        self.handshake
+            .set(config.as_ref().map(|c| c.verifier.clone()));
+        *self
+            .request_header
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = config;
         Ok(())
     }
 
@@ -300,14 +360,21 @@ impl DelegatedAuthenticator {
     /// previous configuration kept.
     pub async fn follow_configmap(self: Arc<Self>, client: kube::Client) {
         let configmaps: Api<ConfigMap> = Api::namespaced(client, AUTH_CONFIGMAP.0);
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", AUTH_CONFIGMAP.1));
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", AUTH_CONFIGMAP.1));
         let mut stream = watcher::watcher(configmaps, config).boxed();
         while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm)) => match self.apply(&cm) {
-                    Ok(()) => tracing::debug!("request-header authentication configuration applied"),
-                    Err(e) => tracing::error!(error = %e, "ignoring invalid authentication configuration"),
-                },
+                Ok(watcher::Event::Apply(cm)) | Ok(watcher::Event::InitApply(cm)) => {
+                    match self.apply(&cm) {
+                        Ok(()) => {
+                            tracing::debug!("request-header authentication configuration applied")
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "ignoring invalid authentication configuration")
+                        }
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "watching the authentication ConfigMap failed; retrying");
@@ -363,7 +430,10 @@ impl Authenticator for DelegatedAuthenticator {
         connection: &ConnectionInfo,
     ) -> Result<Option<UserInfo>, AuthenticationError> {
         let from_proxy = {
-            let config = self.request_header.read().unwrap_or_else(|p| p.into_inner());
+            let config = self
+                .request_header
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
             config
                 .as_ref()
                 .filter(|c| c.trusts(connection))
@@ -393,29 +463,52 @@ mod tests {
         let ca = rcgen::generate_simple_self_signed(vec!["front-proxy-ca".to_string()]).unwrap();
         let mut data = std::collections::BTreeMap::new();
         data.insert("requestheader-client-ca-file".to_string(), ca.cert.pem());
-        data.insert("requestheader-username-headers".to_string(), "[\"X-Remote-User\"]".to_string());
-        data.insert("requestheader-group-headers".to_string(), "[\"X-Remote-Group\"]".to_string());
-        data.insert("requestheader-extra-headers-prefix".to_string(), "[\"X-Remote-Extra-\"]".to_string());
-        data.insert("requestheader-allowed-names".to_string(), "null".to_string());
+        data.insert(
+            "requestheader-username-headers".to_string(),
+            "[\"X-Remote-User\"]".to_string(),
+        );
+        data.insert(
+            "requestheader-group-headers".to_string(),
+            "[\"X-Remote-Group\"]".to_string(),
+        );
+        data.insert(
+            "requestheader-extra-headers-prefix".to_string(),
+            "[\"X-Remote-Extra-\"]".to_string(),
+        );
+        data.insert(
+            "requestheader-allowed-names".to_string(),
+            "null".to_string(),
+        );
         let config = RequestHeaderConfig::from_configmap(&data).unwrap().unwrap();
         assert!(config.allowed_names.is_empty());
         let mut headers = http::HeaderMap::new();
         headers.insert("x-remote-user", "alice".parse().unwrap());
         headers.append("x-remote-group", "devs".parse().unwrap());
         headers.append("x-remote-group", "ops".parse().unwrap());
-        headers.append("X-Remote-Extra-Authentication.kubernetes.io%2fpod-name", "p1".parse().unwrap());
+        headers.append(
+            "X-Remote-Extra-Authentication.kubernetes.io%2fpod-name",
+            "p1".parse().unwrap(),
+        );
         let user = config.user(&headers).unwrap();
         assert_eq!(user.name, "alice");
         assert_eq!(user.groups, ["devs", "ops", AUTHENTICATED_GROUP]);
         assert_eq!(user.extra["authentication.kubernetes.io/pod-name"], ["p1"]);
         // A connection without a verified proxy certificate is not trusted.
         assert!(!config.trusts(&ConnectionInfo::default()));
-        data.insert("requestheader-username-headers".to_string(), "[]".to_string());
+        data.insert(
+            "requestheader-username-headers".to_string(),
+            "[]".to_string(),
+        );
         assert!(RequestHeaderConfig::from_configmap(&data).is_err());
-        data.insert("requestheader-username-headers".to_string(), "not json".to_string());
+        data.insert(
+            "requestheader-username-headers".to_string(),
+            "not json".to_string(),
+        );
         assert!(RequestHeaderConfig::from_configmap(&data).is_err());
         data.remove("requestheader-client-ca-file");
-        assert!(RequestHeaderConfig::from_configmap(&data).unwrap().is_none());
+        assert!(RequestHeaderConfig::from_configmap(&data)
+            .unwrap()
+            .is_none());
         assert_eq!(percent_decode("a%2fb%2Fc%zz%"), "a/b/c%zz%");
     }
 }

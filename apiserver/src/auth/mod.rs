@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-pub use delegated::{common_name, AuthConfigError, DelegatedAuthenticator, RequestHeaderConfig, SwappableClientVerifier};
+pub use delegated::{
+    common_name, AuthConfigError, DelegatedAuthenticator, RequestHeaderConfig,
+    SwappableClientVerifier,
+};
 pub use sar::{SubjectAccessReviewer, MASTERS_GROUP};
 pub use token_file::{TokenFile, TokenFileError};
 
@@ -80,10 +83,7 @@ impl Attributes {
             } else {
                 format!("{}/{}", self.resource, self.subresource)
             };
-            let mut m = format!(
-                "{}.{} ",
-                self.resource, self.api_group
-            );
+            let mut m = format!("{}.{} ", self.resource, self.api_group);
             if !self.name.is_empty() {
                 m.push_str(&format!("{:?} ", self.name));
             }
@@ -143,7 +143,11 @@ impl Authorizer for AllowAuthenticated {
 
 /// The bearer token of a request, if any.
 pub fn bearer_token(request: &http::request::Parts) -> Option<&str> {
-    let value = request.headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let value = request
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-use super::{bearer_token, AuthenticationError, Authenticator, ConnectionInfo, UserInfo, AUTHENTICATED_GROUP};
+use super::{
+    bearer_token, AuthenticationError, Authenticator, ConnectionInfo, UserInfo, AUTHENTICATED_GROUP,
+};
 
 /// Tokens loaded from a file.
 pub struct TokenFile {
@@ -17,9 +19,16 @@ pub struct TokenFile {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenFileError {
     #[error("cannot read token file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("token file {path}, line {line}: {message}")]
-    Line { path: String, line: usize, message: String },
+    Line {
+        path: String,
+        line: usize,
+        message: String,
+    },
     #[error("token file {0} holds no tokens")]
     Empty(String),
 }
@@ -83,7 +92,13 @@ impl TokenFile {
             }
             let mut groups: Vec<String> = fields
                 .get(3)
-                .map(|g| g.split(',').map(str::trim).filter(|g| !g.is_empty()).map(str::to_string).collect())
+                .map(|g| {
+                    g.split(',')
+                        .map(str::trim)
+                        .filter(|g| !g.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
                 .unwrap_or_default();
             if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
                 groups.push(AUTHENTICATED_GROUP.to_string());
@@ -119,7 +134,12 @@ impl Authenticator for TokenFile {
     ) -> Result<Option<UserInfo>, AuthenticationError> {
         match bearer_token(request) {
             None => Ok(None),
-            Some(token) => self.users.get(token).cloned().map(Some).ok_or(AuthenticationError::InvalidToken),
+            Some(token) => self
+                .users
+                .get(token)
+                .cloned()
+                .map(Some)
+                .ok_or(AuthenticationError::InvalidToken),
         }
     }
 }
@@ -130,10 +150,17 @@ mod tests {
 
     #[test]
     fn parses_kube_apiserver_format() {
-        let f = TokenFile::parse("# comment\nabc,admin,u1,\"system:masters,devs\"\ndef,bob,u2\n", "t").unwrap();
+        let f = TokenFile::parse(
+            "# comment\nabc,admin,u1,\"system:masters,devs\"\ndef,bob,u2\n",
+            "t",
+        )
+        .unwrap();
         let admin = &f.users["abc"];
         assert_eq!(admin.name, "admin");
-        assert_eq!(admin.groups, ["system:masters", "devs", "system:authenticated"]);
+        assert_eq!(
+            admin.groups,
+            ["system:masters", "devs", "system:authenticated"]
+        );
         assert_eq!(f.users["def"].groups, ["system:authenticated"]);
         assert!(TokenFile::parse("", "t").is_err());
         assert!(TokenFile::parse("abc,admin", "t").is_err());

@@ -42,13 +42,27 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
     }
     pub fn not_found_path() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource")
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+    pub fn namespace_not_found(namespace: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("namespaces {namespace:?} not found"),
+        )
+        .with_details(json!({"name": namespace, "kind": "namespaces"}))
     }
     pub fn method_not_allowed(verb: &str, what: &str) -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            format!("the server does not allow this method on the requested resource ({verb} {what})"),
+            format!(
+                "the server does not allow this method on the requested resource ({verb} {what})"
+            ),
         )
     }
     pub fn not_acceptable(accept: &str) -> Self {
@@ -79,7 +93,11 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        )
     }
 
     /// 422 Invalid for request parameters (not an object's fields).
@@ -103,7 +121,9 @@ impl ApiError {
                 apis::validation::join_errors(errors)
             ),
         )
-        .with_details(json!({"name": name, "group": apis::GROUP, "kind": resource.kind, "causes": causes}))
+        .with_details(
+            json!({"name": name, "group": apis::GROUP, "kind": resource.kind, "causes": causes}),
+        )
     }
 
     /// Maps a storage error for a request on `resource` (named `name`, if any).
@@ -169,7 +189,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.code, axum::Json(self.to_status())).into_response();
         if self.code == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

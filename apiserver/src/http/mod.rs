@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 pub use error::{ApiError, ApiResult};
 pub use request::Rendering;
 
+use crate::admission::{NamespaceLifecycle, NamespaceRefusal};
 use crate::auth::{
     Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo,
 };
@@ -148,6 +149,8 @@ pub struct AppState<S> {
     pub metrics: Arc<HttpMetrics>,
     /// Flips to true on shutdown: open watches end cleanly.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Namespace lifecycle admission (behind kube-apiserver); none in standalone mode.
+    pub namespaces: Option<Arc<NamespaceLifecycle>>,
     docs: Arc<Documents>,
 }
 
@@ -160,6 +163,7 @@ impl<S: Clone> Clone for AppState<S> {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
+            namespaces: self.namespaces.clone(),
             docs: self.docs.clone(),
         }
     }
@@ -181,8 +185,15 @@ impl<S: Store + Clone> AppState<S> {
             config,
             metrics,
             shutdown,
+            namespaces: None,
             docs: Arc::new(Documents::build()),
         }
+    }
+
+    /// Refuses creation in namespaces that do not exist or are terminating.
+    pub fn with_namespace_lifecycle(mut self, namespaces: Arc<NamespaceLifecycle>) -> Self {
+        self.namespaces = Some(namespaces);
+        self
     }
 
     /// Serves one request.
@@ -325,6 +336,23 @@ impl<S: Store + Clone> AppState<S> {
                 if K::INFO.namespaced && req.namespace.is_none() {
                     return Err(ApiError::method_not_allowed("POST", K::INFO.plural));
                 }
+                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
+                    lifecycle
+                        .check_create(ns)
+                        .await
+                        .map_err(|refusal| match refusal {
+                            NamespaceRefusal::NotFound(ns) => ApiError::namespace_not_found(&ns),
+                            NamespaceRefusal::Terminating(_) => {
+                                ApiError::forbidden(refusal.to_string())
+                            }
+                            NamespaceRefusal::Unavailable(..) => {
+                                tracing::warn!(error = %refusal, "namespace check failed");
+                                ApiError::unavailable(
+                                    "the namespace cannot be checked; retry later",
+                                )
+                            }
+                        })?;
+                }
                 resource::create::<K, S>(&self.store, req).await
             }
             "update" => resource::update::<K, S>(&self.store, req).await,
@@ -347,6 +375,11 @@ impl<S: Store + Clone> AppState<S> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let wants_aggregated = wants_aggregated_discovery(accept);
+        if matches!(doc, Doc::OpenApiV2 | Doc::OpenApiV3 | Doc::OpenApiV3Group)
+            && !accepts_json(accept)
+        {
+            return Err(ApiError::not_acceptable(accept));
+        }
         let docs = &self.docs;
         let (bytes, content_type) = match doc {
             Doc::Apis if wants_aggregated => (
@@ -380,6 +413,16 @@ impl<S: Store + Clone> AppState<S> {
         }
         Ok(response)
     }
+}
+
+/// Whether `Accept` admits JSON (an absent header does). OpenAPI is served as JSON only; a
+/// client asking only for protobuf gets 406 rather than bytes it cannot parse.
+fn accepts_json(accept: &str) -> bool {
+    accept.trim().is_empty()
+        || accept.split(',').any(|m| {
+            let mime = m.split(';').next().unwrap_or("").trim();
+            matches!(mime, "application/json" | "application/*" | "*/*")
+        })
 }
 
 /// Whether the first media type of `Accept` this server can answer is aggregated

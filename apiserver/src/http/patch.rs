@@ -46,13 +46,17 @@ pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(),
         PatchType::Json => {
             let patch: json_patch::Patch = serde_json::from_slice(patch)
                 .map_err(|e| PatchError::Malformed(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(doc, &patch).map_err(|e| PatchError::Inapplicable(format!("the JSON patch cannot be applied: {e}")))
+            json_patch::patch(doc, &patch).map_err(|e| {
+                PatchError::Inapplicable(format!("the JSON patch cannot be applied: {e}"))
+            })
         }
         PatchType::Merge | PatchType::StrategicMerge => {
             let patch: Value = serde_json::from_slice(patch)
                 .map_err(|e| PatchError::Malformed(format!("invalid JSON in patch: {e}")))?;
             if !patch.is_object() {
-                return Err(PatchError::Malformed("a merge patch must be a JSON object".into()));
+                return Err(PatchError::Malformed(
+                    "a merge patch must be a JSON object".into(),
+                ));
             }
             if patch_type == PatchType::Merge {
                 json_patch::merge(doc, &patch);
@@ -91,7 +95,11 @@ fn strategic_merge(doc: &mut Value, patch: &Value, path: &str) -> Result<(), Pat
             return Ok(());
         }
         Some("merge") | None => {}
-        Some(other) => return Err(PatchError::Malformed(format!("unknown patch directive $patch: {other:?}"))),
+        Some(other) => {
+            return Err(PatchError::Malformed(format!(
+                "unknown patch directive $patch: {other:?}"
+            )))
+        }
     }
     if !doc.is_object() {
         *doc = Value::Object(Map::new());
@@ -115,9 +123,15 @@ fn strategic_merge(doc: &mut Value, patch: &Value, path: &str) -> Result<(), Pat
             continue;
         }
         if key.starts_with('$') {
-            return Err(PatchError::Malformed(format!("unknown patch directive {key:?}")));
+            return Err(PatchError::Malformed(format!(
+                "unknown patch directive {key:?}"
+            )));
         }
-        let child_path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+        let child_path = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
         match value {
             Value::Null => {
                 target.remove(key);
@@ -131,11 +145,16 @@ fn strategic_merge(doc: &mut Value, patch: &Value, path: &str) -> Result<(), Pat
             }
             Value::Array(items) => match merge_key(&child_path) {
                 Some(mk) => {
-                    let entry = target.entry(key.clone()).or_insert_with(|| Value::Array(Vec::new()));
+                    let entry = target
+                        .entry(key.clone())
+                        .or_insert_with(|| Value::Array(Vec::new()));
                     merge_list(entry, items, mk, &child_path)?;
                 }
                 None => {
-                    target.insert(key.clone(), Value::Array(items.iter().map(strip_value).collect()));
+                    target.insert(
+                        key.clone(),
+                        Value::Array(items.iter().map(strip_value).collect()),
+                    );
                 }
             },
             other => {
@@ -155,7 +174,9 @@ fn merge_list(doc: &mut Value, items: &[Value], key: &str, path: &str) -> Result
     };
     for item in items {
         let Some(id) = item.get(key) else {
-            return Err(PatchError::Inapplicable(format!("{path}: element has no merge key {key:?}")));
+            return Err(PatchError::Inapplicable(format!(
+                "{path}: element has no merge key {key:?}"
+            )));
         };
         let position = list.iter().position(|e| e.get(key) == Some(id));
         let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
@@ -199,21 +220,42 @@ mod tests {
 
     #[test]
     fn merge_patch_merges_maps_and_deletes_nulls() {
-        let doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"teams": ["x", "y"]}});
-        let out = patched(doc, PatchType::Merge, json!({"metadata": {"labels": {"a": null, "c": "3"}}, "spec": {"teams": ["z"]}})).unwrap();
-        assert_eq!(out, json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "spec": {"teams": ["z"]}}));
+        let doc =
+            json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"teams": ["x", "y"]}});
+        let out = patched(
+            doc,
+            PatchType::Merge,
+            json!({"metadata": {"labels": {"a": null, "c": "3"}}, "spec": {"teams": ["z"]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "spec": {"teams": ["z"]}})
+        );
     }
 
     #[test]
     fn json_patch_applies_and_reports_failures() {
         let doc = json!({"metadata": {"labels": {"a": "1"}}});
-        let out = patched(doc.clone(), PatchType::Json, json!([{"op": "add", "path": "/metadata/labels/b", "value": "2"}])).unwrap();
+        let out = patched(
+            doc.clone(),
+            PatchType::Json,
+            json!([{"op": "add", "path": "/metadata/labels/b", "value": "2"}]),
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["labels"]["b"], "2");
         assert!(matches!(
-            patched(doc.clone(), PatchType::Json, json!([{"op": "remove", "path": "/nope"}])),
+            patched(
+                doc.clone(),
+                PatchType::Json,
+                json!([{"op": "remove", "path": "/nope"}])
+            ),
             Err(PatchError::Inapplicable(_))
         ));
-        assert!(matches!(patched(doc, PatchType::Json, json!({"op": "add"})), Err(PatchError::Malformed(_))));
+        assert!(matches!(
+            patched(doc, PatchType::Json, json!({"op": "add"})),
+            Err(PatchError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -239,8 +281,14 @@ mod tests {
         .unwrap();
         assert_eq!(out["metadata"]["labels"], json!({"a": "1", "b": "2"}));
         assert_eq!(out["metadata"]["finalizers"], json!(["f2"]));
-        assert_eq!(out["metadata"]["ownerReferences"], json!([{"uid": "u2", "name": "TWO"}, {"uid": "u3", "name": "three"}]));
-        assert_eq!(out["spec"], json!({"teams": ["y", "z"], "grant": {"name": "h"}}));
+        assert_eq!(
+            out["metadata"]["ownerReferences"],
+            json!([{"uid": "u2", "name": "TWO"}, {"uid": "u3", "name": "three"}])
+        );
+        assert_eq!(
+            out["spec"],
+            json!({"teams": ["y", "z"], "grant": {"name": "h"}})
+        );
         assert!(patched(json!({}), PatchType::StrategicMerge, json!({"$bogus": 1})).is_err());
         assert!(patched(json!({}), PatchType::StrategicMerge, json!([1])).is_err());
     }

@@ -35,8 +35,13 @@ pub fn partial_metadata(object: &Value) -> Value {
     })
 }
 
-fn table_row<K: Renderable>(object: &Value, include: IncludeObject, now: Timestamp) -> ApiResult<Value> {
-    let typed: K = serde_json::from_value(object.clone()).map_err(|e| ApiError::internal(e.to_string()))?;
+fn table_row<K: Renderable>(
+    object: &Value,
+    include: IncludeObject,
+    now: Timestamp,
+) -> ApiResult<Value> {
+    let typed: K =
+        serde_json::from_value(object.clone()).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut row = Map::new();
     row.insert("cells".into(), Value::Array(typed.cells(now)));
     match include {
@@ -94,7 +99,10 @@ pub fn render_object<K: Renderable>(object: &K, rendering: Rendering) -> ApiResu
         Rendering::Object => json,
         Rendering::Metadata => partial_metadata(&json),
         Rendering::Table(include) => {
-            let rv = json.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_string);
+            let rv = json
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             table::<K>(&[json], include, rv, None, true)?
         }
     })
@@ -108,9 +116,15 @@ pub fn render_list<K: Renderable>(
     continue_token: Option<String>,
     rendering: Rendering,
 ) -> ApiResult<Value> {
-    let items = items.iter().map(object_json).collect::<ApiResult<Vec<_>>>()?;
+    let items = items
+        .iter()
+        .map(object_json)
+        .collect::<ApiResult<Vec<_>>>()?;
     let mut metadata = Map::new();
-    metadata.insert("resourceVersion".into(), Value::String(resource_version.to_string()));
+    metadata.insert(
+        "resourceVersion".into(),
+        Value::String(resource_version.to_string()),
+    );
     if let Some(c) = &continue_token {
         metadata.insert("continue".into(), Value::String(c.clone()));
     }
@@ -127,15 +141,20 @@ pub fn render_list<K: Renderable>(
             "metadata": metadata,
             "items": items.iter().map(partial_metadata).collect::<Vec<_>>(),
         }),
-        Rendering::Table(include) => {
-            table::<K>(&items, include, Some(resource_version.to_string()), continue_token, true)?
-        }
+        Rendering::Table(include) => table::<K>(
+            &items,
+            include,
+            Some(resource_version.to_string()),
+            continue_token,
+            true,
+        )?,
     })
 }
 
 /// Encodes one watch event line (`{"type":…,"object":…}\n`).
 pub fn watch_line(event_type: &str, object: &Value) -> Bytes {
-    let mut line = serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
+    let mut line =
+        serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
     line.push(b'\n');
     Bytes::from(line)
 }
@@ -181,15 +200,25 @@ pub fn event_line<K: Renderable>(
 }
 
 /// A BOOKMARK line at `rv`; `initial_events_end` marks the end of a streaming list.
-pub fn bookmark_line<K: Renderable>(rv: ResourceVersion, rendering: Rendering, initial_events_end: bool) -> ApiResult<Bytes> {
+pub fn bookmark_line<K: Renderable>(
+    rv: ResourceVersion,
+    rendering: Rendering,
+    initial_events_end: bool,
+) -> ApiResult<Bytes> {
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if initial_events_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
     let object = match rendering {
-        Rendering::Object => json!({"kind": K::KIND, "apiVersion": apis::API_VERSION, "metadata": metadata}),
-        Rendering::Metadata => json!({"kind": "PartialObjectMetadata", "apiVersion": META_V1, "metadata": metadata}),
-        Rendering::Table(_) => json!({"kind": "Table", "apiVersion": META_V1, "metadata": metadata, "rows": []}),
+        Rendering::Object => {
+            json!({"kind": K::KIND, "apiVersion": apis::API_VERSION, "metadata": metadata})
+        }
+        Rendering::Metadata => {
+            json!({"kind": "PartialObjectMetadata", "apiVersion": META_V1, "metadata": metadata})
+        }
+        Rendering::Table(_) => {
+            json!({"kind": "Table", "apiVersion": META_V1, "metadata": metadata, "rows": []})
+        }
     };
     Ok(watch_line("BOOKMARK", &object))
 }

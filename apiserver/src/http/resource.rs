@@ -14,23 +14,41 @@ use super::error::{ApiError, ApiResult};
 use super::patch::{self, PatchError, PatchType, PATCH_TYPES};
 use super::render::{json_response, object_json, render_list, render_object, Renderable};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
-use crate::store::{self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written};
+use crate::store::{
+    self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written,
+};
 
 /// A kind served over HTTP, with its kind-specific writes.
 #[async_trait]
 pub trait Served: Renderable {
     const INFO: ResourceInfo;
-    async fn create<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>>;
-    async fn update<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>>;
+    async fn create<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>>;
+    async fn update<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>>;
 }
 
 #[async_trait]
 impl Served for AccessSession {
     const INFO: ResourceInfo = ACCESS_SESSIONS;
-    async fn create<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>> {
+    async fn create<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
         store.create_session(object, dry_run).await
     }
-    async fn update<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>> {
+    async fn update<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
         store.update_session(object, dry_run).await
     }
 }
@@ -38,10 +56,18 @@ impl Served for AccessSession {
 #[async_trait]
 impl Served for Agent {
     const INFO: ResourceInfo = AGENTS;
-    async fn create<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>> {
+    async fn create<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
         store.create_agent(object, dry_run).await
     }
-    async fn update<S: Store>(store: &S, object: Self, dry_run: bool) -> store::Result<Written<Self>> {
+    async fn update<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
         store.update_agent(object, dry_run).await
     }
 }
@@ -84,23 +110,56 @@ pub fn decode_object<K: Kind + DeserializeOwned>(
     validation: FieldValidation,
     warnings: &mut Vec<String>,
 ) -> ApiResult<K> {
+    let cannot_handle = |e: &dyn std::fmt::Display| {
+        ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            K::KIND,
+            apis::VERSION,
+            K::KIND
+        ))
+    };
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(body);
-    let object: K = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
-        .and_then(|o| de.end().map(|()| o))
-        .map_err(|e| {
-            ApiError::bad_request(format!(
-                "{} in version \"{}\" cannot be handled as a {}: {e}",
-                K::KIND,
-                apis::VERSION,
-                K::KIND
-            ))
-        })?;
-    let unknown: Vec<String> = unknown.iter().map(|p| format!("unknown field {p:?}")).collect();
-    match validation {
-        FieldValidation::Strict if !unknown.is_empty() => {
-            Err(ApiError::bad_request(format!("strict decoding error: {}", unknown.join(", "))))
+    let direct: Result<K, serde_json::Error> =
+        serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
+            .and_then(|o| de.end().map(|()| o));
+    let object = match direct {
+        Ok(object) => object,
+        // A field given twice: Kubernetes keeps the last value, and says so unless told
+        // to ignore it (Strict refuses the request).
+        Err(e) if e.to_string().starts_with("duplicate field") => {
+            let message = e
+                .to_string()
+                .split(" at line")
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            match validation {
+                FieldValidation::Strict => {
+                    return Err(ApiError::bad_request(format!(
+                        "strict decoding error: {message}"
+                    )))
+                }
+                FieldValidation::Warn => warnings.push(message),
+                FieldValidation::Ignore => {}
+            }
+            // serde_json's Value keeps the last of duplicate keys.
+            let value: Value = serde_json::from_slice(body).map_err(|e| cannot_handle(&e))?;
+            unknown.clear();
+            serde_ignored::deserialize(value, |path| unknown.push(path.to_string()))
+                .map_err(|e| cannot_handle(&e))?
         }
+        Err(e) => return Err(cannot_handle(&e)),
+    };
+    let unknown: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field {p:?}"))
+        .collect();
+    match validation {
+        FieldValidation::Strict if !unknown.is_empty() => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            unknown.join(", ")
+        ))),
         FieldValidation::Warn => {
             warnings.extend(unknown);
             Ok(object)
@@ -111,7 +170,12 @@ pub fn decode_object<K: Kind + DeserializeOwned>(
 
 /// Checks the body's `apiVersion`/`kind` (when given) and the namespace and name it names
 /// against the request path, filling them in when absent.
-fn reconcile_identity<K: Served>(object: &mut K, value_kind: (&str, &str), namespace: Option<&str>, name: Option<&str>) -> ApiResult<()> {
+fn reconcile_identity<K: Served>(
+    object: &mut K,
+    value_kind: (&str, &str),
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> ApiResult<()> {
     let (api_version, kind) = value_kind;
     if !api_version.is_empty() && api_version != apis::API_VERSION {
         return Err(ApiError::bad_request(format!(
@@ -157,8 +221,14 @@ fn reconcile_identity<K: Served>(object: &mut K, value_kind: (&str, &str), names
 fn type_meta(object: &impl Kind) -> (String, String) {
     let v = serde_json::to_value(object).unwrap_or_default();
     (
-        v.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string(),
-        v.get("kind").and_then(Value::as_str).unwrap_or("").to_string(),
+        v.get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        v.get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
     )
 }
 
@@ -173,13 +243,19 @@ pub async fn get<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> Ap
         .get(req.namespace.unwrap_or_default(), name)
         .await
         .map_err(store_err::<K>(name))?;
-    Ok(json_response(StatusCode::OK, &render_object(&object, rendering)?, &[]))
+    Ok(json_response(
+        StatusCode::OK,
+        &render_object(&object, rendering)?,
+        &[],
+    ))
 }
 
 /// Resolves which snapshot a list reads, by the resourceVersion rules of the API.
 pub fn list_at(options: &ListOptions) -> ApiResult<ListAt> {
     if let Some(token) = &options.continue_token {
-        let (token, rv) = ContinueToken::decode(token).map_err(|_| ApiError::bad_request("continue key is not valid: invalid continue token"))?;
+        let (token, rv) = ContinueToken::decode(token).map_err(|_| {
+            ApiError::bad_request("continue key is not valid: invalid continue token")
+        })?;
         return Ok(ListAt::Exact {
             rv,
             after: Some((token.ns, token.name)),
@@ -190,9 +266,13 @@ pub fn list_at(options: &ListOptions) -> ApiResult<ListAt> {
         Some(rv) => {
             let parsed = ResourceVersion::parse(rv)
                 .map_err(|_| ApiError::bad_request(format!("resourceVersion: Invalid value: {rv:?}: must be a resourceVersion this server returned")))?;
-            let exact = options.rv_match == Some(RvMatch::Exact) || (options.rv_match.is_none() && options.limit.is_some());
+            let exact = options.rv_match == Some(RvMatch::Exact)
+                || (options.rv_match.is_none() && options.limit.is_some());
             Ok(if exact {
-                ListAt::Exact { rv: parsed, after: None }
+                ListAt::Exact {
+                    rv: parsed,
+                    after: None,
+                }
             } else {
                 // "Not older than" an old version is the current state.
                 ListAt::Latest
@@ -201,7 +281,11 @@ pub fn list_at(options: &ListOptions) -> ApiResult<ListAt> {
     }
 }
 
-pub async fn list<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>, options: ListOptions) -> ApiResult<Response> {
+pub async fn list<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+    options: ListOptions,
+) -> ApiResult<Response> {
     let rendering = req.rendering()?;
     let query = ListQuery {
         namespace: req.namespace.map(str::to_string),
@@ -216,11 +300,20 @@ pub async fn list<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>, opti
         ),
         e => ApiError::from_store(e, &K::INFO, ""),
     })?;
-    let body = render_list(&list.items, K::INFO.list_kind, list.resource_version, list.continue_token, rendering)?;
+    let body = render_list(
+        &list.items,
+        K::INFO.list_kind,
+        list.resource_version,
+        list.continue_token,
+        rendering,
+    )?;
     Ok(json_response(StatusCode::OK, &body, &[]))
 }
 
-pub async fn create<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> ApiResult<Response> {
+pub async fn create<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
     req.require_json_body()?;
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
@@ -229,12 +322,21 @@ pub async fn create<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) ->
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let written = K::create(store, object, dry_run).await.map_err(store_err::<K>(&name))?;
+    let written = K::create(store, object, dry_run)
+        .await
+        .map_err(store_err::<K>(&name))?;
     warnings.extend(written.warnings);
-    Ok(json_response(StatusCode::CREATED, &render_object(&written.object, rendering)?, &warnings))
+    Ok(json_response(
+        StatusCode::CREATED,
+        &render_object(&written.object, rendering)?,
+        &warnings,
+    ))
 }
 
-pub async fn update<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> ApiResult<Response> {
+pub async fn update<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
     req.require_json_body()?;
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
@@ -243,12 +345,21 @@ pub async fn update<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) ->
     let mut object: K = decode_object(&req.body, req.params.field_validation()?, &mut warnings)?;
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
-    let written = K::update(store, object, dry_run).await.map_err(store_err::<K>(name))?;
+    let written = K::update(store, object, dry_run)
+        .await
+        .map_err(store_err::<K>(name))?;
     warnings.extend(written.warnings);
-    Ok(json_response(StatusCode::OK, &render_object(&written.object, rendering)?, &warnings))
+    Ok(json_response(
+        StatusCode::OK,
+        &render_object(&written.object, rendering)?,
+        &warnings,
+    ))
 }
 
-pub async fn patch<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> ApiResult<Response> {
+pub async fn patch<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
     let content_type = req.content_type().to_string();
     let Some(patch_type) = PatchType::from_content_type(&content_type) else {
         return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
@@ -268,7 +379,11 @@ pub async fn patch<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> 
         let current_rv = doc.pointer("/metadata/resourceVersion").cloned();
         patch::apply(&mut doc, patch_type, &req.body).map_err(|e| match e {
             PatchError::Malformed(m) => ApiError::bad_request(m),
-            PatchError::Inapplicable(m) => ApiError::invalid(&K::INFO, name, &[apis::validation::FieldError::invalid("patch", m)]),
+            PatchError::Inapplicable(m) => ApiError::invalid(
+                &K::INFO,
+                name,
+                &[apis::validation::FieldError::invalid("patch", m)],
+            ),
         })?;
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
         let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -279,7 +394,11 @@ pub async fn patch<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> 
         match K::update(store, object, dry_run).await {
             Ok(written) => {
                 warnings.extend(written.warnings);
-                return Ok(json_response(StatusCode::OK, &render_object(&written.object, rendering)?, &warnings));
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &render_object(&written.object, rendering)?,
+                    &warnings,
+                ));
             }
             Err(store::StoreError::Conflict(_)) if !pinned && attempts < 5 => continue,
             Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
@@ -310,7 +429,8 @@ fn delete_options(req: &ResourceRequest<'_>) -> ApiResult<(Preconditions, bool)>
     let options: DeleteOptions = if req.body.iter().all(u8::is_ascii_whitespace) {
         DeleteOptions::default()
     } else {
-        serde_json::from_slice(&req.body).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        serde_json::from_slice(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
     };
     if let Some(p) = options.propagation_policy.as_deref() {
         if !matches!(p, "Orphan" | "Background" | "Foreground") {
@@ -322,7 +442,11 @@ fn delete_options(req: &ResourceRequest<'_>) -> ApiResult<(Preconditions, bool)>
     let body_dry_run = match options.dry_run.as_slice() {
         [] => false,
         [all] if all == "All" => true,
-        other => return Err(ApiError::bad_request(format!("dryRun: Unsupported value: {other:?}: supported values: \"All\""))),
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+            )))
+        }
     };
     let pre = options.preconditions.unwrap_or_default();
     Ok((
@@ -334,18 +458,34 @@ fn delete_options(req: &ResourceRequest<'_>) -> ApiResult<(Preconditions, bool)>
     ))
 }
 
-pub async fn delete<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> ApiResult<Response> {
+pub async fn delete<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
     let rendering = req.rendering()?;
     let (preconditions, dry_run) = delete_options(&req)?;
     let name = req.name.unwrap_or_default();
     let last: K = store
-        .delete(req.namespace.unwrap_or_default(), name, &preconditions, dry_run)
+        .delete(
+            req.namespace.unwrap_or_default(),
+            name,
+            &preconditions,
+            dry_run,
+        )
         .await
         .map_err(store_err::<K>(name))?;
-    Ok(json_response(StatusCode::OK, &render_object(&last, rendering)?, &[]))
+    Ok(json_response(
+        StatusCode::OK,
+        &render_object(&last, rendering)?,
+        &[],
+    ))
 }
 
-pub async fn delete_collection<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>, options: ListOptions) -> ApiResult<Response> {
+pub async fn delete_collection<K: Served, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+    options: ListOptions,
+) -> ApiResult<Response> {
     let rendering = req.rendering()?;
     let (_, dry_run) = delete_options(&req)?;
     let listed = store
@@ -361,8 +501,14 @@ pub async fn delete_collection<K: Served, S: Store>(store: &S, req: ResourceRequ
     let mut deleted = Vec::with_capacity(listed.items.len());
     for item in listed.items {
         let meta = item.meta();
-        let (ns, name) = (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
-        match store.delete::<K>(&ns, &name, &Preconditions::default(), dry_run).await {
+        let (ns, name) = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        match store
+            .delete::<K>(&ns, &name, &Preconditions::default(), dry_run)
+            .await
+        {
             Ok(last) => deleted.push(last),
             // Deleted concurrently: that is what was asked.
             Err(store::StoreError::NotFound { .. }) => {}

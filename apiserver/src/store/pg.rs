@@ -722,6 +722,55 @@ impl<'a> WriteTx<'a> {
     }
 }
 
+/// Sets `status.activeSessions` of agent bodies: the sessions bound to each agent's uid that
+/// are active or pending and not expired, counted when the agent is read.
+async fn fill_active_sessions(
+    client: &impl deadpool_postgres::GenericClient,
+    agents: &mut [&mut Value],
+) -> Result<()> {
+    let uids: Vec<String> = agents
+        .iter()
+        .filter_map(|a| {
+            a.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect();
+    if uids.is_empty() {
+        return Ok(());
+    }
+    let now = serde_json::to_value(Time(now())).map_err(|e| StoreError::Internal(e.to_string()))?;
+    let now = now.as_str().unwrap_or_default().to_string();
+    let rows = client
+        .query(
+            "SELECT body #>> '{spec,agent,uid}', count(*) FROM objects
+              WHERE resource = 'accesssessions' AND body #>> '{spec,agent,uid}' = ANY($1)
+                AND body #>> '{status,phase}' IN ('Active', 'PendingEnrollment')
+                AND body #>> '{spec,expiresAt}' > $2
+              GROUP BY 1",
+            &[&uids, &now],
+        )
+        .await
+        .map_err(pg_err)?;
+    let counts: std::collections::HashMap<String, i64> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    for agent in agents.iter_mut() {
+        let uid = agent
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let count = counts.get(&uid).copied().unwrap_or(0);
+        if let Some(obj) = agent.as_object_mut() {
+            let status = obj.entry("status").or_insert_with(|| serde_json::json!({}));
+            if let Some(status) = status.as_object_mut() {
+                status.insert("activeSessions".into(), serde_json::json!(count));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The SQL condition for one field requirement. Paths come from `Kind::FIELDS` (static,
 /// trusted), values are bound parameters.
 fn field_condition(column: &str, req: &FieldRequirement, param: usize) -> String {
@@ -750,10 +799,14 @@ impl Store for PgStore {
             .await
             .map_err(pg_err)?;
         let epoch = row.get::<_, i32>(0) as u32;
-        match row.get::<_, Option<i64>>(1) {
-            Some(seq) => decode(row.get(2), ResourceVersion::new(epoch, seq as u64)),
-            None => Err(not_found::<K>(name)),
+        let Some(seq) = row.get::<_, Option<i64>>(1) else {
+            return Err(not_found::<K>(name));
+        };
+        let mut body: Value = row.get(2);
+        if K::PLURAL == AGENTS {
+            fill_active_sessions(&client, &mut [&mut body]).await?;
         }
+        decode(body, ResourceVersion::new(epoch, seq as u64))
     }
 
     async fn list<K: Kind>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
@@ -865,18 +918,22 @@ impl Store for PgStore {
                     break;
                 }
                 let seq = row.get::<_, i64>(2) as u64;
-                items.push((
-                    decode::<K>(body, ResourceVersion::new(epoch, seq))?,
-                    after.clone(),
-                ));
+                items.push((body, ResourceVersion::new(epoch, seq), after.clone()));
             }
             if more || exhausted {
                 break;
             }
         }
+        if K::PLURAL == AGENTS {
+            let mut bodies: Vec<&mut Value> = items.iter_mut().map(|(body, _, _)| body).collect();
+            fill_active_sessions(&tx, &mut bodies).await?;
+        }
         tx.commit().await.map_err(pg_err)?;
         let continue_token = more.then(|| {
-            let (ns, name) = items.last().map(|(_, key)| key.clone()).unwrap_or_default();
+            let (ns, name) = items
+                .last()
+                .map(|(_, _, key)| key.clone())
+                .unwrap_or_default();
             ContinueToken {
                 rv: rv.to_string(),
                 ns,
@@ -885,7 +942,10 @@ impl Store for PgStore {
             .encode()
         });
         Ok(ObjectList {
-            items: items.into_iter().map(|(item, _)| item).collect(),
+            items: items
+                .into_iter()
+                .map(|(body, item_rv, _)| decode::<K>(body, item_rv))
+                .collect::<Result<_>>()?,
             resource_version: rv,
             continue_token,
         })

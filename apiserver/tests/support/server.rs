@@ -49,7 +49,8 @@ impl TestServer {
         let mut config = db.store_config();
         tweak(&mut config);
         let store = PgStore::start(config).await.expect("store starts");
-        let dir = std::env::temp_dir().join(format!("mcp-access-test-{}", uuid::Uuid::new_v4().simple()));
+        let dir =
+            std::env::temp_dir().join(format!("mcp-access-test-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
 
         let tokens = TokenFile::parse(
@@ -71,7 +72,12 @@ impl TestServer {
             HttpMetrics::register(&mut registry),
             shutdown_rx.clone(),
         );
-        tokio::spawn(apiserver::server::serve_api(listener, tls_config, app, shutdown_rx));
+        tokio::spawn(apiserver::server::serve_api(
+            listener,
+            tls_config,
+            app,
+            shutdown_rx,
+        ));
 
         let url = format!("https://127.0.0.1:{port}");
         std::fs::write(dir.join("ca.crt"), &ca_pem).unwrap();
@@ -101,7 +107,12 @@ impl TestServer {
     }
 
     /// Runs `kubectl` with a kubeconfig and optional stdin.
-    pub async fn kubectl_with(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    pub async fn kubectl_with(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Output {
         use tokio::io::AsyncWriteExt;
         let mut cmd = tokio::process::Command::new("kubectl");
         cmd.arg("--kubeconfig")
@@ -156,9 +167,12 @@ impl TestServer {
     /// A kube-rs client for the admin.
     pub async fn kube_client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
         kube::Client::try_from(config).unwrap()
     }
 }

@@ -29,13 +29,20 @@ fn main() -> anyhow::Result<()> {
     })?;
     eprintln!(
         "MCP Access is served through kube-apiserver at {}; logs in {}",
-        cluster.env.get("KUBE_APISERVER_URL").map(String::as_str).unwrap_or("?"),
+        cluster
+            .env
+            .get("KUBE_APISERVER_URL")
+            .map(String::as_str)
+            .unwrap_or("?"),
         cluster.dir.join("logs").display()
     );
     println!("KUBECONFIG={}", cluster.kubeconfig.display());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = terminate.recv() => {}
