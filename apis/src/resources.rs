@@ -1,7 +1,7 @@
 //! What the API serves: one descriptor per resource, the single source for discovery,
 //! OpenAPI paths, routing and RBAC verb lists.
 
-use crate::types::{AccessSession, Agent, Kind};
+use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation};
 
 /// A served resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,5 +58,38 @@ pub const AGENTS: ResourceInfo = ResourceInfo {
     subresources: &[],
 };
 
+pub const ENROLLMENTS: ResourceInfo = ResourceInfo {
+    plural: Enrollment::PLURAL,
+    singular: "enrollment",
+    kind: Enrollment::KIND,
+    list_kind: "EnrollmentList",
+    namespaced: true,
+    short_names: &["enr"],
+    categories: &[CATEGORY],
+    // The spec is fixed at creation; progress goes through the status subresource.
+    verbs: &[
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "watch",
+    ],
+    subresources: &["status"],
+};
+
+pub const REVOCATIONS: ResourceInfo = ResourceInfo {
+    plural: Revocation::PLURAL,
+    singular: "revocation",
+    kind: Revocation::KIND,
+    list_kind: "RevocationList",
+    namespaced: true,
+    short_names: &["rvk"],
+    categories: &[CATEGORY],
+    // A revocation is an event: it is created, read, and (single-session ones) withdrawn.
+    verbs: &["create", "delete", "get", "list", "watch"],
+    subresources: &[],
+};
+
 /// Every served resource, in discovery order.
-pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS];
+pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS, ENROLLMENTS, REVOCATIONS];

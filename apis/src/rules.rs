@@ -10,7 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use crate::duration::parse_go_duration;
 use crate::types::{
     AccessSession, AccessSessionSpec, AccessSessionStatus, Agent, AgentSpec, RevocationInfo,
-    SessionPhase,
+    RevocationSpec, SessionPhase,
 };
 use crate::validation::{
     is_dns1123_subdomain, validate_annotations, validate_labels, validate_object_name, FieldError,
@@ -388,6 +388,96 @@ pub fn unrevoke_session(
     Ok(true)
 }
 
+/// Checks a Revocation: exactly one target, a cause, and a server target for a retirement.
+pub fn validate_revocation_spec(spec: &RevocationSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let t = &spec.target;
+    let targets = [t.session.is_some(), t.server.is_some(), t.subject.is_some()];
+    match targets.iter().filter(|x| **x).count() {
+        0 => errors.push(FieldError::required(
+            "spec.target",
+            "exactly one of session, server or subject is required",
+        )),
+        1 => {}
+        _ => errors.push(FieldError::forbidden(
+            "spec.target",
+            "exactly one of session, server or subject may be set",
+        )),
+    }
+    if let Some(session) = &t.session {
+        if !is_dns1123_subdomain(session) {
+            errors.push(FieldError::invalid(
+                "spec.target.session",
+                format!("Invalid value: {session:?}: must be a session name"),
+            ));
+        }
+    }
+    if let Some(server) = &t.server {
+        if server.uid.is_empty() {
+            errors.push(FieldError::required(
+                "spec.target.server.uid",
+                "Required value",
+            ));
+        }
+        if server.name.is_empty() {
+            errors.push(FieldError::required(
+                "spec.target.server.name",
+                "Required value",
+            ));
+        }
+    }
+    if let Some(subject) = &t.subject {
+        if subject.trim().is_empty() {
+            errors.push(FieldError::required(
+                "spec.target.subject",
+                "Required value",
+            ));
+        }
+    }
+    let cause_ok = !spec.cause.is_empty()
+        && spec.cause.len() <= 63
+        && spec
+            .cause
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if spec.cause.is_empty() {
+        errors.push(FieldError::required("spec.cause", "Required value"));
+    } else if !cause_ok {
+        errors.push(FieldError::invalid(
+            "spec.cause",
+            format!(
+                "Invalid value: {:?}: lowercase letters, digits and '_' (e.g. manual, compromised)",
+                spec.cause
+            ),
+        ));
+    }
+    if spec.cause == CAUSE_SERVER_RETIRED && t.server.is_none() {
+        errors.push(FieldError::invalid(
+            "spec.cause",
+            "server_retired applies to a server target (it fences that server generation)",
+        ));
+    }
+    errors
+}
+
+/// Whether a session may be activated by completing its enrollment now.
+pub fn check_completion(session: &AccessSession, now: Timestamp) -> Result<(), String> {
+    if let Some(r) = session.status.as_ref().and_then(|s| s.revocation.as_ref()) {
+        return Err(format!(
+            "the session was revoked ({}) and cannot be activated",
+            r.cause
+        ));
+    }
+    match session.spec.expires_at.as_ref() {
+        Some(t) if t.0 > now => Ok(()),
+        Some(t) => Err(format!(
+            "the session expired at {} and cannot be activated",
+            t.0.strftime("%Y-%m-%dT%H:%M:%SZ")
+        )),
+        None => Err("the session has no expiry".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,6 +654,53 @@ mod tests {
         let mut more_teams = old.clone();
         more_teams.teams.push("admin".into());
         assert!(admit_session_update(&old, &more_teams).is_err());
+    }
+
+    #[test]
+    fn revocation_specs() {
+        use crate::types::RevocationTarget;
+        let spec = |target: RevocationTarget, cause: &str| RevocationSpec {
+            target,
+            cause: cause.into(),
+            message: None,
+        };
+        let session = RevocationTarget {
+            session: Some("s".into()),
+            ..Default::default()
+        };
+        let server = RevocationTarget {
+            server: Some(ServerRef {
+                name: "g".into(),
+                uid: "u".into(),
+            }),
+            ..Default::default()
+        };
+        assert!(validate_revocation_spec(&spec(session.clone(), "manual")).is_empty());
+        assert!(validate_revocation_spec(&spec(server.clone(), CAUSE_SERVER_RETIRED)).is_empty());
+        assert!(!validate_revocation_spec(&spec(session.clone(), CAUSE_SERVER_RETIRED)).is_empty());
+        assert!(!validate_revocation_spec(&spec(RevocationTarget::default(), "manual")).is_empty());
+        let both = RevocationTarget {
+            subject: Some("a".into()),
+            ..session.clone()
+        };
+        assert!(!validate_revocation_spec(&spec(both, "manual")).is_empty());
+        assert!(!validate_revocation_spec(&spec(session, "Bad Cause")).is_empty());
+    }
+
+    #[test]
+    fn completion_needs_a_live_unrevoked_session() {
+        let mut s = AccessSession {
+            spec: mk_spec(None, &["t"], 1),
+            ..Default::default()
+        };
+        assert!(check_completion(&s, now()).is_ok());
+        assert!(check_completion(&s, now() + SignedDuration::from_hours(2))
+            .unwrap_err()
+            .contains("expired"));
+        revoke_session(&mut s, "compromised", None, now());
+        assert!(check_completion(&s, now())
+            .unwrap_err()
+            .contains("compromised"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
-use crate::types::{AccessSession, Agent};
+use crate::types::{AccessSession, Agent, Enrollment, Revocation};
 
 /// A `metav1.TableColumnDefinition`.
 #[derive(Clone, Copy, Debug)]
@@ -265,6 +265,88 @@ impl TableRow for Agent {
             or_none(self.spec.display_name.as_deref()),
             or_none(Some(&self.spec.owners.join(","))),
             or_none(self.spec.max_session_ttl.as_deref()),
+        ]
+    }
+}
+
+impl TableRow for Enrollment {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Server",
+            "string",
+            "",
+            "The MCPServer the session is for.",
+            0,
+        ),
+        Column::new(
+            "Agent",
+            "string",
+            "",
+            "The agent acting under the session.",
+            0,
+        ),
+        Column::new(
+            "Owner",
+            "string",
+            "",
+            "The user who requested the enrollment.",
+            0,
+        ),
+        Column::new("Phase", "string", "", "Pending or Completed.", 0),
+        AGE,
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let status = self.status.as_ref();
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            or_none(Some(&self.spec.server.name)),
+            or_none(self.spec.agent.as_ref().map(|a| a.name.as_str())),
+            or_none(status.and_then(|s| s.owner.as_deref())),
+            Value::String(format!("{:?}", self.phase())),
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+        ]
+    }
+}
+
+impl TableRow for Revocation {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Target",
+            "string",
+            "",
+            "What was revoked: session/NAME, server/NAME or subject/USER.",
+            0,
+        ),
+        Column::new("Cause", "string", "", "Why.", 0),
+        Column::new(
+            "Revoked",
+            "integer",
+            "",
+            "Sessions this revocation revoked.",
+            0,
+        ),
+        AGE,
+        Column::new("Message", "string", "", "Explanation.", 1),
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let t = &self.spec.target;
+        let target = match (&t.session, &t.server, &t.subject) {
+            (Some(s), _, _) => format!("session/{s}"),
+            (_, Some(s), _) => format!("server/{}", s.name),
+            (_, _, Some(u)) => format!("subject/{u}"),
+            _ => "<none>".into(),
+        };
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            Value::String(target),
+            or_none(Some(&self.spec.cause)),
+            json!(self.status.as_ref().map_or(0, |s| s.revoked_sessions)),
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+            or_none(self.spec.message.as_deref()),
         ]
     }
 }

@@ -311,3 +311,167 @@ impl AccessSession {
         self.status.as_ref().map(|s| s.phase).unwrap_or_default()
     }
 }
+
+/// A request to enroll an adapter's session, modelled on CertificateSigningRequest: creating it
+/// creates the AccessSession (same namespace, name and uid) in `PendingEnrollment`; patching its
+/// status to `Completed` activates the session; deleting it while pending withdraws the session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Enrollment {
+    /// APIVersion defines the versioned schema of this representation of an object.
+    #[serde(default)]
+    pub api_version: String,
+    /// Kind is a string value representing the REST resource this object represents.
+    #[serde(default)]
+    pub kind: String,
+    /// Standard object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The spec of the session to enroll.
+    pub spec: AccessSessionSpec,
+    /// Owner and progress of the enrollment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<EnrollmentStatus>,
+}
+
+/// Progress of an enrollment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum EnrollmentPhase {
+    #[default]
+    Pending,
+    Completed,
+}
+
+/// Observed state of an enrollment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollmentStatus {
+    /// Pending until completed through the status subresource.
+    #[serde(default)]
+    pub phase: EnrollmentPhase,
+    /// The user who created the enrollment; only they may withdraw it while pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// When the enrollment was requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<Time>,
+    /// When the enrollment was completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+}
+
+/// An RBAC-governed revocation: creating it revokes its targets in the same transaction.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Revocation {
+    /// APIVersion defines the versioned schema of this representation of an object.
+    #[serde(default)]
+    pub api_version: String,
+    /// Kind is a string value representing the REST resource this object represents.
+    #[serde(default)]
+    pub kind: String,
+    /// Standard object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// What to revoke and why.
+    pub spec: RevocationSpec,
+    /// What the revocation did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RevocationStatus>,
+}
+
+/// What to revoke and why.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationSpec {
+    /// Exactly one of session, server or subject.
+    #[serde(default)]
+    pub target: RevocationTarget,
+    /// Why: manual, compromised, server_retired (installs a permanent fence), ...
+    #[serde(default)]
+    pub cause: String,
+    /// Free-form explanation for the audit trail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The sessions a revocation applies to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationTarget {
+    /// One session in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Every session of that MCPServer generation in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerRef>,
+    /// Every session of that human subject in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+}
+
+/// What a revocation did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationStatus {
+    /// How many sessions this revocation revoked.
+    #[serde(default)]
+    pub revoked_sessions: u32,
+    /// When it took effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+}
+
+impl Kind for Enrollment {
+    const KIND: &'static str = "Enrollment";
+    const PLURAL: &'static str = "enrollments";
+    const NAMESPACED: bool = true;
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        META_FIELDS[0],
+        META_FIELDS[1],
+        ("spec.server.name", &["spec", "server", "name"]),
+        ("status.phase", &["status", "phase"]),
+        ("status.owner", &["status", "owner"]),
+    ];
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn set_type_meta(&mut self) {
+        self.api_version = API_VERSION.to_string();
+        self.kind = Self::KIND.to_string();
+    }
+}
+
+impl Kind for Revocation {
+    const KIND: &'static str = "Revocation";
+    const PLURAL: &'static str = "revocations";
+    const NAMESPACED: bool = true;
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        META_FIELDS[0],
+        META_FIELDS[1],
+        ("spec.cause", &["spec", "cause"]),
+        ("spec.target.session", &["spec", "target", "session"]),
+    ];
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn set_type_meta(&mut self) {
+        self.api_version = API_VERSION.to_string();
+        self.kind = Self::KIND.to_string();
+    }
+}
+
+impl Enrollment {
+    /// The phase, `Pending` when no status was written yet.
+    pub fn phase(&self) -> EnrollmentPhase {
+        self.status.as_ref().map(|s| s.phase).unwrap_or_default()
+    }
+}

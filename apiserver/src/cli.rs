@@ -18,7 +18,7 @@ use crate::auth::{
 };
 use crate::http::{AppState, HttpConfig, HttpMetrics};
 use crate::server::{self, Health};
-use crate::store::{PgStore, StoreConfig};
+use crate::store::{PgStore, Store, StoreConfig};
 use crate::tls::{self, ReloadingCert};
 
 /// The MCP Access aggregated API server.
@@ -57,6 +57,9 @@ pub struct StorageArgs {
     /// Server-wide maximum session lifetime (Go duration).
     #[arg(long, env = "MCP_ACCESS_MAX_SESSION_TTL", default_value = "24h")]
     pub max_session_ttl: String,
+    /// How long completed Enrollment records are kept (Go duration).
+    #[arg(long, env = "MCP_ACCESS_ENROLLMENT_RETENTION", default_value = "24h")]
+    pub enrollment_retention: String,
     /// Interval between watch bookmarks (Go duration).
     #[arg(long, env = "MCP_ACCESS_WATCH_BOOKMARK_INTERVAL", default_value = "5s")]
     pub watch_bookmark_interval: String,
@@ -261,6 +264,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     .try_into()
     .context("--watch-bookmark-interval")?;
 
+    let enrollment_retention: Duration =
+        go_duration("enrollment-retention", &cli.storage.enrollment_retention)?
+            .try_into()
+            .context("--enrollment-retention")?;
     let api_listener = server::bind(SocketAddr::new(
         cli.serving.bind_address,
         cli.serving.secure_port,
@@ -304,6 +311,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         shutdown_rx.clone(),
     ));
     let mut cert_watch = tokio::spawn(cert.watch(Duration::from_secs(10)));
+    background.push(tokio::spawn({
+        let store = store.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                match store
+                    .collect_completed_enrollments(enrollment_retention)
+                    .await
+                {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        collected = n,
+                        "removed completed enrollments past retention"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "enrollment garbage collection failed"),
+                }
+            }
+        }
+    }));
     let mut background = futures::future::select_all(
         background
             .into_iter()

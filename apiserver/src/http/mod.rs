@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apis::resources::RESOURCES;
-use apis::{AccessSession, Agent};
+use apis::{AccessSession, Agent, Enrollment, Revocation};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -30,7 +30,7 @@ pub use request::Rendering;
 
 use crate::admission::{NamespaceLifecycle, NamespaceRefusal};
 use crate::auth::{
-    Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo,
+    Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision,
 };
 use crate::store::Store;
 use request::Params;
@@ -280,19 +280,24 @@ impl<S: Store + Clone> AppState<S> {
                 namespace,
                 plural,
                 name,
+                subresource,
             } => {
                 let req = ResourceRequest {
                     namespace: namespace.as_deref(),
                     name: name.as_deref(),
+                    subresource: subresource.as_deref(),
                     params,
                     headers: &parts.headers,
                     body,
+                    user: &user,
                 };
                 let result = match plural.as_str() {
                     p if p == AccessSession::INFO.plural => {
-                        self.serve::<AccessSession>(&verb, req, &user).await
+                        self.serve::<AccessSession>(&verb, req).await
                     }
-                    p if p == Agent::INFO.plural => self.serve::<Agent>(&verb, req, &user).await,
+                    p if p == Agent::INFO.plural => self.serve::<Agent>(&verb, req).await,
+                    p if p == Enrollment::INFO.plural => self.serve::<Enrollment>(&verb, req).await,
+                    p if p == Revocation::INFO.plural => self.serve::<Revocation>(&verb, req).await,
                     _ => Err(ApiError::not_found_path()),
                 };
                 result.map_err(&fail)?
@@ -302,12 +307,23 @@ impl<S: Store + Clone> AppState<S> {
         Ok((verb, resource_label, response))
     }
 
-    async fn serve<K: Served>(
-        &self,
-        verb: &str,
-        req: ResourceRequest<'_>,
-        _user: &UserInfo,
-    ) -> ApiResult<Response> {
+    async fn serve<K: Served>(&self, verb: &str, req: ResourceRequest<'_>) -> ApiResult<Response> {
+        if !K::INFO.verbs.contains(&verb) && req.subresource.is_none() {
+            return Err(ApiError::method_not_allowed(
+                &verb.to_uppercase(),
+                K::INFO.plural,
+            ));
+        }
+        if req.subresource.is_some() {
+            return match verb {
+                "get" => resource::get::<K, S>(&self.store, req).await,
+                "patch" | "update" => resource::update_status::<K, S>(&self.store, verb, req).await,
+                other => Err(ApiError::method_not_allowed(
+                    &other.to_uppercase(),
+                    &format!("{}/status", K::INFO.plural),
+                )),
+            };
+        }
         if K::INFO.namespaced == req.namespace.is_none() && req.name.is_some() {
             return Err(ApiError::not_found_path());
         }
@@ -505,6 +521,8 @@ enum Target {
         namespace: Option<String>,
         plural: String,
         name: Option<String>,
+        /// `status` for `<name>/status`.
+        subresource: Option<String>,
     },
     Unknown,
 }
@@ -526,24 +544,39 @@ impl Target {
             }
             ["version"] => Self::NonResource(Doc::Version),
             ["apis", group, version, rest @ ..] if *group == g && *version == v => match rest {
-                ["namespaces", ns, plural] => Self::resource(Some(ns), plural, None),
-                ["namespaces", ns, plural, name] => Self::resource(Some(ns), plural, Some(name)),
-                [plural] => Self::resource(None, plural, None),
-                [plural, name] => Self::resource(None, plural, Some(name)),
+                ["namespaces", ns, plural] => Self::resource(Some(ns), plural, None, None),
+                ["namespaces", ns, plural, name] => {
+                    Self::resource(Some(ns), plural, Some(name), None)
+                }
+                ["namespaces", ns, plural, name, sub] => {
+                    Self::resource(Some(ns), plural, Some(name), Some(sub))
+                }
+                [plural] => Self::resource(None, plural, None, None),
+                [plural, name] => Self::resource(None, plural, Some(name), None),
+                [plural, name, sub] => Self::resource(None, plural, Some(name), Some(sub)),
                 _ => Self::Unknown,
             },
             _ => Self::Unknown,
         }
     }
 
-    fn resource(namespace: Option<&str>, plural: &str, name: Option<&str>) -> Self {
-        if !RESOURCES.iter().any(|r| r.plural == plural) {
+    fn resource(
+        namespace: Option<&str>,
+        plural: &str,
+        name: Option<&str>,
+        subresource: Option<&str>,
+    ) -> Self {
+        let Some(info) = RESOURCES.iter().find(|r| r.plural == plural) else {
+            return Self::Unknown;
+        };
+        if subresource.is_some_and(|sub| !info.subresources.contains(&sub)) {
             return Self::Unknown;
         }
         Self::Resource {
             namespace: namespace.map(str::to_string),
             plural: plural.to_string(),
             name: name.map(str::to_string),
+            subresource: subresource.map(str::to_string),
         }
     }
 
@@ -554,6 +587,7 @@ impl Target {
                 namespace,
                 plural,
                 name,
+                subresource,
             } => {
                 let watch = params.is_watch()?;
                 let verb = match (method, name.is_some()) {
@@ -589,7 +623,7 @@ impl Target {
                     api_group: apis::GROUP.to_string(),
                     api_version: apis::VERSION.to_string(),
                     resource: plural.clone(),
-                    subresource: String::new(),
+                    subresource: subresource.clone().unwrap_or_default(),
                     name: name.clone().or(pinned).unwrap_or_default(),
                     path: path.to_string(),
                 })

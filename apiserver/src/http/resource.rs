@@ -1,8 +1,8 @@
 //! REST verbs on a resource: get, list, create, update, patch, delete, deletecollection.
 //! Watch lives in `watch.rs`.
 
-use apis::resources::{ResourceInfo, ACCESS_SESSIONS, AGENTS};
-use apis::{AccessSession, Agent, Kind};
+use apis::resources::{ResourceInfo, ACCESS_SESSIONS, AGENTS, ENROLLMENTS, REVOCATIONS};
+use apis::{AccessSession, Agent, Enrollment, Kind, Revocation};
 use async_trait::async_trait;
 use axum::response::Response;
 use bytes::Bytes;
@@ -14,6 +14,7 @@ use super::error::{ApiError, ApiResult};
 use super::patch::{self, PatchError, PatchType, PATCH_TYPES};
 use super::render::{json_response, object_json, render_list, render_object, Renderable};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
+use crate::auth::UserInfo;
 use crate::store::{
     self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written,
 };
@@ -25,13 +26,46 @@ pub trait Served: Renderable {
     async fn create<S: Store>(
         store: &S,
         object: Self,
+        user: &UserInfo,
         dry_run: bool,
     ) -> store::Result<Written<Self>>;
+    /// Update through the main resource (only kinds that serve `update`).
     async fn update<S: Store>(
+        _store: &S,
+        _object: Self,
+        _dry_run: bool,
+    ) -> store::Result<Written<Self>> {
+        Err(store::StoreError::BadRequest(format!(
+            "{} cannot be updated",
+            Self::INFO.plural
+        )))
+    }
+    async fn delete<S: Store>(
         store: &S,
-        object: Self,
+        namespace: &str,
+        name: &str,
+        _user: &UserInfo,
+        preconditions: &Preconditions,
         dry_run: bool,
-    ) -> store::Result<Written<Self>>;
+    ) -> store::Result<Self> {
+        store
+            .delete::<Self>(namespace, name, preconditions, dry_run)
+            .await
+    }
+    /// A write through the `status` subresource: `current` is the object as stored,
+    /// `requested` the object the client asks for (after its patch).
+    async fn write_status<S: Store>(
+        _store: &S,
+        _name: &str,
+        _current: &Value,
+        _requested: &Value,
+        _dry_run: bool,
+    ) -> ApiResult<Self> {
+        Err(ApiError::method_not_allowed(
+            "PATCH",
+            &format!("{}/status", Self::INFO.plural),
+        ))
+    }
 }
 
 #[async_trait]
@@ -40,6 +74,7 @@ impl Served for AccessSession {
     async fn create<S: Store>(
         store: &S,
         object: Self,
+        _user: &UserInfo,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
         store.create_session(object, dry_run).await
@@ -59,6 +94,7 @@ impl Served for Agent {
     async fn create<S: Store>(
         store: &S,
         object: Self,
+        _user: &UserInfo,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
         store.create_agent(object, dry_run).await
@@ -72,14 +108,169 @@ impl Served for Agent {
     }
 }
 
+#[async_trait]
+impl Served for Enrollment {
+    const INFO: ResourceInfo = ENROLLMENTS;
+    async fn create<S: Store>(
+        store: &S,
+        object: Self,
+        user: &UserInfo,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
+        store.create_enrollment(object, &user.name, dry_run).await
+    }
+    async fn delete<S: Store>(
+        store: &S,
+        namespace: &str,
+        name: &str,
+        user: &UserInfo,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> store::Result<Self> {
+        store
+            .delete_enrollment(namespace, name, &user.name, preconditions, dry_run)
+            .await
+    }
+    /// Completion: the only change allowed is `status.phase` to `Completed`; a
+    /// `metadata.uid` in the request is a precondition.
+    async fn write_status<S: Store>(
+        store: &S,
+        name: &str,
+        current: &Value,
+        requested: &Value,
+        dry_run: bool,
+    ) -> ApiResult<Self> {
+        let uid = |v: &Value| {
+            v.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let (current_uid, requested_uid) = (uid(current), uid(requested));
+        if requested_uid != current_uid {
+            return Err(ApiError::from_store(
+                store::StoreError::Conflict(format!(
+                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                    requested_uid.unwrap_or_default(),
+                    current_uid.unwrap_or_default()
+                )),
+                &Self::INFO,
+                name,
+            ));
+        }
+        let rv = |v: &Value| v.pointer("/metadata/resourceVersion").cloned();
+        if rv(requested) != rv(current) {
+            return Err(ApiError::from_store(
+                store::StoreError::Conflict(format!(
+                    "Operation cannot be fulfilled on enrollments.{} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                    apis::GROUP
+                )),
+                &Self::INFO,
+                name,
+            ));
+        }
+        let phase = requested
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mut errors = Vec::new();
+        if phase != "Completed" {
+            errors.push(apis::validation::FieldError::new(
+                apis::validation::FieldErrorKind::NotSupported,
+                "status.phase",
+                format!("Unsupported value: {phase:?}: supported values: \"Completed\""),
+            ));
+        }
+        let mut changed = Vec::new();
+        let mut before = current.clone();
+        let mut after = requested.clone();
+        for v in [&mut before, &mut after] {
+            if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
+                status.remove("phase");
+            }
+            if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("managedFields");
+            }
+        }
+        diff_paths(&before, &after, "", &mut changed);
+        for path in changed {
+            errors.push(apis::validation::FieldError::forbidden(
+                path,
+                "completion sets status.phase to Completed and changes nothing else",
+            ));
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::invalid(&Self::INFO, name, &errors));
+        }
+        let ns = current
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        store
+            .complete_enrollment(ns, name, current_uid.as_deref(), dry_run)
+            .await
+            .map_err(|e| ApiError::from_store(e, &Self::INFO, name))
+    }
+}
+
+#[async_trait]
+impl Served for Revocation {
+    const INFO: ResourceInfo = REVOCATIONS;
+    async fn create<S: Store>(
+        store: &S,
+        object: Self,
+        _user: &UserInfo,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
+        store.create_revocation(object, dry_run).await
+    }
+    async fn delete<S: Store>(
+        store: &S,
+        namespace: &str,
+        name: &str,
+        _user: &UserInfo,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> store::Result<Self> {
+        store
+            .delete_revocation(namespace, name, preconditions, dry_run)
+            .await
+    }
+}
+
+/// Paths (`a.b.c`) where two JSON documents differ.
+fn diff_paths(a: &Value, b: &Value, prefix: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (x.get(k), y.get(k)) {
+                    (Some(va), Some(vb)) => diff_paths(va, vb, &path, out),
+                    _ => out.push(path),
+                }
+            }
+        }
+        (x, y) if x != y => out.push(prefix.to_string()),
+        _ => {}
+    }
+}
+
 /// One request on a resource, as routed.
 pub struct ResourceRequest<'a> {
     /// Namespace from the path (None for cluster-scoped kinds and all-namespace lists).
     pub namespace: Option<&'a str>,
     pub name: Option<&'a str>,
+    /// `status` for requests to `<name>/status`.
+    pub subresource: Option<&'a str>,
     pub params: Params,
     pub headers: &'a HeaderMap,
     pub body: Bytes,
+    /// Who is asking (owners of enrollments are recorded and checked).
+    pub user: &'a UserInfo,
 }
 
 impl ResourceRequest<'_> {
@@ -322,7 +513,7 @@ pub async fn create<K: Served, S: Store>(
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let written = K::create(store, object, dry_run)
+    let written = K::create(store, object, req.user, dry_run)
         .await
         .map_err(store_err::<K>(&name))?;
     warnings.extend(written.warnings);
@@ -465,15 +656,16 @@ pub async fn delete<K: Served, S: Store>(
     let rendering = req.rendering()?;
     let (preconditions, dry_run) = delete_options(&req)?;
     let name = req.name.unwrap_or_default();
-    let last: K = store
-        .delete(
-            req.namespace.unwrap_or_default(),
-            name,
-            &preconditions,
-            dry_run,
-        )
-        .await
-        .map_err(store_err::<K>(name))?;
+    let last: K = K::delete(
+        store,
+        req.namespace.unwrap_or_default(),
+        name,
+        req.user,
+        &preconditions,
+        dry_run,
+    )
+    .await
+    .map_err(store_err::<K>(name))?;
     Ok(json_response(
         StatusCode::OK,
         &render_object(&last, rendering)?,
@@ -505,9 +697,15 @@ pub async fn delete_collection<K: Served, S: Store>(
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
         );
-        match store
-            .delete::<K>(&ns, &name, &Preconditions::default(), dry_run)
-            .await
+        match K::delete(
+            store,
+            &ns,
+            &name,
+            req.user,
+            &Preconditions::default(),
+            dry_run,
+        )
+        .await
         {
             Ok(last) => deleted.push(last),
             // Deleted concurrently: that is what was asked.
@@ -518,4 +716,60 @@ pub async fn delete_collection<K: Served, S: Store>(
     let rv = store.current_version().await.map_err(store_err::<K>(""))?;
     let body = render_list(&deleted, K::INFO.list_kind, rv, None, rendering)?;
     Ok(json_response(StatusCode::OK, &body, &[]))
+}
+
+/// A write through the `status` subresource (PATCH or PUT).
+pub async fn update_status<K: Served, S: Store>(
+    store: &S,
+    verb: &str,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
+    let rendering = req.rendering()?;
+    let dry_run = req.params.dry_run()?;
+    let name = req.name.unwrap_or_default();
+    let current: K = store
+        .get(req.namespace.unwrap_or_default(), name)
+        .await
+        .map_err(store_err::<K>(name))?;
+    let current = object_json(&current)?;
+    let requested = if verb == "patch" {
+        let content_type = req.content_type().to_string();
+        let Some(patch_type) = PatchType::from_content_type(&content_type) else {
+            return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
+        };
+        let mut doc = current.clone();
+        patch::apply(&mut doc, patch_type, &req.body).map_err(|e| match e {
+            PatchError::Malformed(m) => ApiError::bad_request(m),
+            PatchError::Inapplicable(m) => ApiError::invalid(
+                &K::INFO,
+                name,
+                &[apis::validation::FieldError::invalid("patch", m)],
+            ),
+        })?;
+        doc
+    } else {
+        req.require_json_body()?;
+        let mut doc: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+        // An update may leave the resourceVersion out (unconditional).
+        if doc.pointer("/metadata/resourceVersion").is_none() {
+            if let (Some(meta), Some(rv)) = (
+                doc.get_mut("metadata").and_then(Value::as_object_mut),
+                current.pointer("/metadata/resourceVersion"),
+            ) {
+                meta.insert("resourceVersion".into(), rv.clone());
+            }
+        }
+        doc
+    };
+    // The typed form must still decode (rejects wrong types with a 400).
+    let mut warnings = Vec::new();
+    let bytes = serde_json::to_vec(&requested).map_err(|e| ApiError::internal(e.to_string()))?;
+    let _: K = decode_object(&bytes, req.params.field_validation()?, &mut warnings)?;
+    let written = K::write_status(store, name, &current, &requested, dry_run).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &render_object(&written, rendering)?,
+        &warnings,
+    ))
 }

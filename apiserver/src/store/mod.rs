@@ -10,7 +10,7 @@ pub mod rv;
 use apis::rules::SessionRuleError;
 use apis::selector::{FieldSelector, LabelSelector};
 use apis::validation::{join_errors, FieldError};
-use apis::{AccessSession, Agent, Kind, ServerRef};
+use apis::{AccessSession, Agent, Enrollment, Kind, Revocation, ServerRef};
 use async_trait::async_trait;
 
 pub use feed::{Event, EventRenderings, EventType, Subscription};
@@ -62,6 +62,8 @@ pub enum ForbiddenReason {
     ScopeEscalation,
     QuotaExceeded,
     AgentInactive,
+    /// Only the owner of a pending enrollment may withdraw it.
+    NotOwner,
 }
 
 impl ForbiddenReason {
@@ -69,7 +71,7 @@ impl ForbiddenReason {
         match self {
             Self::ScopeEscalation => "ScopeEscalation",
             Self::QuotaExceeded => "QuotaExceeded",
-            Self::AgentInactive => "Forbidden",
+            Self::AgentInactive | Self::NotOwner => "Forbidden",
         }
     }
 }
@@ -224,6 +226,50 @@ pub trait Store: Send + Sync + 'static {
     async fn create_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
     /// Updates an agent; `spec.active: false` revokes its sessions in the same transaction.
     async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
+
+    /// Creates an Enrollment and its AccessSession in `PendingEnrollment`, owned by `owner`.
+    async fn create_enrollment(
+        &self,
+        enrollment: Enrollment,
+        owner: &str,
+        dry_run: bool,
+    ) -> Result<Written<Enrollment>>;
+    /// Completes an enrollment: under the session lock checks the uid (when given), expiry,
+    /// agent and revocation, then activates the session.
+    async fn complete_enrollment(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        dry_run: bool,
+    ) -> Result<Enrollment>;
+    /// Withdraws a pending enrollment (its owner only: the session is deleted and its name
+    /// reserved) or removes a completed enrollment's record.
+    async fn delete_enrollment(
+        &self,
+        namespace: &str,
+        name: &str,
+        caller: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Enrollment>;
+    /// Garbage-collects completed enrollments older than `retention`. Returns how many.
+    async fn collect_completed_enrollments(&self, retention: std::time::Duration) -> Result<usize>;
+    /// Creates a Revocation and revokes its targets in one transaction.
+    async fn create_revocation(
+        &self,
+        revocation: Revocation,
+        dry_run: bool,
+    ) -> Result<Written<Revocation>>;
+    /// Withdraws a single-session revocation (restoring the session when its agent and server
+    /// are still usable); fences and multi-session revocations stay (409).
+    async fn delete_revocation(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Revocation>;
 
     /// The current resourceVersion.
     async fn current_version(&self) -> Result<ResourceVersion>;

@@ -10,7 +10,10 @@ use apis::rules::{
 };
 use apis::selector::FieldRequirement;
 use apis::validation::FieldError;
-use apis::{AccessSession, AccessSessionStatus, Agent, AgentStatus, Kind, ServerRef, SessionPhase};
+use apis::{
+    AccessSession, AccessSessionStatus, Agent, AgentStatus, Enrollment, EnrollmentInfo,
+    EnrollmentPhase, EnrollmentStatus, Kind, Revocation, RevocationStatus, ServerRef, SessionPhase,
+};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -23,12 +26,14 @@ use uuid::Uuid;
 use super::feed::{set_resource_version, Feed, CHANNEL};
 use super::rv::{ContinueToken, ResourceVersion, EPOCH_LIMIT};
 use super::{
-    apply_migrations, ListAt, ListQuery, ObjectList, Preconditions, Result, RevocationOutcome,
-    Store, StoreError, Subscription, Written,
+    apply_migrations, ForbiddenReason, ListAt, ListQuery, ObjectList, Preconditions, Result,
+    RevocationOutcome, Store, StoreError, Subscription, Written,
 };
 
 const SESSIONS: &str = AccessSession::PLURAL;
 const AGENTS: &str = Agent::PLURAL;
+const ENROLLMENTS: &str = Enrollment::PLURAL;
+const REVOCATIONS: &str = Revocation::PLURAL;
 /// Rows fetched per query while assembling a list page.
 const LIST_CHUNK: usize = 1000;
 
@@ -481,6 +486,11 @@ impl<'a> WriteTx<'a> {
         self.tx.execute(&stmt, params).await.map_err(pg_err)
     }
 
+    async fn load(&self, resource: &str, ns: &str, name: &str) -> Result<Option<StoredRow>> {
+        let rows = self.query(LOAD_SQL, &[&resource, &ns, &name]).await?;
+        Ok(rows.first().map(stored_row))
+    }
+
     async fn load_typed<K: Kind>(&self, ns: &str, name: &str) -> Result<Option<(K, StoredRow)>> {
         let rows = self
             .query(LOAD_SQL, &[&K::PLURAL, &scoped_ns::<K>(ns), &name])
@@ -683,7 +693,7 @@ impl<'a> WriteTx<'a> {
     async fn revoke_sessions_where(
         &mut self,
         filter: &str,
-        value: &str,
+        values: &[&str],
         cause: &str,
         revocation_name: Option<&str>,
         now: Timestamp,
@@ -695,7 +705,10 @@ impl<'a> WriteTx<'a> {
                       WHERE resource = 'accesssessions' AND {filter}
                       ORDER BY namespace, name"
                 ),
-                &[&value],
+                &values
+                    .iter()
+                    .map(|v| v as &(dyn ToSql + Sync))
+                    .collect::<Vec<_>>(),
             )
             .await?;
         let mut changes = Vec::new();
@@ -977,7 +990,7 @@ impl Store for PgStore {
         if K::PLURAL == AGENTS {
             tx.revoke_sessions_where(
                 "body #>> '{spec,agent,uid}' = $1",
-                &stored.uid.to_string(),
+                &[&stored.uid.to_string()],
                 CAUSE_AGENT_DEACTIVATED,
                 None,
                 now(),
@@ -1191,7 +1204,7 @@ impl Store for PgStore {
         let outcome = tx
             .revoke_sessions_where(
                 "body #>> '{spec,server,uid}' = $1",
-                &server.uid,
+                &[&server.uid],
                 CAUSE_SERVER_RETIRED,
                 revocation_name,
                 now(),
@@ -1281,7 +1294,7 @@ impl Store for PgStore {
         if deactivating {
             tx.revoke_sessions_where(
                 "body #>> '{spec,agent,uid}' = $1",
-                &stored.uid.to_string(),
+                &[&stored.uid.to_string()],
                 CAUSE_AGENT_DEACTIVATED,
                 None,
                 now,
@@ -1297,6 +1310,456 @@ impl Store for PgStore {
             object: updated,
             warnings: Vec::new(),
         })
+    }
+
+    async fn create_enrollment(
+        &self,
+        mut enrollment: Enrollment,
+        owner: &str,
+        dry_run: bool,
+    ) -> Result<Written<Enrollment>> {
+        let now = now();
+        let ns = namespace_of::<Enrollment>(&enrollment.metadata)?;
+        init_metadata(&mut enrollment.metadata, &ns, now);
+        let mut errors = validate_metadata(&enrollment.metadata);
+        errors.extend(rules::validate_session_spec(&enrollment.spec));
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        let name = enrollment.metadata.name.clone().unwrap_or_default();
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let server_fenced = tx
+            .lock_and_check_new_session(&ns, &name, &enrollment.spec.server.uid)
+            .await?;
+        if tx.load_typed::<Enrollment>(&ns, &name).await?.is_some() {
+            return Err(StoreError::AlreadyExists {
+                resource: ENROLLMENTS,
+                name: display_name(&ns, &name),
+            });
+        }
+        let agent = match &enrollment.spec.agent {
+            Some(agent_ref) => tx.load_typed::<Agent>("", &agent_ref.name).await?,
+            None => None,
+        };
+        let agent_active_sessions = match &agent {
+            Some((a, row)) if a.spec.max_active_sessions.is_some() => {
+                tx.active_sessions_of_agent(&row.uid.to_string(), now)
+                    .await?
+            }
+            _ => 0,
+        };
+        let admission = admit_session(
+            &enrollment.spec,
+            &IssuanceContext {
+                agent: agent.as_ref().map(|(a, _)| a),
+                agent_active_sessions,
+                server_max_ttl: self.inner.config.max_session_ttl,
+                server_fenced,
+                now,
+            },
+        )?;
+        enrollment.spec = admission.spec;
+        enrollment.status = Some(EnrollmentStatus {
+            phase: EnrollmentPhase::Pending,
+            owner: Some(owner.to_string()),
+            requested_at: Some(Time(now)),
+            completed_at: None,
+        });
+        enrollment.set_type_meta();
+        // The session: same namespace, name and uid, pending.
+        let mut session = AccessSession {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(ns.clone()),
+                uid: enrollment.metadata.uid.clone(),
+                creation_timestamp: Some(Time(now)),
+                generation: Some(1),
+                labels: enrollment.metadata.labels.clone(),
+                ..Default::default()
+            },
+            spec: enrollment.spec.clone(),
+            status: Some(AccessSessionStatus {
+                phase: SessionPhase::PendingEnrollment,
+                enrollment: Some(EnrollmentInfo {
+                    state: "Pending".into(),
+                    owner: owner.to_string(),
+                    requested_at: Time(now),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        session.set_type_meta();
+        if !dry_run {
+            let uid = Uuid::parse_str(enrollment.metadata.uid.as_deref().unwrap_or_default())
+                .map_err(|e| StoreError::Internal(e.to_string()))?;
+            tx.insert(SESSIONS, &ns, &name, uid, &encode(&session)?)
+                .await?;
+            let seq = tx
+                .insert(ENROLLMENTS, &ns, &name, uid, &encode(&enrollment)?)
+                .await?;
+            enrollment.metadata.resource_version = Some(tx.rv(seq).to_string());
+            tx.commit().await?;
+        }
+        Ok(Written {
+            object: enrollment,
+            warnings: admission.warnings,
+        })
+    }
+
+    async fn complete_enrollment(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        dry_run: bool,
+    ) -> Result<Enrollment> {
+        let now = now();
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((mut enrollment, enrollment_row)) = tx
+            .lock_and_load_typed::<Enrollment>(namespace, name)
+            .await?
+        else {
+            return Err(not_found::<Enrollment>(name));
+        };
+        check_preconditions::<Enrollment>(name, &enrollment_row, tx.epoch, uid, None)?;
+        if enrollment.phase() == EnrollmentPhase::Completed {
+            return Ok(enrollment);
+        }
+        let refuse = |why: String| {
+            StoreError::Conflict(format!("cannot complete enrollment {name:?}: {why}"))
+        };
+        let Some((mut session, session_row)) =
+            tx.load_typed::<AccessSession>(namespace, name).await?
+        else {
+            return Err(refuse("its session was deleted".into()));
+        };
+        if session_row.uid != enrollment_row.uid {
+            return Err(refuse("its session was replaced".into()));
+        }
+        rules::check_completion(&session, now).map_err(refuse)?;
+        if tx.is_fenced(&session.spec.server.uid).await? {
+            return Err(refuse(format!(
+                "server uid {:?} was retired",
+                session.spec.server.uid
+            )));
+        }
+        if let Some(agent_ref) = &session.spec.agent {
+            let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
+            let usable = agent.as_ref().is_some_and(|(a, _)| {
+                a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
+            });
+            if !usable {
+                return Err(refuse(format!(
+                    "agent {:?} is no longer active (deactivated, deleted or re-created)",
+                    agent_ref.name
+                )));
+            }
+        }
+        // Only the pending metadata goes: authorization fields stay exactly as issued.
+        if let Some(status) = session.status.as_mut() {
+            status.enrollment = None;
+            status.phase = SessionPhase::Active;
+        }
+        let status = enrollment
+            .status
+            .get_or_insert_with(EnrollmentStatus::default);
+        status.phase = EnrollmentPhase::Completed;
+        status.completed_at = Some(Time(now));
+        if dry_run {
+            return Ok(enrollment);
+        }
+        tx.replace(SESSIONS, namespace, name, &encode(&session)?, &session_row)
+            .await?;
+        let seq = tx
+            .replace(
+                ENROLLMENTS,
+                namespace,
+                name,
+                &encode(&enrollment)?,
+                &enrollment_row,
+            )
+            .await?;
+        enrollment.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(enrollment)
+    }
+
+    async fn delete_enrollment(
+        &self,
+        namespace: &str,
+        name: &str,
+        caller: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Enrollment> {
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((enrollment, enrollment_row)) = tx
+            .lock_and_load_typed::<Enrollment>(namespace, name)
+            .await?
+        else {
+            return Err(not_found::<Enrollment>(name));
+        };
+        check_preconditions::<Enrollment>(
+            name,
+            &enrollment_row,
+            tx.epoch,
+            preconditions.uid.as_deref(),
+            preconditions.resource_version.as_deref(),
+        )?;
+        let pending = enrollment.phase() == EnrollmentPhase::Pending;
+        if pending {
+            let owner = enrollment
+                .status
+                .as_ref()
+                .and_then(|s| s.owner.clone())
+                .unwrap_or_default();
+            if owner != caller {
+                return Err(StoreError::Forbidden {
+                    reason: ForbiddenReason::NotOwner,
+                    message: format!("only the owner {owner:?} may withdraw a pending enrollment"),
+                });
+            }
+        }
+        if dry_run {
+            return Ok(enrollment);
+        }
+        if pending {
+            // Withdrawing deletes the pending session: tombstone and name reservation.
+            if let Some(session_row) = tx.load(SESSIONS, namespace, name).await? {
+                if session_row.uid == enrollment_row.uid {
+                    tx.remove(SESSIONS, namespace, name, &session_row).await?;
+                    tx.execute(
+                        "INSERT INTO name_reservations (resource, namespace, name, uid) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT DO NOTHING",
+                        &[&SESSIONS, &namespace, &name, &session_row.uid],
+                    )
+                    .await?;
+                }
+            }
+        }
+        let seq = tx
+            .remove(ENROLLMENTS, namespace, name, &enrollment_row)
+            .await?;
+        let rv = tx.rv(seq);
+        tx.commit().await?;
+        decode(enrollment_row.body, rv)
+    }
+
+    async fn collect_completed_enrollments(&self, retention: Duration) -> Result<usize> {
+        let cutoff = now()
+            - SignedDuration::try_from(retention)
+                .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let cutoff =
+            serde_json::to_value(Time(cutoff)).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let cutoff = cutoff.as_str().unwrap_or_default().to_string();
+        let due: Vec<(String, String)> = {
+            let client = self.client().await?;
+            client
+                .query(
+                    "SELECT namespace, name FROM objects WHERE resource = 'enrollments'
+                       AND body #>> '{status,phase}' = 'Completed' AND body #>> '{status,completedAt}' < $1
+                     ORDER BY namespace, name LIMIT 1000",
+                    &[&cutoff],
+                )
+                .await
+                .map_err(pg_err)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()
+        };
+        let mut collected = 0;
+        for (ns, name) in due {
+            // Completed records are removed whoever owns them.
+            let (_gate, mut client) = self.writer().await?;
+            let mut tx = WriteTx::begin(&mut client).await?;
+            if let Some((enrollment, row)) =
+                tx.lock_and_load_typed::<Enrollment>(&ns, &name).await?
+            {
+                if enrollment.phase() == EnrollmentPhase::Completed {
+                    tx.remove(ENROLLMENTS, &ns, &name, &row).await?;
+                    tx.commit().await?;
+                    collected += 1;
+                }
+            }
+        }
+        Ok(collected)
+    }
+
+    async fn create_revocation(
+        &self,
+        mut revocation: Revocation,
+        dry_run: bool,
+    ) -> Result<Written<Revocation>> {
+        let now = now();
+        let ns = namespace_of::<Revocation>(&revocation.metadata)?;
+        init_metadata(&mut revocation.metadata, &ns, now);
+        let mut errors = validate_metadata(&revocation.metadata);
+        errors.extend(rules::validate_revocation_spec(&revocation.spec));
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        let name = revocation.metadata.name.clone().unwrap_or_default();
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        if tx.lock_and_load(REVOCATIONS, &ns, &name).await?.is_some() {
+            return Err(StoreError::AlreadyExists {
+                resource: REVOCATIONS,
+                name: display_name(&ns, &name),
+            });
+        }
+        let target = revocation.spec.target.clone();
+        let cause = revocation.spec.cause.clone();
+        let outcome = if let Some(session) = &target.session {
+            if tx.load(SESSIONS, &ns, session).await?.is_none() {
+                return Err(StoreError::Invalid(vec![FieldError::invalid(
+                    "spec.target.session",
+                    format!("session {session:?} not found in namespace {ns:?}"),
+                )]));
+            }
+            tx.revoke_sessions_where(
+                "namespace = $1 AND name = $2",
+                &[&ns, session],
+                &cause,
+                Some(&name),
+                now,
+            )
+            .await?
+        } else if let Some(server) = &target.server {
+            if cause == CAUSE_SERVER_RETIRED {
+                tx.execute(
+                    "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (server_uid) DO NOTHING",
+                    &[&server.uid, &server.name, &ns, &name],
+                )
+                .await?;
+            }
+            tx.revoke_sessions_where(
+                "namespace = $1 AND body #>> '{spec,server,uid}' = $2",
+                &[&ns, &server.uid],
+                &cause,
+                Some(&name),
+                now,
+            )
+            .await?
+        } else if let Some(subject) = &target.subject {
+            tx.revoke_sessions_where(
+                "namespace = $1 AND body #>> '{spec,subject,user}' = $2",
+                &[&ns, subject],
+                &cause,
+                Some(&name),
+                now,
+            )
+            .await?
+        } else {
+            RevocationOutcome::default()
+        };
+        revocation.status = Some(RevocationStatus {
+            revoked_sessions: outcome.revoked.len() as u32,
+            completed_at: Some(Time(now)),
+        });
+        revocation.set_type_meta();
+        if dry_run {
+            return Ok(Written {
+                object: revocation,
+                warnings: Vec::new(),
+            });
+        }
+        let uid = Uuid::parse_str(revocation.metadata.uid.as_deref().unwrap_or_default())
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let seq = tx
+            .insert(REVOCATIONS, &ns, &name, uid, &encode(&revocation)?)
+            .await?;
+        revocation.metadata.resource_version = Some(tx.rv(seq).to_string());
+        tx.commit().await?;
+        Ok(Written {
+            object: revocation,
+            warnings: Vec::new(),
+        })
+    }
+
+    async fn delete_revocation(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Revocation> {
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((revocation, row)) = tx
+            .lock_and_load_typed::<Revocation>(namespace, name)
+            .await?
+        else {
+            return Err(not_found::<Revocation>(name));
+        };
+        check_preconditions::<Revocation>(
+            name,
+            &row,
+            tx.epoch,
+            preconditions.uid.as_deref(),
+            preconditions.resource_version.as_deref(),
+        )?;
+        let target = &revocation.spec.target;
+        if revocation.spec.cause == CAUSE_SERVER_RETIRED {
+            return Err(StoreError::Conflict(format!(
+                "revocation {name:?} fences a retired server generation; fences are permanent"
+            )));
+        }
+        let Some(session_name) = target.session.as_deref() else {
+            return Err(StoreError::Conflict(format!(
+                "revocation {name:?} covers many sessions; only single-session revocations can be withdrawn"
+            )));
+        };
+        // Restore the session if this revocation is the one on record.
+        if let Some((mut session, session_row)) = tx
+            .load_typed::<AccessSession>(namespace, session_name)
+            .await?
+        {
+            let ours = session
+                .status
+                .as_ref()
+                .and_then(|s| s.revocation.as_ref())
+                .is_some_and(|r| r.revocation_name.as_deref() == Some(name));
+            if ours {
+                let fenced = tx.is_fenced(&session.spec.server.uid).await?;
+                if let Some(agent_ref) = &session.spec.agent {
+                    let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
+                    let usable = agent.as_ref().is_some_and(|(a, _)| {
+                        a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
+                    });
+                    if !usable {
+                        return Err(StoreError::Conflict(format!(
+                            "cannot withdraw revocation {name:?}: agent {:?} is no longer active (deactivated, deleted or re-created)",
+                            agent_ref.name
+                        )));
+                    }
+                }
+                rules::unrevoke_session(&mut session, fenced).map_err(|e| {
+                    StoreError::Conflict(format!("cannot withdraw revocation {name:?}: {e}"))
+                })?;
+                if !dry_run {
+                    tx.replace(
+                        SESSIONS,
+                        namespace,
+                        session_name,
+                        &encode(&session)?,
+                        &session_row,
+                    )
+                    .await?;
+                }
+            }
+        }
+        if dry_run {
+            return Ok(revocation);
+        }
+        let seq = tx.remove(REVOCATIONS, namespace, name, &row).await?;
+        let rv = tx.rv(seq);
+        tx.commit().await?;
+        decode(row.body, rv)
     }
 
     async fn current_version(&self) -> Result<ResourceVersion> {
