@@ -86,8 +86,9 @@ pub const REVOCATIONS: ResourceInfo = ResourceInfo {
     namespaced: true,
     short_names: &["rvk"],
     categories: &[CATEGORY],
-    // A revocation is an event: it is created, read, and (single-session ones) withdrawn.
-    verbs: &["create", "delete", "get", "list", "watch"],
+    // A revocation is an event: created, read, labelled (metadata-only updates), and
+    // (single-session ones) withdrawn.
+    verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
     subresources: &[],
 };
 

@@ -227,6 +227,9 @@ pub trait Store: Send + Sync + 'static {
     /// Updates an agent; `spec.active: false` revokes its sessions in the same transaction.
     async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
 
+    /// Updates only the metadata (labels, annotations, owner references, finalizers) of an
+    /// object whose spec is fixed at creation; a changed spec is refused, status is kept.
+    async fn update_metadata<K: Kind>(&self, object: K, dry_run: bool) -> Result<Written<K>>;
     /// Creates an Enrollment and its AccessSession in `PendingEnrollment`, owned by `owner`.
     async fn create_enrollment(
         &self,

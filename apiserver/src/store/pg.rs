@@ -1312,6 +1312,44 @@ impl Store for PgStore {
         })
     }
 
+    async fn update_metadata<K: Kind>(&self, object: K, dry_run: bool) -> Result<Written<K>> {
+        let ns = namespace_of::<K>(object.meta())?;
+        let name = object.meta().name.clone().unwrap_or_default();
+        let (_gate, mut client) = self.writer().await?;
+        let mut tx = WriteTx::begin(&mut client).await?;
+        let Some((current, stored)) = tx.lock_and_load_typed::<K>(&ns, &name).await? else {
+            return Err(not_found::<K>(&name));
+        };
+        check_preconditions::<K>(
+            &name,
+            &stored,
+            tx.epoch,
+            object.meta().uid.as_deref(),
+            object.meta().resource_version.as_deref(),
+        )?;
+        let requested = encode(&object)?;
+        let mut updated = encode(&current)?;
+        if requested.get("spec") != updated.get("spec") {
+            return Err(StoreError::Invalid(vec![FieldError::invalid("spec", "field is immutable")]));
+        }
+        let meta = merge_metadata(current.meta(), object.meta());
+        let errors = validate_metadata(&meta);
+        if !errors.is_empty() {
+            return Err(StoreError::Invalid(errors));
+        }
+        updated["metadata"] = serde_json::to_value(&meta).map_err(|e| StoreError::Internal(e.to_string()))?;
+        if let Some(m) = updated.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        if updated == stored.body || dry_run {
+            return Ok(Written { object: current, warnings: Vec::new() });
+        }
+        let seq = tx.replace(K::PLURAL, &ns, &name, &updated, &stored).await?;
+        let rv = tx.rv(seq);
+        tx.commit().await?;
+        Ok(Written { object: decode(updated, rv)?, warnings: Vec::new() })
+    }
+
     async fn create_enrollment(
         &self,
         mut enrollment: Enrollment,
