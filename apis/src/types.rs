@@ -56,7 +56,7 @@ pub struct AccessSession {
     pub status: Option<AccessSessionStatus>,
 }
 
-/// What an access session grants.
+// What an access session grants.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionSpec {
@@ -138,7 +138,7 @@ impl SessionPhase {
     }
 }
 
-/// Observed state of a session.
+// Observed state of a session.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionStatus {
@@ -205,7 +205,7 @@ fn default_true() -> bool {
     true
 }
 
-/// Who an agent is and what it may hold.
+// Who an agent is and what it may hold.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSpec {
@@ -246,7 +246,7 @@ impl Default for AgentSpec {
     }
 }
 
-/// Observed state of an agent.
+// Observed state of an agent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
@@ -342,7 +342,7 @@ pub enum EnrollmentPhase {
     Completed,
 }
 
-/// Observed state of an enrollment.
+// Observed state of an enrollment.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnrollmentStatus {
@@ -380,7 +380,7 @@ pub struct Revocation {
     pub status: Option<RevocationStatus>,
 }
 
-/// What to revoke and why.
+// What to revoke and why.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationSpec {
@@ -395,7 +395,7 @@ pub struct RevocationSpec {
     pub message: Option<String>,
 }
 
-/// The sessions a revocation applies to.
+// The sessions a revocation applies to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationTarget {
@@ -410,7 +410,7 @@ pub struct RevocationTarget {
     pub subject: Option<String>,
 }
 
-/// What a revocation did.
+// What a revocation did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationStatus {
