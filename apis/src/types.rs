@@ -30,6 +30,22 @@ pub trait Kind: Clone + Serialize + for<'de> Deserialize<'de> + Send + Sync + 's
     fn set_type_meta(&mut self);
 }
 
+/// The `Kind` methods every object type implements the same way.
+macro_rules! object_accessors {
+    () => {
+        fn meta(&self) -> &ObjectMeta {
+            &self.metadata
+        }
+        fn meta_mut(&mut self) -> &mut ObjectMeta {
+            &mut self.metadata
+        }
+        fn set_type_meta(&mut self) {
+            self.api_version = API_VERSION.to_string();
+            self.kind = Self::KIND.to_string();
+        }
+    };
+}
+
 /// Field selector paths shared by every kind.
 const META_FIELDS: [(&str, &[&str]); 2] = [
     ("metadata.name", &["metadata", "name"]),
@@ -275,16 +291,7 @@ impl Kind for AccessSession {
         ("status.phase", &["status", "phase"]),
     ];
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn set_type_meta(&mut self) {
-        self.api_version = API_VERSION.to_string();
-        self.kind = Self::KIND.to_string();
-    }
+    object_accessors!();
 }
 
 impl Kind for Agent {
@@ -293,16 +300,7 @@ impl Kind for Agent {
     const NAMESPACED: bool = false;
     const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[META_FIELDS[0]];
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn set_type_meta(&mut self) {
-        self.api_version = API_VERSION.to_string();
-        self.kind = Self::KIND.to_string();
-    }
+    object_accessors!();
 }
 
 impl AccessSession {
@@ -434,16 +432,7 @@ impl Kind for Enrollment {
         ("status.owner", &["status", "owner"]),
     ];
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn set_type_meta(&mut self) {
-        self.api_version = API_VERSION.to_string();
-        self.kind = Self::KIND.to_string();
-    }
+    object_accessors!();
 }
 
 impl Kind for Revocation {
@@ -457,16 +446,7 @@ impl Kind for Revocation {
         ("spec.target.session", &["spec", "target", "session"]),
     ];
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn set_type_meta(&mut self) {
-        self.api_version = API_VERSION.to_string();
-        self.kind = Self::KIND.to_string();
-    }
+    object_accessors!();
 }
 
 impl Enrollment {
