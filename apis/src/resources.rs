@@ -66,15 +66,9 @@ pub const ENROLLMENTS: ResourceInfo = ResourceInfo {
     namespaced: true,
     short_names: &["enr"],
     categories: &[CATEGORY],
-    // The spec is fixed at creation; progress goes through the status subresource.
-    verbs: &[
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "watch",
-    ],
+    // The spec is fixed at creation (updates change metadata only); progress goes through
+    // the status subresource.
+    verbs: ALL_VERBS,
     subresources: &["status"],
 };
 
@@ -88,7 +82,9 @@ pub const REVOCATIONS: ResourceInfo = ResourceInfo {
     categories: &[CATEGORY],
     // A revocation is an event: created, read, labelled (metadata-only updates), and
     // (single-session ones) withdrawn.
-    verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
     subresources: &[],
 };
 

@@ -50,7 +50,10 @@ fn main() {
             forged_headers_are_refused,
         ),
         ("namespace_lifecycle", namespace_lifecycle),
-        ("revokers_and_enrollers_through_rbac", revokers_and_enrollers_through_rbac),
+        (
+            "revokers_and_enrollers_through_rbac",
+            revokers_and_enrollers_through_rbac,
+        ),
         (
             "client_go_informer_stays_synced_across_restart",
             client_go_informer_stays_synced_across_restart,
@@ -499,6 +502,26 @@ fn namespace_lifecycle(c: &mut LocalCluster) -> Result<(), String> {
             "seed",
         )?;
     }
+    // A pending enrollment owned by someone else must not keep the namespace from going.
+    let enroller = service_account_kubeconfig(c, ns, "enroller")?;
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "enroller",
+            "-n",
+            ns,
+            "--clusterrole=mcp-access-enroller",
+            &format!("--serviceaccount={ns}:enroller"),
+        ]),
+        "rolebinding",
+    )?;
+    eventually(
+        c,
+        &enroller,
+        &["create", "-n", ns, "-f", "-"],
+        Some(&enrollment_yaml("pending")),
+    )?;
     ok(
         &c.kubectl(&["delete", "namespace", ns, "--wait=false"]),
         "delete namespace",
@@ -534,7 +557,12 @@ fn enrollment_yaml(name: &str) -> String {
 }
 
 /// Retries a kubectl call while RBAC caches (seconds, by design) catch up with a new binding.
-fn eventually(c: &LocalCluster, kubeconfig: &PathBuf, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+fn eventually(
+    c: &LocalCluster,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let out = c.kubectl_as(kubeconfig, args, stdin);
@@ -552,65 +580,203 @@ fn revokers_and_enrollers_through_rbac(c: &mut LocalCluster) -> Result<(), Strin
     let ns = "e2e-authority";
     create_namespace(c, ns)?;
     for name in ["target", "other"] {
-        ok(&c.kubectl_as(&c.kubeconfig.clone(), &["apply", "-n", ns, "-f", "-"], Some(&session_yaml(name, "srv-auth"))), "seed")?;
+        ok(
+            &c.kubectl_as(
+                &c.kubeconfig.clone(),
+                &["apply", "-n", ns, "-f", "-"],
+                Some(&session_yaml(name, "srv-auth")),
+            ),
+            "seed",
+        )?;
     }
     let revocation = "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Revocation\nmetadata:\n  name: pull-target\nspec:\n  target: {session: target}\n  cause: compromised\n  message: key leaked\n";
 
     // An editor may manage sessions but not revoke.
     let editor = service_account_kubeconfig(c, ns, "editor")?;
-    ok(&c.kubectl(&["create", "rolebinding", "editor", "-n", ns, "--clusterrole=edit", &format!("--serviceaccount={ns}:editor")]), "rolebinding")?;
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "editor",
+            "-n",
+            ns,
+            "--clusterrole=edit",
+            &format!("--serviceaccount={ns}:editor"),
+        ]),
+        "rolebinding",
+    )?;
     eventually(c, &editor, &["get", "acs", "-n", ns], None)?;
     let denied = c.kubectl_as(&editor, &["create", "-n", ns, "-f", "-"], Some(revocation));
     ensure!(
-        !denied.success && denied.stderr.contains("cannot create resource \"revocations\""),
+        !denied.success
+            && denied
+                .stderr
+                .contains("cannot create resource \"revocations\""),
         "edit must not revoke: {denied:?}"
     );
-    let still: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "target", "-n", ns, "-o", "json"]), "get")?).map_err(|e| e.to_string())?;
+    let still: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "target", "-n", ns, "-o", "json"]),
+        "get",
+    )?)
+    .map_err(|e| e.to_string())?;
     ensure!(still["status"]["phase"] == "Active", "{still}");
 
     // A revoker may.
     let revoker = service_account_kubeconfig(c, ns, "revoker")?;
-    ok(&c.kubectl(&["create", "rolebinding", "revoker", "-n", ns, "--clusterrole=mcp-access-revoker", &format!("--serviceaccount={ns}:revoker")]), "rolebinding")?;
-    let created = eventually(c, &revoker, &["create", "-n", ns, "-f", "-"], Some(revocation))?;
-    ensure!(created.contains("revocation.access.mcp-runtime.dev/pull-target created"), "{created}");
-    let revoked: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "target", "-n", ns, "-o", "json"]), "get")?).map_err(|e| e.to_string())?;
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "revoker",
+            "-n",
+            ns,
+            "--clusterrole=mcp-access-revoker",
+            &format!("--serviceaccount={ns}:revoker"),
+        ]),
+        "rolebinding",
+    )?;
+    let created = eventually(
+        c,
+        &revoker,
+        &["create", "-n", ns, "-f", "-"],
+        Some(revocation),
+    )?;
     ensure!(
-        revoked["status"]["phase"] == "Revoked" && revoked["status"]["revocation"]["cause"] == "compromised",
+        created.contains("revocation.access.mcp-runtime.dev/pull-target created"),
+        "{created}"
+    );
+    let revoked: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "target", "-n", ns, "-o", "json"]),
+        "get",
+    )?)
+    .map_err(|e| e.to_string())?;
+    ensure!(
+        revoked["status"]["phase"] == "Revoked"
+            && revoked["status"]["revocation"]["cause"] == "compromised",
         "{revoked}"
     );
     let audit = ok(&c.kubectl(&["get", "revocations", "-A"]), "audit trail")?;
-    ensure!(audit.contains("pull-target") && audit.contains("session/target") && audit.contains("compromised"), "{audit}");
+    ensure!(
+        audit.contains("pull-target")
+            && audit.contains("session/target")
+            && audit.contains("compromised"),
+        "{audit}"
+    );
 
     // An enroller creates, completes and withdraws enrollments, but cannot touch sessions.
     let enroller = service_account_kubeconfig(c, ns, "enroller")?;
-    ok(&c.kubectl(&["create", "rolebinding", "enroller", "-n", ns, "--clusterrole=mcp-access-enroller", &format!("--serviceaccount={ns}:enroller")]), "rolebinding")?;
-    eventually(c, &enroller, &["create", "-n", ns, "-f", "-"], Some(&enrollment_yaml("adapter-1")))?;
-    let pending: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "adapter-1", "-n", ns, "-o", "json"]), "get")?).map_err(|e| e.to_string())?;
-    ensure!(pending["status"]["phase"] == "PendingEnrollment", "{pending}");
+    ok(
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "enroller",
+            "-n",
+            ns,
+            "--clusterrole=mcp-access-enroller",
+            &format!("--serviceaccount={ns}:enroller"),
+        ]),
+        "rolebinding",
+    )?;
+    eventually(
+        c,
+        &enroller,
+        &["create", "-n", ns, "-f", "-"],
+        Some(&enrollment_yaml("adapter-1")),
+    )?;
+    let pending: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "adapter-1", "-n", ns, "-o", "json"]),
+        "get",
+    )?)
+    .map_err(|e| e.to_string())?;
+    ensure!(
+        pending["status"]["phase"] == "PendingEnrollment",
+        "{pending}"
+    );
     ensure!(
         pending["status"]["enrollment"]["owner"] == format!("system:serviceaccount:{ns}:enroller"),
         "owner is the authenticated creator: {pending}"
     );
     ok(
-        &c.kubectl_as(&enroller, &["patch", "enrollment", "adapter-1", "-n", ns, "--subresource=status", "--type=merge", "-p", r#"{"status":{"phase":"Completed"}}"#], None),
+        &c.kubectl_as(
+            &enroller,
+            &[
+                "patch",
+                "enrollment",
+                "adapter-1",
+                "-n",
+                ns,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Completed"}}"#,
+            ],
+            None,
+        ),
         "complete",
     )?;
-    let active: Value = serde_json::from_str(&ok(&c.kubectl(&["get", "acs", "adapter-1", "-n", ns, "-o", "json"]), "get")?).map_err(|e| e.to_string())?;
-    ensure!(active["status"]["phase"] == "Active" && active["status"].get("enrollment").is_none(), "{active}");
-    ok(&c.kubectl_as(&enroller, &["create", "-n", ns, "-f", "-"], Some(&enrollment_yaml("adapter-2"))), "create second")?;
-    ok(&c.kubectl_as(&enroller, &["delete", "enrollment", "adapter-2", "-n", ns], None), "withdraw")?;
+    let active: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "acs", "adapter-1", "-n", ns, "-o", "json"]),
+        "get",
+    )?)
+    .map_err(|e| e.to_string())?;
+    ensure!(
+        active["status"]["phase"] == "Active" && active["status"].get("enrollment").is_none(),
+        "{active}"
+    );
+    ok(
+        &c.kubectl_as(
+            &enroller,
+            &["create", "-n", ns, "-f", "-"],
+            Some(&enrollment_yaml("adapter-2")),
+        ),
+        "create second",
+    )?;
+    ok(
+        &c.kubectl_as(
+            &enroller,
+            &["delete", "enrollment", "adapter-2", "-n", ns],
+            None,
+        ),
+        "withdraw",
+    )?;
     let gone = c.kubectl(&["get", "acs", "adapter-2", "-n", ns]);
-    ensure!(!gone.success && gone.stderr.contains("NotFound"), "withdrawn session must be gone: {gone:?}");
+    ensure!(
+        !gone.success && gone.stderr.contains("NotFound"),
+        "withdrawn session must be gone: {gone:?}"
+    );
     // The admin is not the owner: withdrawing someone else's pending enrollment is refused.
-    ok(&c.kubectl_as(&enroller, &["create", "-n", ns, "-f", "-"], Some(&enrollment_yaml("adapter-3"))), "create third")?;
+    ok(
+        &c.kubectl_as(
+            &enroller,
+            &["create", "-n", ns, "-f", "-"],
+            Some(&enrollment_yaml("adapter-3")),
+        ),
+        "create third",
+    )?;
     let not_owner = c.kubectl(&["delete", "enrollment", "adapter-3", "-n", ns]);
-    ensure!(!not_owner.success && not_owner.stderr.contains("Forbidden"), "{not_owner:?}");
+    ensure!(
+        !not_owner.success && not_owner.stderr.contains("Forbidden"),
+        "{not_owner:?}"
+    );
     for args in [
-        vec!["patch", "acs", "adapter-1", "-n", ns, "--type=merge", "-p", r#"{"metadata":{"labels":{"x":"y"}}}"#],
+        vec![
+            "patch",
+            "acs",
+            "adapter-1",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        ],
         vec!["delete", "acs", "adapter-1", "-n", ns],
     ] {
         let out = c.kubectl_as(&enroller, &args, None);
-        ensure!(!out.success && out.stderr.contains("Forbidden"), "enroller must not {}: {out:?}", args[0]);
+        ensure!(
+            !out.success && out.stderr.contains("Forbidden"),
+            "enroller must not {}: {out:?}",
+            args[0]
+        );
     }
     Ok(())
 }

@@ -290,6 +290,7 @@ impl<S: Store + Clone> AppState<S> {
                     headers: &parts.headers,
                     body,
                     user: &user,
+                    namespace_terminating: false,
                 };
                 let result = match plural.as_str() {
                     p if p == AccessSession::INFO.plural => {
@@ -376,6 +377,13 @@ impl<S: Store + Clone> AppState<S> {
             "delete" => resource::delete::<K, S>(&self.store, req).await,
             "deletecollection" => {
                 let options = req.params.list_options(&K::INFO, fields)?;
+                let mut req = req;
+                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
+                    req.namespace_terminating = matches!(
+                        lifecycle.check_create(ns).await,
+                        Err(NamespaceRefusal::Terminating(_))
+                    );
+                }
                 resource::delete_collection::<K, S>(&self.store, req, options).await
             }
             other => Err(ApiError::method_not_allowed(

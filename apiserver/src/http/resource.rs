@@ -44,13 +44,19 @@ pub trait Served: Renderable {
         store: &S,
         namespace: &str,
         name: &str,
-        _user: &UserInfo,
+        _user: Option<&UserInfo>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
         store
             .delete::<Self>(namespace, name, preconditions, dry_run)
             .await
+    }
+    /// Checks a write through the `status` subresource before the requested object is
+    /// decoded, so that a value the kind does not support is reported as the kind's
+    /// validation reports it (422) rather than as an undecodable body (400).
+    fn check_status(_name: &str, _current: &Value, _requested: &Value) -> ApiResult<()> {
+        Ok(())
     }
     /// A write through the `status` subresource: `current` is the object as stored,
     /// `requested` the object the client asks for (after its patch).
@@ -119,27 +125,34 @@ impl Served for Enrollment {
     ) -> store::Result<Written<Self>> {
         store.create_enrollment(object, &user.name, dry_run).await
     }
+    async fn update<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
+        store.update_metadata(object, dry_run).await
+    }
     async fn delete<S: Store>(
         store: &S,
         namespace: &str,
         name: &str,
-        user: &UserInfo,
+        user: Option<&UserInfo>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
         store
-            .delete_enrollment(namespace, name, &user.name, preconditions, dry_run)
+            .delete_enrollment(
+                namespace,
+                name,
+                user.map(|u| u.name.as_str()),
+                preconditions,
+                dry_run,
+            )
             .await
     }
     /// Completion: the only change allowed is `status.phase` to `Completed`; a
     /// `metadata.uid` in the request is a precondition.
-    async fn write_status<S: Store>(
-        store: &S,
-        name: &str,
-        current: &Value,
-        requested: &Value,
-        dry_run: bool,
-    ) -> ApiResult<Self> {
+    fn check_status(name: &str, current: &Value, requested: &Value) -> ApiResult<()> {
         let uid = |v: &Value| {
             v.pointer("/metadata/uid")
                 .and_then(Value::as_str)
@@ -201,6 +214,20 @@ impl Served for Enrollment {
         if !errors.is_empty() {
             return Err(ApiError::invalid(&Self::INFO, name, &errors));
         }
+        Ok(())
+    }
+    async fn write_status<S: Store>(
+        store: &S,
+        name: &str,
+        current: &Value,
+        requested: &Value,
+        dry_run: bool,
+    ) -> ApiResult<Self> {
+        Self::check_status(name, current, requested)?;
+        let current_uid = current
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let ns = current
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -223,11 +250,18 @@ impl Served for Revocation {
     ) -> store::Result<Written<Self>> {
         store.create_revocation(object, dry_run).await
     }
+    async fn update<S: Store>(
+        store: &S,
+        object: Self,
+        dry_run: bool,
+    ) -> store::Result<Written<Self>> {
+        store.update_metadata(object, dry_run).await
+    }
     async fn delete<S: Store>(
         store: &S,
         namespace: &str,
         name: &str,
-        _user: &UserInfo,
+        _user: Option<&UserInfo>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
@@ -271,6 +305,8 @@ pub struct ResourceRequest<'a> {
     pub body: Bytes,
     /// Who is asking (owners of enrollments are recorded and checked).
     pub user: &'a UserInfo,
+    /// The request's namespace is terminating (set for deletecollection).
+    pub namespace_terminating: bool,
 }
 
 impl ResourceRequest<'_> {
@@ -660,7 +696,7 @@ pub async fn delete<K: Served, S: Store>(
         store,
         req.namespace.unwrap_or_default(),
         name,
-        req.user,
+        Some(req.user),
         &preconditions,
         dry_run,
     )
@@ -697,11 +733,14 @@ pub async fn delete_collection<K: Served, S: Store>(
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
         );
+        // Tearing down a terminating namespace withdraws every pending enrollment, whoever
+        // owns it; otherwise the caller is checked as for a single delete.
+        let caller = (!req.namespace_terminating).then_some(req.user);
         match K::delete(
             store,
             &ns,
             &name,
-            req.user,
+            caller,
             &Preconditions::default(),
             dry_run,
         )
@@ -762,6 +801,7 @@ pub async fn update_status<K: Served, S: Store>(
         }
         doc
     };
+    K::check_status(name, &current, &requested)?;
     // The typed form must still decode (rejects wrong types with a 400).
     let mut warnings = Vec::new();
     let bytes = serde_json::to_vec(&requested).map_err(|e| ApiError::internal(e.to_string()))?;

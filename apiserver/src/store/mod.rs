@@ -247,12 +247,13 @@ pub trait Store: Send + Sync + 'static {
         dry_run: bool,
     ) -> Result<Enrollment>;
     /// Withdraws a pending enrollment (its owner only: the session is deleted and its name
-    /// reserved) or removes a completed enrollment's record.
+    /// reserved) or removes a completed enrollment's record. `caller` is `None` when the
+    /// namespace is being torn down: the namespace controller withdraws everything.
     async fn delete_enrollment(
         &self,
         namespace: &str,
         name: &str,
-        caller: &str,
+        caller: Option<&str>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Enrollment>;

@@ -1330,24 +1330,34 @@ impl Store for PgStore {
         let requested = encode(&object)?;
         let mut updated = encode(&current)?;
         if requested.get("spec") != updated.get("spec") {
-            return Err(StoreError::Invalid(vec![FieldError::invalid("spec", "field is immutable")]));
+            return Err(StoreError::Invalid(vec![FieldError::invalid(
+                "spec",
+                "field is immutable",
+            )]));
         }
         let meta = merge_metadata(current.meta(), object.meta());
         let errors = validate_metadata(&meta);
         if !errors.is_empty() {
             return Err(StoreError::Invalid(errors));
         }
-        updated["metadata"] = serde_json::to_value(&meta).map_err(|e| StoreError::Internal(e.to_string()))?;
+        updated["metadata"] =
+            serde_json::to_value(&meta).map_err(|e| StoreError::Internal(e.to_string()))?;
         if let Some(m) = updated.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
         if updated == stored.body || dry_run {
-            return Ok(Written { object: current, warnings: Vec::new() });
+            return Ok(Written {
+                object: current,
+                warnings: Vec::new(),
+            });
         }
         let seq = tx.replace(K::PLURAL, &ns, &name, &updated, &stored).await?;
         let rv = tx.rv(seq);
         tx.commit().await?;
-        Ok(Written { object: decode(updated, rv)?, warnings: Vec::new() })
+        Ok(Written {
+            object: decode(updated, rv)?,
+            warnings: Vec::new(),
+        })
     }
 
     async fn create_enrollment(
@@ -1529,7 +1539,7 @@ impl Store for PgStore {
         &self,
         namespace: &str,
         name: &str,
-        caller: &str,
+        caller: Option<&str>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Enrollment> {
@@ -1555,7 +1565,7 @@ impl Store for PgStore {
                 .as_ref()
                 .and_then(|s| s.owner.clone())
                 .unwrap_or_default();
-            if owner != caller {
+            if caller.is_some_and(|c| c != owner) {
                 return Err(StoreError::Forbidden {
                     reason: ForbiddenReason::NotOwner,
                     message: format!("only the owner {owner:?} may withdraw a pending enrollment"),
@@ -1588,6 +1598,8 @@ impl Store for PgStore {
     }
 
     async fn collect_completed_enrollments(&self, retention: Duration) -> Result<usize> {
+        // Due once `retention` has passed since completion. Times have second precision, so
+        // a record completed in the current second is due under a zero retention.
         let cutoff = now()
             - SignedDuration::try_from(retention)
                 .map_err(|e| StoreError::Internal(e.to_string()))?;
@@ -1599,7 +1611,7 @@ impl Store for PgStore {
             client
                 .query(
                     "SELECT namespace, name FROM objects WHERE resource = 'enrollments'
-                       AND body #>> '{status,phase}' = 'Completed' AND body #>> '{status,completedAt}' < $1
+                       AND body #>> '{status,phase}' = 'Completed' AND body #>> '{status,completedAt}' <= $1
                      ORDER BY namespace, name LIMIT 1000",
                     &[&cutoff],
                 )
