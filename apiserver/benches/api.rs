@@ -345,6 +345,29 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let server = start_server(&dsn, &dir).await;
 
+    // Memory per idle watcher, measured first, on a fresh process, before lists
+    // and latency runs have grown a heap that new watches would reuse: open 1,000
+    // watches that receive nothing.
+    let pid = server.child.id();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss_kib(pid);
+    let rv = server.current_rv("idle").await;
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(server.watch("idle", &rv, tx.clone()).await);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(pid);
+    println!(
+        "resident memory: {:.1} MiB with no watches, {:.1} MiB with 1,000 idle watches: {:.1} KiB per idle watcher",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        after.saturating_sub(before) as f64 / 1000.0
+    );
+    for t in idle {
+        t.abort();
+    }
     println!("list of {SESSIONS} sessions (median of 5):");
     for limit in [500, 0] {
         let mut times = Vec::new();
@@ -373,27 +396,6 @@ async fn main() {
         );
     }
 
-    // Memory per idle watcher: open 1,000 watches that receive nothing.
-    let pid = server.child.id();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = rss_kib(pid);
-    let rv = server.current_rv("idle").await;
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut idle = Vec::new();
-    for _ in 0..1000 {
-        idle.push(server.watch("idle", &rv, tx.clone()).await);
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = rss_kib(pid);
-    println!(
-        "resident memory: {:.1} MiB with no watches, {:.1} MiB with 1,000 idle watches: {:.1} KiB per idle watcher",
-        before as f64 / 1024.0,
-        after as f64 / 1024.0,
-        after.saturating_sub(before) as f64 / 1000.0
-    );
-    for t in idle {
-        t.abort();
-    }
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
