@@ -11,8 +11,9 @@ use apis::rules::{
 use apis::selector::FieldRequirement;
 use apis::validation::FieldError;
 use apis::{
-    AccessSession, AccessSessionStatus, Agent, AgentStatus, Enrollment, EnrollmentInfo,
-    EnrollmentPhase, EnrollmentStatus, Kind, Revocation, RevocationStatus, ServerRef, SessionPhase,
+    AccessSession, AccessSessionSpec, AccessSessionStatus, Agent, AgentStatus, Enrollment,
+    EnrollmentInfo, EnrollmentPhase, EnrollmentStatus, Kind, Revocation, RevocationStatus,
+    ServerRef, SessionPhase,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -531,6 +532,58 @@ impl<'a> WriteTx<'a> {
         Ok(row.get(2))
     }
 
+    /// Applies the issuance rules to a new session's spec, with its agent (locked by this
+    /// transaction's sync-state lock) and the agent's current session count.
+    async fn admit(
+        &self,
+        spec: &AccessSessionSpec,
+        server_fenced: bool,
+        server_max_ttl: SignedDuration,
+        now: Timestamp,
+    ) -> Result<rules::Admission> {
+        let agent = match &spec.agent {
+            Some(agent_ref) => self.load_typed::<Agent>("", &agent_ref.name).await?,
+            None => None,
+        };
+        let agent_active_sessions = match &agent {
+            Some((a, row)) if a.spec.max_active_sessions.is_some() => {
+                self.active_sessions_of_agent(&row.uid.to_string(), now)
+                    .await?
+            }
+            _ => 0,
+        };
+        Ok(admit_session(
+            spec,
+            &IssuanceContext {
+                agent: agent.as_ref().map(|(a, _)| a),
+                agent_active_sessions,
+                server_max_ttl,
+                server_fenced,
+                now,
+            },
+        )?)
+    }
+
+    /// Whether the session's agent, if it has one, still exists under the uid the session
+    /// bound and is active; the inner error says why not.
+    async fn check_session_agent(&self, session: &AccessSession) -> Result<Result<(), String>> {
+        let Some(agent_ref) = &session.spec.agent else {
+            return Ok(Ok(()));
+        };
+        let agent = self.load_typed::<Agent>("", &agent_ref.name).await?;
+        let usable = agent.as_ref().is_some_and(|(a, _)| {
+            a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
+        });
+        Ok(if usable {
+            Ok(())
+        } else {
+            Err(format!(
+                "agent {:?} is no longer active (deactivated, deleted or re-created)",
+                agent_ref.name
+            ))
+        })
+    }
+
     async fn is_fenced(&self, server_uid: &str) -> Result<bool> {
         let rows = self
             .query(
@@ -1031,27 +1084,14 @@ impl Store for PgStore {
         let server_fenced = tx
             .lock_and_check_new_session(&ns, &name, &session.spec.server.uid)
             .await?;
-        let agent = match &session.spec.agent {
-            Some(agent_ref) => tx.load_typed::<Agent>("", &agent_ref.name).await?,
-            None => None,
-        };
-        let agent_active_sessions = match &agent {
-            Some((a, row)) if a.spec.max_active_sessions.is_some() => {
-                tx.active_sessions_of_agent(&row.uid.to_string(), now)
-                    .await?
-            }
-            _ => 0,
-        };
-        let admission = admit_session(
-            &session.spec,
-            &IssuanceContext {
-                agent: agent.as_ref().map(|(a, _)| a),
-                agent_active_sessions,
-                server_max_ttl: self.inner.config.max_session_ttl,
+        let admission = tx
+            .admit(
+                &session.spec,
                 server_fenced,
+                self.inner.config.max_session_ttl,
                 now,
-            },
-        )?;
+            )
+            .await?;
         session.spec = admission.spec;
         session.status = Some(AccessSessionStatus {
             phase: SessionPhase::Active,
@@ -1158,17 +1198,10 @@ impl Store for PgStore {
             return Err(not_found::<AccessSession>(name));
         };
         let fenced = tx.is_fenced(&session.spec.server.uid).await?;
-        if let Some(agent_ref) = &session.spec.agent {
-            let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
-            let usable = agent.as_ref().is_some_and(|(a, _)| {
-                a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
-            });
-            if !usable {
-                return Err(StoreError::Conflict(format!(
-                    "cannot restore session {name:?}: agent {:?} is no longer active (deactivated, deleted or re-created)",
-                    agent_ref.name
-                )));
-            }
+        if let Err(why) = tx.check_session_agent(&session).await? {
+            return Err(StoreError::Conflict(format!(
+                "cannot restore session {name:?}: {why}"
+            )));
         }
         if !rules::unrevoke_session(&mut session, fenced)? {
             return Ok(session);
@@ -1386,27 +1419,14 @@ impl Store for PgStore {
                 name: display_name(&ns, &name),
             });
         }
-        let agent = match &enrollment.spec.agent {
-            Some(agent_ref) => tx.load_typed::<Agent>("", &agent_ref.name).await?,
-            None => None,
-        };
-        let agent_active_sessions = match &agent {
-            Some((a, row)) if a.spec.max_active_sessions.is_some() => {
-                tx.active_sessions_of_agent(&row.uid.to_string(), now)
-                    .await?
-            }
-            _ => 0,
-        };
-        let admission = admit_session(
-            &enrollment.spec,
-            &IssuanceContext {
-                agent: agent.as_ref().map(|(a, _)| a),
-                agent_active_sessions,
-                server_max_ttl: self.inner.config.max_session_ttl,
+        let admission = tx
+            .admit(
+                &enrollment.spec,
                 server_fenced,
+                self.inner.config.max_session_ttl,
                 now,
-            },
-        )?;
+            )
+            .await?;
         enrollment.spec = admission.spec;
         enrollment.status = Some(EnrollmentStatus {
             phase: EnrollmentPhase::Pending,
@@ -1494,17 +1514,8 @@ impl Store for PgStore {
                 session.spec.server.uid
             )));
         }
-        if let Some(agent_ref) = &session.spec.agent {
-            let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
-            let usable = agent.as_ref().is_some_and(|(a, _)| {
-                a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
-            });
-            if !usable {
-                return Err(refuse(format!(
-                    "agent {:?} is no longer active (deactivated, deleted or re-created)",
-                    agent_ref.name
-                )));
-            }
+        if let Err(why) = tx.check_session_agent(&session).await? {
+            return Err(refuse(why));
         }
         // Only the pending metadata goes: authorization fields stay exactly as issued.
         if let Some(status) = session.status.as_mut() {
@@ -1776,17 +1787,10 @@ impl Store for PgStore {
                 .is_some_and(|r| r.revocation_name.as_deref() == Some(name));
             if ours {
                 let fenced = tx.is_fenced(&session.spec.server.uid).await?;
-                if let Some(agent_ref) = &session.spec.agent {
-                    let agent = tx.load_typed::<Agent>("", &agent_ref.name).await?;
-                    let usable = agent.as_ref().is_some_and(|(a, _)| {
-                        a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
-                    });
-                    if !usable {
-                        return Err(StoreError::Conflict(format!(
-                            "cannot withdraw revocation {name:?}: agent {:?} is no longer active (deactivated, deleted or re-created)",
-                            agent_ref.name
-                        )));
-                    }
+                if let Err(why) = tx.check_session_agent(&session).await? {
+                    return Err(StoreError::Conflict(format!(
+                        "cannot withdraw revocation {name:?}: {why}"
+                    )));
                 }
                 rules::unrevoke_session(&mut session, fenced).map_err(|e| {
                     StoreError::Conflict(format!("cannot withdraw revocation {name:?}: {e}"))
