@@ -462,6 +462,22 @@ impl<'a> WriteTx<'a> {
         self.typed(row)
     }
 
+    /// Takes the lock and loads an object that must exist, checking the uid and
+    /// resourceVersion preconditions a delete or update names.
+    async fn lock_existing<K: Kind>(
+        &mut self,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+        resource_version: Option<&str>,
+    ) -> Result<(K, StoredRow)> {
+        let Some((object, row)) = self.lock_and_load_typed::<K>(ns, name).await? else {
+            return Err(not_found::<K>(name));
+        };
+        check_preconditions::<K>(name, &row, self.epoch, uid, resource_version)?;
+        Ok((object, row))
+    }
+
     fn typed<K: Kind>(&self, row: Option<StoredRow>) -> Result<Option<(K, StoredRow)>> {
         match row {
             Some(row) => Ok(Some((decode(row.body.clone(), self.rv(row.seq))?, row))),
@@ -1027,16 +1043,14 @@ impl Store for PgStore {
         let ns = scoped_ns::<K>(namespace);
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((object, stored)) = tx.lock_and_load_typed::<K>(ns, name).await? else {
-            return Err(not_found::<K>(name));
-        };
-        check_preconditions::<K>(
-            name,
-            &stored,
-            tx.epoch,
-            preconditions.uid.as_deref(),
-            preconditions.resource_version.as_deref(),
-        )?;
+        let (object, stored) = tx
+            .lock_existing::<K>(
+                ns,
+                name,
+                preconditions.uid.as_deref(),
+                preconditions.resource_version.as_deref(),
+            )
+            .await?;
         if dry_run {
             return Ok(object);
         }
@@ -1122,17 +1136,14 @@ impl Store for PgStore {
         let name = session.metadata.name.clone().unwrap_or_default();
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((current, stored)) = tx.lock_and_load_typed::<AccessSession>(&ns, &name).await?
-        else {
-            return Err(not_found::<AccessSession>(&name));
-        };
-        check_preconditions::<AccessSession>(
-            &name,
-            &stored,
-            tx.epoch,
-            session.metadata.uid.as_deref(),
-            session.metadata.resource_version.as_deref(),
-        )?;
+        let (current, stored) = tx
+            .lock_existing::<AccessSession>(
+                &ns,
+                &name,
+                session.metadata.uid.as_deref(),
+                session.metadata.resource_version.as_deref(),
+            )
+            .await?;
         let admission = admit_session_update(&current.spec, &session.spec)?;
         let (spec, warnings) = (admission.spec, admission.warnings);
         let mut updated = current.clone();
@@ -1291,16 +1302,14 @@ impl Store for PgStore {
         let now = now();
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((current, stored)) = tx.lock_and_load_typed::<Agent>("", &name).await? else {
-            return Err(not_found::<Agent>(&name));
-        };
-        check_preconditions::<Agent>(
-            &name,
-            &stored,
-            tx.epoch,
-            agent.metadata.uid.as_deref(),
-            agent.metadata.resource_version.as_deref(),
-        )?;
+        let (current, stored) = tx
+            .lock_existing::<Agent>(
+                "",
+                &name,
+                agent.metadata.uid.as_deref(),
+                agent.metadata.resource_version.as_deref(),
+            )
+            .await?;
         let mut updated = current.clone();
         updated.metadata = merge_metadata(&current.metadata, &agent.metadata);
         let errors = validate_metadata(&updated.metadata);
@@ -1350,16 +1359,14 @@ impl Store for PgStore {
         let name = object.meta().name.clone().unwrap_or_default();
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((current, stored)) = tx.lock_and_load_typed::<K>(&ns, &name).await? else {
-            return Err(not_found::<K>(&name));
-        };
-        check_preconditions::<K>(
-            &name,
-            &stored,
-            tx.epoch,
-            object.meta().uid.as_deref(),
-            object.meta().resource_version.as_deref(),
-        )?;
+        let (current, stored) = tx
+            .lock_existing::<K>(
+                &ns,
+                &name,
+                object.meta().uid.as_deref(),
+                object.meta().resource_version.as_deref(),
+            )
+            .await?;
         let requested = encode(&object)?;
         let mut updated = encode(&current)?;
         if requested.get("spec") != updated.get("spec") {
@@ -1556,19 +1563,14 @@ impl Store for PgStore {
     ) -> Result<Enrollment> {
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((enrollment, enrollment_row)) = tx
-            .lock_and_load_typed::<Enrollment>(namespace, name)
-            .await?
-        else {
-            return Err(not_found::<Enrollment>(name));
-        };
-        check_preconditions::<Enrollment>(
-            name,
-            &enrollment_row,
-            tx.epoch,
-            preconditions.uid.as_deref(),
-            preconditions.resource_version.as_deref(),
-        )?;
+        let (enrollment, enrollment_row) = tx
+            .lock_existing::<Enrollment>(
+                namespace,
+                name,
+                preconditions.uid.as_deref(),
+                preconditions.resource_version.as_deref(),
+            )
+            .await?;
         let pending = enrollment.phase() == EnrollmentPhase::Pending;
         if pending {
             let owner = enrollment
@@ -1751,19 +1753,14 @@ impl Store for PgStore {
     ) -> Result<Revocation> {
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let Some((revocation, row)) = tx
-            .lock_and_load_typed::<Revocation>(namespace, name)
-            .await?
-        else {
-            return Err(not_found::<Revocation>(name));
-        };
-        check_preconditions::<Revocation>(
-            name,
-            &row,
-            tx.epoch,
-            preconditions.uid.as_deref(),
-            preconditions.resource_version.as_deref(),
-        )?;
+        let (revocation, row) = tx
+            .lock_existing::<Revocation>(
+                namespace,
+                name,
+                preconditions.uid.as_deref(),
+                preconditions.resource_version.as_deref(),
+            )
+            .await?;
         let target = &revocation.spec.target;
         if revocation.spec.cause == CAUSE_SERVER_RETIRED {
             return Err(StoreError::Conflict(format!(
