@@ -336,6 +336,23 @@ fn init_metadata(meta: &mut ObjectMeta, namespace: &str, now: Timestamp) {
     meta.managed_fields = None;
 }
 
+/// Fills the server-owned metadata of a new object and validates it with its spec.
+/// Returns its namespace ("" for cluster-scoped kinds) and name.
+fn prepare_new<K: Kind>(
+    object: &mut K,
+    now: Timestamp,
+    validate_spec: impl FnOnce(&K) -> Vec<FieldError>,
+) -> Result<(String, String)> {
+    let ns = namespace_of::<K>(object.meta())?;
+    init_metadata(object.meta_mut(), &ns, now);
+    let mut errors = validate_metadata(object.meta());
+    errors.extend(validate_spec(object));
+    if !errors.is_empty() {
+        return Err(StoreError::Invalid(errors));
+    }
+    Ok((ns, object.meta().name.clone().unwrap_or_default()))
+}
+
 /// Takes the user-owned metadata of an update; the rest stays as stored.
 fn merge_metadata(stored: &ObjectMeta, update: &ObjectMeta) -> ObjectMeta {
     ObjectMeta {
@@ -1084,14 +1101,7 @@ impl Store for PgStore {
         dry_run: bool,
     ) -> Result<Written<AccessSession>> {
         let now = now();
-        let ns = namespace_of::<AccessSession>(&session.metadata)?;
-        init_metadata(&mut session.metadata, &ns, now);
-        let mut errors = validate_metadata(&session.metadata);
-        errors.extend(rules::validate_session_spec(&session.spec));
-        if !errors.is_empty() {
-            return Err(StoreError::Invalid(errors));
-        }
-        let name = session.metadata.name.clone().unwrap_or_default();
+        let (ns, name) = prepare_new(&mut session, now, |o| rules::validate_session_spec(&o.spec))?;
 
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
@@ -1260,13 +1270,7 @@ impl Store for PgStore {
 
     async fn create_agent(&self, mut agent: Agent, dry_run: bool) -> Result<Written<Agent>> {
         let now = now();
-        init_metadata(&mut agent.metadata, "", now);
-        let mut errors = validate_metadata(&agent.metadata);
-        errors.extend(validate_agent_spec(&agent.spec));
-        if !errors.is_empty() {
-            return Err(StoreError::Invalid(errors));
-        }
-        let name = agent.metadata.name.clone().unwrap_or_default();
+        let (_, name) = prepare_new(&mut agent, now, |o| validate_agent_spec(&o.spec))?;
         agent.status = Some(AgentStatus {
             deactivated_at: (!agent.spec.active).then_some(Time(now)),
             ..Default::default()
@@ -1407,14 +1411,9 @@ impl Store for PgStore {
         dry_run: bool,
     ) -> Result<Written<Enrollment>> {
         let now = now();
-        let ns = namespace_of::<Enrollment>(&enrollment.metadata)?;
-        init_metadata(&mut enrollment.metadata, &ns, now);
-        let mut errors = validate_metadata(&enrollment.metadata);
-        errors.extend(rules::validate_session_spec(&enrollment.spec));
-        if !errors.is_empty() {
-            return Err(StoreError::Invalid(errors));
-        }
-        let name = enrollment.metadata.name.clone().unwrap_or_default();
+        let (ns, name) = prepare_new(&mut enrollment, now, |o| {
+            rules::validate_session_spec(&o.spec)
+        })?;
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
         let server_fenced = tx
@@ -1658,14 +1657,9 @@ impl Store for PgStore {
         dry_run: bool,
     ) -> Result<Written<Revocation>> {
         let now = now();
-        let ns = namespace_of::<Revocation>(&revocation.metadata)?;
-        init_metadata(&mut revocation.metadata, &ns, now);
-        let mut errors = validate_metadata(&revocation.metadata);
-        errors.extend(rules::validate_revocation_spec(&revocation.spec));
-        if !errors.is_empty() {
-            return Err(StoreError::Invalid(errors));
-        }
-        let name = revocation.metadata.name.clone().unwrap_or_default();
+        let (ns, name) = prepare_new(&mut revocation, now, |o| {
+            rules::validate_revocation_spec(&o.spec)
+        })?;
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
         if tx.lock_and_load(REVOCATIONS, &ns, &name).await?.is_some() {
