@@ -143,6 +143,28 @@ pub fn validate_metadata(
     if let Some(annotations) = &meta.annotations {
         errors.extend(validate_annotations(annotations, "metadata.annotations"));
     }
+    if let Some(finalizers) = &meta.finalizers {
+        errors.extend(crate::validation::validate_finalizers(
+            finalizers,
+            "metadata.finalizers",
+        ));
+    }
+    if let Some(owners) = &meta.owner_references {
+        let owners: Vec<crate::validation::OwnerRef<'_>> = owners
+            .iter()
+            .map(|o| crate::validation::OwnerRef {
+                api_version: &o.api_version,
+                kind: &o.kind,
+                name: &o.name,
+                uid: &o.uid,
+                controller: o.controller == Some(true),
+            })
+            .collect();
+        errors.extend(crate::validation::validate_owner_references(
+            &owners,
+            "metadata.ownerReferences",
+        ));
+    }
     errors
 }
 

@@ -5,6 +5,17 @@ use std::collections::BTreeMap;
 
 use crate::validation::{is_label_value, is_qualified_name};
 
+/// Most requirements in one label selector. kube-apiserver sets no count of its own (only
+/// its 1 MiB header limit bounds the URL); every requirement is evaluated against every
+/// object a list or watch sees, so this server bounds them.
+pub const MAX_LABEL_REQUIREMENTS: usize = 100;
+
+/// Most values in one `in`/`notin` set.
+pub const MAX_SET_VALUES: usize = 256;
+
+/// Most terms in one field selector: each kind supports only a handful of fields.
+pub const MAX_FIELD_REQUIREMENTS: usize = 32;
+
 /// One requirement of a label selector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LabelRequirement {
@@ -33,6 +44,11 @@ impl LabelSelector {
             let term = term.trim();
             if term.is_empty() {
                 continue;
+            }
+            if reqs.len() == MAX_LABEL_REQUIREMENTS {
+                return Err(SelectorError(format!(
+                    "the label selector has more than {MAX_LABEL_REQUIREMENTS} requirements"
+                )));
             }
             reqs.push(parse_requirement(term)?);
         }
@@ -109,6 +125,12 @@ fn parse_set(rest: &str) -> Result<Vec<String>, SelectorError> {
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .ok_or_else(|| SelectorError(format!("expected a set in parentheses, got {rest:?}")))?;
+    let count = inner.split(',').count();
+    if count > MAX_SET_VALUES {
+        return Err(SelectorError(format!(
+            "a set in the label selector has {count} values; at most {MAX_SET_VALUES} are allowed"
+        )));
+    }
     inner.split(',').map(value).collect()
 }
 
@@ -162,6 +184,11 @@ impl FieldSelector {
     ) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            if reqs.len() == MAX_FIELD_REQUIREMENTS {
+                return Err(SelectorError(format!(
+                    "the field selector has more than {MAX_FIELD_REQUIREMENTS} requirements"
+                )));
+            }
             let (field, value, negated) = if let Some((f, v)) = term.split_once("!=") {
                 (f, v, true)
             } else if let Some((f, v)) = term.split_once("==") {
@@ -257,6 +284,26 @@ mod tests {
         for bad in ["a in b", "a in (b", "-a=b", "a=-b", "a foo (b)"] {
             assert!(LabelSelector::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn selector_limits() {
+        let terms = |n: usize| (0..n).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join(",");
+        assert!(LabelSelector::parse(&terms(MAX_LABEL_REQUIREMENTS)).is_ok());
+        let err = LabelSelector::parse(&terms(MAX_LABEL_REQUIREMENTS + 1)).unwrap_err();
+        assert!(err.0.contains("more than 100 requirements"), "{err}");
+        let set = |n: usize| {
+            let values: Vec<String> = (0..n).map(|i| format!("v{i}")).collect();
+            format!("k in ({})", values.join(","))
+        };
+        assert!(LabelSelector::parse(&set(MAX_SET_VALUES)).is_ok());
+        assert!(LabelSelector::parse(&set(MAX_SET_VALUES + 1)).is_err());
+        assert!(LabelSelector::parse(&set(MAX_SET_VALUES + 1).replace(" in ", " notin ")).is_err());
+        let fields = |n: usize| vec!["metadata.name!=x"; n].join(",");
+        assert!(FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS), AccessSession::FIELDS).is_ok());
+        let err =
+            FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS + 1), AccessSession::FIELDS).unwrap_err();
+        assert!(err.0.contains("more than 32 requirements"), "{err}");
     }
 
     #[test]

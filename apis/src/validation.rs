@@ -207,9 +207,164 @@ pub fn validate_annotations(
     errors
 }
 
+/// Finalizers Kubernetes defines without a domain prefix; every other finalizer must be
+/// domain-qualified (`example.com/name`), as kube-apiserver requires.
+pub const STANDARD_FINALIZERS: &[&str] = &["kubernetes", "orphan", "foregroundDeletion"];
+
+/// Validates `metadata.finalizers` as kube-apiserver does: each a qualified name, either
+/// standard or domain-qualified, and not both `orphan` and `foregroundDeletion`.
+pub fn validate_finalizers(finalizers: &[String], field: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (i, f) in finalizers.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if !is_qualified_name(f) {
+            errors.push(FieldError::invalid(
+                at,
+                format!("Invalid value: {f:?}: a finalizer must be a qualified name: an optional DNS subdomain prefix and '/', and a name part of alphanumeric characters, '-', '_' or '.' that starts and ends with an alphanumeric character (at most {QUALIFIED_NAME_MAX} characters)"),
+            ));
+        } else if !f.contains('/') && !STANDARD_FINALIZERS.contains(&f.as_str()) {
+            errors.push(FieldError::invalid(
+                at,
+                format!("Invalid value: {f:?}: name is neither a standard finalizer name nor is it fully qualified"),
+            ));
+        }
+    }
+    let has = |name: &str| finalizers.iter().any(|f| f == name);
+    if has("orphan") && has("foregroundDeletion") {
+        errors.push(FieldError::invalid(
+            field,
+            "finalizer orphan and foregroundDeletion cannot be both set",
+        ));
+    }
+    errors
+}
+
+/// The fields of an owner reference that validation reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerRef<'a> {
+    pub api_version: &'a str,
+    pub kind: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub controller: bool,
+}
+
+/// Validates `metadata.ownerReferences` as kube-apiserver does: apiVersion (with a
+/// version), kind, name and uid present, no Event owners, at most one controller.
+pub fn validate_owner_references(refs: &[OwnerRef<'_>], field: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut controller: Option<String> = None;
+    for (i, r) in refs.iter().enumerate() {
+        let at = |child: &str| format!("{field}[{i}].{child}");
+        // `group/version` or a bare `version`; anything else has no version.
+        let (group, version) = match r.api_version.split('/').collect::<Vec<_>>().as_slice() {
+            [version] => ("", *version),
+            [group, version] => (*group, *version),
+            _ => ("", ""),
+        };
+        if version.is_empty() {
+            errors.push(FieldError::invalid(
+                at("apiVersion"),
+                format!("Invalid value: {:?}: version must not be empty", r.api_version),
+            ));
+        }
+        if r.kind.is_empty() {
+            errors.push(FieldError::invalid(at("kind"), "Invalid value: \"\": must not be empty"));
+        }
+        if r.name.is_empty() {
+            errors.push(FieldError::invalid(at("name"), "Invalid value: \"\": must not be empty"));
+        }
+        if r.uid.is_empty() {
+            errors.push(FieldError::invalid(at("uid"), "Invalid value: \"\": must not be empty"));
+        }
+        if group.is_empty() && version == "v1" && r.kind == "Event" {
+            errors.push(FieldError::invalid(
+                format!("{field}[{i}]"),
+                "/v1, Kind=Event is disallowed from being an owner",
+            ));
+        }
+        if r.controller {
+            let this = format!("{}/{}", r.kind, r.name);
+            match &controller {
+                Some(first) => errors.push(FieldError::invalid(
+                    field,
+                    format!("Only one reference can have Controller set to true. Found \"true\" in references for {first} and {this}"),
+                )),
+                None => controller = Some(this),
+            }
+        }
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finalizers() {
+        let ok: Vec<String> = ["kubernetes", "example.com/cleanup", "mcp-runtime.dev/x_y.z"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert!(validate_finalizers(&ok, "metadata.finalizers").is_empty());
+        for bad in ["cleanup", "-x/y", "example.com/", "Example.com/a", "a/b/c", ""] {
+            let errors = validate_finalizers(&[bad.to_string()], "metadata.finalizers");
+            assert_eq!(errors.len(), 1, "{bad:?}: {errors:?}");
+            assert_eq!(errors[0].field, "metadata.finalizers[0]");
+        }
+        let long = format!("example.com/{}", "a".repeat(64));
+        assert_eq!(validate_finalizers(&[long], "f").len(), 1);
+        let both = vec!["orphan".to_string(), "foregroundDeletion".to_string()];
+        assert_eq!(validate_finalizers(&both, "f")[0].field, "f");
+    }
+
+    #[test]
+    fn owner_references() {
+        let good = OwnerRef {
+            api_version: "apps/v1",
+            kind: "Deployment",
+            name: "web",
+            uid: "u1",
+            controller: true,
+        };
+        assert!(validate_owner_references(&[good.clone()], "o").is_empty());
+        let core = OwnerRef {
+            api_version: "v1",
+            kind: "ConfigMap",
+            ..good.clone()
+        };
+        assert!(validate_owner_references(&[core.clone()], "o").is_empty());
+        let empty = OwnerRef::default();
+        let fields: Vec<String> = validate_owner_references(&[empty], "o")
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(fields, ["o[0].apiVersion", "o[0].kind", "o[0].name", "o[0].uid"]);
+        let no_version = OwnerRef {
+            api_version: "a/b/c",
+            ..good.clone()
+        };
+        assert_eq!(validate_owner_references(&[no_version], "o").len(), 1);
+        let event = OwnerRef {
+            api_version: "v1",
+            kind: "Event",
+            ..good.clone()
+        };
+        assert_eq!(validate_owner_references(&[event], "o").len(), 1);
+        let second = OwnerRef {
+            name: "other",
+            ..good.clone()
+        };
+        let errors = validate_owner_references(&[good.clone(), second.clone()], "o");
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].message.contains("Only one reference"));
+        let not_controller = OwnerRef {
+            controller: false,
+            ..second
+        };
+        assert!(validate_owner_references(&[good, not_controller], "o").is_empty());
+    }
 
     #[test]
     fn names() {

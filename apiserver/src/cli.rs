@@ -16,7 +16,7 @@ use crate::auth::{
     AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, SubjectAccessReviewer,
     TokenFile,
 };
-use crate::http::{AppState, HttpConfig, HttpMetrics};
+use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use crate::server::{self, Health};
 use crate::store::{PgStore, Store, StoreConfig};
 use crate::tls::{self, ReloadingCert};
@@ -77,6 +77,16 @@ pub struct ServingArgs {
     /// Plain-HTTP port of /metrics, /livez and /readyz.
     #[arg(long, env = "MCP_ACCESS_METRICS_PORT", default_value_t = 9090)]
     pub metrics_port: u16,
+    /// Address of the metrics listener, e.g. 127.0.0.1 to keep /metrics off the network
+    /// (default: --bind-address).
+    #[arg(long, env = "MCP_ACCESS_METRICS_BIND_ADDRESS")]
+    pub metrics_bind_address: Option<IpAddr>,
+    /// Requests other than watches served at once; more are answered 429.
+    #[arg(long, env = "MCP_ACCESS_MAX_REQUESTS_INFLIGHT", default_value_t = 400)]
+    pub max_requests_inflight: usize,
+    /// Watches one user may hold open at once; more are answered 429.
+    #[arg(long, env = "MCP_ACCESS_MAX_WATCHES_PER_USER", default_value_t = 100)]
+    pub max_watches_per_user: usize,
     /// Serving certificate (PEM). Reloaded when it changes.
     #[arg(
         long,
@@ -274,7 +284,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     ))
     .await?;
     let metrics_listener = server::bind(SocketAddr::new(
-        cli.serving.bind_address,
+        cli.serving
+            .metrics_bind_address
+            .unwrap_or(cli.serving.bind_address),
         cli.serving.metrics_port,
     ))
     .await?;
@@ -293,6 +305,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         metrics,
         shutdown_rx.clone(),
     );
+    if cli.serving.max_requests_inflight == 0 || cli.serving.max_watches_per_user == 0 {
+        bail!("--max-requests-inflight and --max-watches-per-user must be greater than 0");
+    }
+    let app = app.with_limits(Limits {
+        max_requests_inflight: cli.serving.max_requests_inflight,
+        max_watches_per_user: cli.serving.max_watches_per_user,
+        ..Limits::default()
+    });
     let app = match namespaces {
         Some(lifecycle) => app.with_namespace_lifecycle(lifecycle),
         None => app,

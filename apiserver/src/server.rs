@@ -2,15 +2,18 @@
 //! attached to every request) and the plain-HTTP metrics and probe listener.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::IntoResponse;
 use http::{header, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -21,7 +24,142 @@ use crate::store::Store;
 /// How long a client may take to complete the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts TLS connections and serves the API until `shutdown` flips.
+/// How long a draining connection may take to finish its requests before it is dropped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bounds of the pause after a failed `accept` (Go's net/http uses the same 5 ms .. 1 s).
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Most concurrent HTTP/2 streams per connection (kube-apiserver's default).
+const HTTP2_MAX_STREAMS: u32 = 250;
+
+/// What a connection has been doing, shared by its I/O, its requests and its supervisor.
+struct ConnState {
+    started: Instant,
+    /// Milliseconds since `started` of the last byte read or written.
+    last_activity: AtomicU64,
+    /// Milliseconds since `started` + 1 of the first write the socket refused, 0 if none.
+    write_blocked_since: AtomicU64,
+    /// Requests whose response has not been fully sent.
+    in_flight: AtomicUsize,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            last_activity: AtomicU64::new(0),
+            write_blocked_since: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+    fn touch(&self) {
+        self.last_activity.store(self.now(), Ordering::Relaxed);
+    }
+    fn idle_for(&self) -> Duration {
+        Duration::from_millis(
+            self.now()
+                .saturating_sub(self.last_activity.load(Ordering::Relaxed)),
+        )
+    }
+    fn write_stalled_for(&self) -> Duration {
+        match self.write_blocked_since.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            since => Duration::from_millis(self.now().saturating_sub(since - 1)),
+        }
+    }
+}
+
+/// The connection's I/O, recording activity and refused writes in its [`ConnState`].
+struct Tracked<T> {
+    io: T,
+    state: Arc<ConnState>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.touch();
+        }
+        result
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write(cx, data);
+        self.record_write(&result);
+        result
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.record_write(&result);
+        result
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.io).poll_flush(cx);
+        self.record_write(&result);
+        result
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<T> Tracked<T> {
+    fn record_write<R>(&self, result: &Poll<std::io::Result<R>>) {
+        match result {
+            Poll::Pending => {
+                let since = self.state.now() + 1;
+                let _ = self.state.write_blocked_since.compare_exchange(
+                    0,
+                    since,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            Poll::Ready(_) => {
+                self.state.write_blocked_since.store(0, Ordering::Relaxed);
+                self.state.touch();
+            }
+        }
+    }
+}
+
+/// Decrements the connection's in-flight count when a response has been sent (its body
+/// dropped), however that ends.
+struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+/// Accepts TLS connections and serves the API until `shutdown` flips. Limits and timeouts
+/// come from `app.limits`.
 pub async fn serve_api<S: Store + Clone>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -29,56 +167,140 @@ pub async fn serve_api<S: Store + Clone>(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => accepted?,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = shutdown.changed() => return Ok(()),
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                accepted
+            }
+            Err(e) => {
+                // Out of descriptors (EMFILE, ENFILE), a connection reset before it was
+                // accepted: the listener itself is fine. Ending here would end the process.
+                tracing::warn!(error = %e, retry_in = ?backoff, "cannot accept a connection");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let app = app.clone();
-        let mut conn_shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        let conn_shutdown = shutdown.clone();
+        tokio::spawn(serve_connection(tcp, peer, acceptor, app, conn_shutdown));
+    }
+}
+
+async fn serve_connection<S: Store + Clone>(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    app: AppState<S>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let connection = ConnectionInfo {
+        peer_certificates: tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|certs| certs.iter().map(|c| c.as_ref().to_vec()).collect())
+            .unwrap_or_default(),
+    };
+    let limits = app.limits.clone();
+    let state = Arc::new(ConnState::new());
+    let io = Tracked {
+        io: tls,
+        state: state.clone(),
+    };
+    let service_state = state.clone();
+    let service = hyper::service::service_fn(
+        move |mut request: http::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(connection.clone());
+            let app = app.clone();
+            service_state.in_flight.fetch_add(1, Ordering::Relaxed);
+            let guard = InFlight(service_state.clone());
+            async move {
+                let response = app.handle(request.map(Body::new)).await;
+                // The request stays in flight until its body (a watch stream too) is dropped.
+                let response = response.map(|body| {
+                    Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+                        let _ = &guard;
+                        frame
+                    }))
+                });
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        },
+    );
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(HTTP2_MAX_STREAMS)
+        .keep_alive_interval(limits.http2_keepalive_interval)
+        .keep_alive_timeout(limits.http2_keepalive_interval);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let check = (limits.idle_timeout.min(limits.write_stall_timeout) / 4)
+        .clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let mut ticks = tokio::time::interval(check);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut draining: Option<Instant> = None;
+    if *shutdown.borrow() {
+        conn.as_mut().graceful_shutdown();
+        draining = Some(Instant::now());
+    }
+    state.touch();
+    // Returning drops the connection, closing the socket whatever state hyper is in.
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.changed(), if draining.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                draining = Some(Instant::now());
+            }
+            _ = ticks.tick() => {
+                if state.write_stalled_for() > limits.write_stall_timeout {
+                    tracing::debug!(%peer, "dropping a connection whose client stopped reading");
                     return;
                 }
-                Err(_) => return,
-            };
-            let connection = ConnectionInfo {
-                peer_certificates: tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .map(|certs| certs.iter().map(|c| c.as_ref().to_vec()).collect())
-                    .unwrap_or_default(),
-            };
-            let service = hyper::service::service_fn(
-                move |mut request: http::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(connection.clone());
-                    let app = app.clone();
-                    async move {
-                        Ok::<_, std::convert::Infallible>(app.handle(request.map(Body::new)).await)
+                match draining {
+                    Some(since) if since.elapsed() > DRAIN_TIMEOUT => return,
+                    Some(_) => {}
+                    None if state.in_flight.load(Ordering::Relaxed) == 0
+                        && state.idle_for() > limits.idle_timeout =>
+                    {
+                        conn.as_mut().graceful_shutdown();
+                        draining = Some(Instant::now());
                     }
-                },
-            );
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                }
-                _ = conn_shutdown.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+                    None => {}
                 }
             }
-        });
+        }
     }
 }
 

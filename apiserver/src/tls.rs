@@ -23,6 +23,29 @@ pub enum TlsError {
     Generate(String),
     #[error("TLS configuration: {0}")]
     Config(String),
+    #[error("the serving key {path} is readable by others (mode {mode:04o}): make it readable by its owner (and group) only, e.g. chmod 600")]
+    KeyPermissions { path: String, mode: u32 },
+}
+
+/// Refuses a serving key anyone on the host can read. Group read stays allowed: it is how
+/// Kubernetes lets a non-root container read a Secret volume (`fsGroup`, mode 0440).
+fn check_key_permissions(path: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| TlsError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode & 0o007 != 0 {
+        return Err(TlsError::KeyPermissions {
+            path: path.display().to_string(),
+            mode,
+        });
+    }
+    Ok(())
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -97,6 +120,7 @@ impl ReloadingCert {
     }
 
     pub fn from_files(cert: PathBuf, key: PathBuf) -> Result<Arc<Self>, TlsError> {
+        check_key_permissions(&key)?;
         let loaded = load_certified_key(&cert, &key)?;
         Ok(Arc::new(Self {
             current: RwLock::new(Arc::new(loaded)),

@@ -31,6 +31,8 @@ pub enum TokenFileError {
     },
     #[error("token file {0} holds no tokens")]
     Empty(String),
+    #[error("token file {path} is readable by group or others (mode {mode:04o}): it holds credentials; chmod 600 it")]
+    Permissions { path: String, mode: u32 },
 }
 
 /// Splits one CSV line, honouring double quotes.
@@ -61,11 +63,21 @@ fn csv_fields(line: &str) -> Result<Vec<String>, String> {
 impl TokenFile {
     /// Loads and validates the file: every line needs a token, a user and a uid.
     pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+        use std::os::unix::fs::PermissionsExt;
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
+        let read_err = |source| TokenFileError::Read {
             path: shown.clone(),
             source,
-        })?;
+        };
+        // Every token in the file is a credential: refuse a file others can read.
+        let mode = std::fs::metadata(path).map_err(read_err)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(TokenFileError::Permissions {
+                path: shown.clone(),
+                mode,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
         Self::parse(&text, &shown)
     }
 

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub reason: &'static str,
     pub message: String,
     details: Option<Value>,
+    /// Seconds a client should wait before retrying (`Retry-After`).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -24,6 +26,7 @@ impl ApiError {
             reason,
             message: message.into(),
             details: None,
+            retry_after: None,
         }
     }
 
@@ -85,6 +88,34 @@ impl ApiError {
             "RequestEntityTooLarge",
             format!("Request entity too large: limit is {limit}"),
         )
+    }
+    /// 413 for a request the server refuses by its size or cost (kube-apiserver's
+    /// `NewRequestEntityTooLargeError`).
+    pub fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            message,
+        )
+    }
+    /// 413 for an object larger than storage accepts (etcd's request limit behind
+    /// kube-apiserver).
+    pub fn object_too_large(size: usize, limit: usize) -> Self {
+        Self::entity_too_large(format!(
+            "Request entity too large: the object is {size} bytes encoded; limit is {limit}"
+        ))
+    }
+    /// 429, as kube-apiserver's max-in-flight filter answers: `Retry-After` and
+    /// `details.retryAfterSeconds` tell the client when to come back.
+    pub fn too_many_requests(message: impl Into<String>, retry_after: u64) -> Self {
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message)
+            .with_details(json!({"retryAfterSeconds": retry_after}));
+        e.retry_after = Some(retry_after);
+        e
+    }
+    /// 504, kube-apiserver's `NewTimeoutError`.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "Timeout", message)
     }
     pub fn expired(message: impl Into<String>) -> Self {
         Self::new(StatusCode::GONE, "Expired", message)
@@ -188,10 +219,15 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.code, axum::Json(self.to_status())).into_response();
-        if self.code == StatusCode::SERVICE_UNAVAILABLE {
+        let retry_after = match self.retry_after {
+            Some(secs) => Some(secs),
+            None if self.code == StatusCode::SERVICE_UNAVAILABLE => Some(1),
+            None => None,
+        };
+        if let Some(secs) = retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }

@@ -36,8 +36,13 @@ use crate::store::Store;
 use request::Params;
 use resource::{ResourceRequest, Served};
 
-/// Largest request body accepted.
+/// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Largest object stored, encoded as JSON: etcd's default request limit (1.5 MiB), which
+/// bounds every object behind kube-apiserver. Every stored object is held by the change
+/// feed and copied to every watcher, so this bounds memory per object.
+pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
 /// Settings of the HTTP layer.
 #[derive(Clone, Debug)]
@@ -52,6 +57,118 @@ impl Default for HttpConfig {
             bookmark_interval: Duration::from_secs(5),
         }
     }
+}
+
+/// Limits and timeouts of the API listener, in the spirit of kube-apiserver's
+/// `--max-requests-inflight` and its HTTP server settings.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Requests other than watches served at once; more get 429.
+    pub max_requests_inflight: usize,
+    /// Watches one user may hold open at once; more get 429.
+    pub max_watches_per_user: usize,
+    /// How long a client may take to send a request's headers (kube-apiserver: 32 s).
+    pub header_read_timeout: Duration,
+    /// How long a connection with no request in flight stays open (kube-apiserver: 90 s).
+    pub idle_timeout: Duration,
+    /// How long a connection may have output pending that the client does not read
+    /// before it is dropped: a client that stops reading a watch otherwise pins the
+    /// connection and its buffers forever.
+    pub write_stall_timeout: Duration,
+    /// Interval of HTTP/2 PING keepalives (a peer that stops answering is dropped).
+    pub http2_keepalive_interval: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_requests_inflight: 400,
+            max_watches_per_user: 100,
+            header_read_timeout: Duration::from_secs(32),
+            idle_timeout: Duration::from_secs(90),
+            write_stall_timeout: Duration::from_secs(60),
+            http2_keepalive_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Open watches per user, with a slot released when its watch ends.
+#[derive(Default)]
+struct WatchCounter {
+    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One open watch of a user; dropping it frees the slot.
+pub struct WatchSlot {
+    counter: Arc<WatchCounter>,
+    user: String,
+}
+
+impl WatchCounter {
+    fn try_acquire(self: &Arc<Self>, user: &str, max: usize) -> Option<WatchSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(user.to_string()).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(WatchSlot {
+            counter: self.clone(),
+            user: user.to_string(),
+        })
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut open = self.counter.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.user) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// The `verb` label: one of a fixed set, whatever the request said.
+fn verb_label(verb: &str, method: &Method) -> &'static str {
+    const VERBS: &[&str] = &[
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    if let Some(v) = VERBS.iter().find(|v| **v == verb) {
+        return v;
+    }
+    if !verb.is_empty() {
+        return "other";
+    }
+    // Before the request was understood (unauthenticated, unparsable): by method only.
+    match *method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+/// The `resource` label: a served resource's plural, or `""` for none.
+fn resource_label(resource: &str) -> &'static str {
+    if resource.is_empty() {
+        return "";
+    }
+    RESOURCES
+        .iter()
+        .find(|r| r.plural == resource)
+        .map_or("other", |r| r.plural)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +268,10 @@ pub struct AppState<S> {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Namespace lifecycle admission (behind kube-apiserver); none in standalone mode.
     pub namespaces: Option<Arc<NamespaceLifecycle>>,
+    /// Limits and timeouts of the listener.
+    pub limits: Limits,
+    inflight: Arc<tokio::sync::Semaphore>,
+    watches: Arc<WatchCounter>,
     docs: Arc<Documents>,
 }
 
@@ -164,6 +285,9 @@ impl<S: Clone> Clone for AppState<S> {
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
             namespaces: self.namespaces.clone(),
+            limits: self.limits.clone(),
+            inflight: self.inflight.clone(),
+            watches: self.watches.clone(),
             docs: self.docs.clone(),
         }
     }
@@ -186,8 +310,22 @@ impl<S: Store + Clone> AppState<S> {
             metrics,
             shutdown,
             namespaces: None,
+            limits: Limits::default(),
+            inflight: Arc::new(tokio::sync::Semaphore::new(
+                Limits::default().max_requests_inflight,
+            )),
+            watches: Arc::default(),
             docs: Arc::new(Documents::build()),
         }
+    }
+
+    /// Sets the listener's limits and timeouts.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.inflight = Arc::new(tokio::sync::Semaphore::new(
+            limits.max_requests_inflight,
+        ));
+        self.limits = limits;
+        self
     }
 
     /// Refuses creation in namespaces that do not exist or are terminating.
@@ -199,23 +337,49 @@ impl<S: Store + Clone> AppState<S> {
     /// Serves one request.
     pub async fn handle(self, request: Request) -> Response {
         let method = request.method().clone();
+        // Watches are long-running and capped per user instead (in `serve`).
+        let long_running = request::Params::parse(request.uri().query())
+            .and_then(|p| p.is_watch())
+            .unwrap_or(false);
+        let _permit = if long_running {
+            None
+        } else {
+            match self.inflight.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let response = ApiError::too_many_requests(
+                        "Too many requests, please try again later.",
+                        1,
+                    )
+                    .into_response();
+                    self.count(verb_label("", &method), "", &response);
+                    return response;
+                }
+            }
+        };
         let (verb, resource, response) = match self.route(request).await {
             Ok((verb, resource, response)) => (verb, resource, response),
             Err((verb, resource, e)) => (verb, resource, e.into_response()),
         };
+        self.count(
+            verb_label(&verb, &method),
+            resource_label(&resource),
+            &response,
+        );
+        response
+    }
+
+    /// Counts a request. Every label comes from a fixed set: a label taken from the
+    /// request would let any client grow `/metrics` without bound.
+    fn count(&self, verb: &'static str, resource: &'static str, response: &Response) {
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
-                verb: if verb.is_empty() {
-                    method.as_str().to_lowercase()
-                } else {
-                    verb
-                },
-                resource,
+                verb: verb.to_string(),
+                resource: resource.to_string(),
                 code: response.status().as_u16(),
             })
             .inc();
-        response
     }
 
     async fn route(
@@ -346,8 +510,26 @@ impl<S: Store + Clone> AppState<S> {
             "watch" => {
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let rendering = Rendering::from_headers(req.headers, req.params.include_object())?;
-                watch::watch::<K, S>(self, req.namespace.map(str::to_string), options, rendering)
-                    .await
+                let Some(slot) = self
+                    .watches
+                    .try_acquire(&req.user.name, self.limits.max_watches_per_user)
+                else {
+                    return Err(ApiError::too_many_requests(
+                        format!(
+                            "Too many requests: at most {} watches per user are served at once",
+                            self.limits.max_watches_per_user
+                        ),
+                        1,
+                    ));
+                };
+                watch::watch::<K, S>(
+                    self,
+                    req.namespace.map(str::to_string),
+                    options,
+                    rendering,
+                    slot,
+                )
+                .await
             }
             "create" => {
                 if K::INFO.namespaced && req.namespace.is_none() {
@@ -376,6 +558,11 @@ impl<S: Store + Clone> AppState<S> {
             "patch" => resource::patch::<K, S>(&self.store, req).await,
             "delete" => resource::delete::<K, S>(&self.store, req).await,
             "deletecollection" => {
+                // As kube-apiserver, which registers only list and watch on the
+                // all-namespaces path of a namespaced resource.
+                if K::INFO.namespaced && req.namespace.is_none() {
+                    return Err(ApiError::method_not_allowed("DELETE", K::INFO.plural));
+                }
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let mut req = req;
                 if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
@@ -478,6 +665,10 @@ fn wants_aggregated_discovery(accept: &str) -> bool {
 /// the server answers and closes the connection early they see a broken pipe, not the Status.
 const MAX_DRAINED_BYTES: usize = 4 * MAX_BODY_BYTES;
 
+/// How long a client may take to send a request body (kube-apiserver's default
+/// `--request-timeout`).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
 async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResult<Bytes> {
     use futures::StreamExt;
     let declared = headers
@@ -490,20 +681,37 @@ async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResult<Bytes> {
     let mut stream = body.into_data_stream();
     let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(MAX_BODY_BYTES));
     let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else {
-            return Err(ApiError::too_large(MAX_BODY_BYTES));
-        };
-        total += chunk.len();
-        if total > MAX_DRAINED_BYTES {
-            break;
+    // A client sending its body slowly holds an in-flight slot: bound it as
+    // kube-apiserver's request timeout does.
+    let read = async {
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else {
+                return Err(ApiError::too_large(MAX_BODY_BYTES));
+            };
+            total += chunk.len();
+            if total > MAX_DRAINED_BYTES {
+                break;
+            }
+            if total <= MAX_BODY_BYTES {
+                buf.extend_from_slice(&chunk);
+            }
         }
-        if total <= MAX_BODY_BYTES {
-            buf.extend_from_slice(&chunk);
-        }
-    }
+        Ok(())
+    };
+    tokio::time::timeout(BODY_READ_TIMEOUT, read)
+        .await
+        .map_err(|_| ApiError::timeout("the request body was not received in time"))??;
     if total > MAX_BODY_BYTES {
         return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    // Checked before any parser or recursive walk sees the body: serde_json stops at 128
+    // levels, but code walking a parsed Value recursively must never meet a deeper one.
+    let depth = patch::json_text_depth(&buf);
+    if depth > patch::MAX_DEPTH {
+        return Err(ApiError::bad_request(format!(
+            "the request body is nested {depth} levels deep; at most {} are accepted",
+            patch::MAX_DEPTH
+        )));
     }
     Ok(buf.freeze())
 }

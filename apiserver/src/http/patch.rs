@@ -29,6 +29,26 @@ impl PatchType {
     }
 }
 
+/// Most operations one JSON patch may carry: kube-apiserver's `maxJSONPatchOperations`
+/// (its fix for CVE-2019-1002100), answered with 413 as it does.
+pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+
+/// Most bytes the `copy` operations of one JSON patch may duplicate in all: kube-apiserver's
+/// `JSONPatchMaxCopyBytes` (3 MiB, json-patch's `AccumulatedCopySizeLimit`). Without it a
+/// few dozen operations copying a map into itself grow the document exponentially.
+pub const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Deepest nesting (objects and arrays) of a request body or of a patched document. Far
+/// beyond any object this API serves, and low enough that every recursive walk over a
+/// `Value` (serialization, comparison, drop) stays well inside a thread's stack: a chain of
+/// `move` operations could otherwise nest the document one level per operation.
+pub const MAX_DEPTH: usize = 100;
+
+/// How many JSON nodes the depth checks of one JSON patch may visit. A `move` into a deeper
+/// path is checked by walking the moved value; ten thousand of them over a large subtree
+/// would otherwise cost minutes of CPU.
+const MAX_PATCH_WORK: usize = 8 * 1024 * 1024;
+
 /// Why a patch could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum PatchError {
@@ -38,17 +58,19 @@ pub enum PatchError {
     /// The patch is well-formed but cannot apply to this object (422).
     #[error("{0}")]
     Inapplicable(String),
+    /// The patch is larger than the server accepts (413).
+    #[error("{0}")]
+    TooLarge(String),
 }
 
-/// Applies `patch` (the raw request body) to `doc`.
+/// Applies `patch` (the raw request body) to `doc`. On error `doc` may be partly patched:
+/// callers patch a copy and discard it.
 pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), PatchError> {
     match patch_type {
         PatchType::Json => {
             let patch: json_patch::Patch = serde_json::from_slice(patch)
                 .map_err(|e| PatchError::Malformed(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(doc, &patch).map_err(|e| {
-                PatchError::Inapplicable(format!("the JSON patch cannot be applied: {e}"))
-            })
+            apply_json_patch(doc, &patch.0)
         }
         PatchType::Merge | PatchType::StrategicMerge => {
             let patch: Value = serde_json::from_slice(patch)
@@ -60,12 +82,151 @@ pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(),
             }
             if patch_type == PatchType::Merge {
                 json_patch::merge(doc, &patch);
-                Ok(())
             } else {
-                strategic_merge(doc, &patch, "")
+                strategic_merge(doc, &patch, "")?;
             }
+            // A merge never nests deeper than the document or the patch, both already
+            // bounded; checked anyway so the bound does not rest on that argument.
+            check_depth(doc)
         }
     }
+}
+
+/// Applies JSON-patch operations one at a time, checking before each that it keeps the
+/// document within [`MAX_DEPTH`] and the copies within [`MAX_JSON_PATCH_COPY_BYTES`].
+fn apply_json_patch(
+    doc: &mut Value,
+    ops: &[json_patch::PatchOperation],
+) -> Result<(), PatchError> {
+    use json_patch::PatchOperation as Op;
+    if ops.len() > MAX_JSON_PATCH_OPERATIONS {
+        return Err(PatchError::TooLarge(format!(
+            "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
+            ops.len()
+        )));
+    }
+    check_depth(doc)?;
+    let mut copied = 0usize;
+    let mut work = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        // The depth the operation's value lands at, and that value's own depth.
+        let (landing, value_depth) = match op {
+            Op::Add(add) => (add.path.count(), depth(&add.value)),
+            Op::Replace(replace) => (replace.path.count(), depth(&replace.value)),
+            Op::Move(mv) if mv.path.count() > mv.from.count() => {
+                let moved = mv.from.resolve(doc).map_err(|e| inapplicable(i, &e))?;
+                work += nodes(moved);
+                (mv.path.count(), depth(moved))
+            }
+            Op::Copy(cp) => {
+                let source = cp.from.resolve(doc).map_err(|e| inapplicable(i, &e))?;
+                copied += encoded_len(source);
+                if copied > MAX_JSON_PATCH_COPY_BYTES {
+                    return Err(PatchError::Inapplicable(format!(
+                        "the JSON patch cannot be applied: operation {i}: unable to copy, the copies would exceed {MAX_JSON_PATCH_COPY_BYTES} bytes"
+                    )));
+                }
+                (cp.path.count(), depth(source))
+            }
+            // A move up or sideways, a remove or a test never deepens the document.
+            Op::Move(_) | Op::Remove(_) | Op::Test(_) => (0, 0),
+        };
+        if work > MAX_PATCH_WORK {
+            return Err(PatchError::Inapplicable(format!(
+                "the JSON patch cannot be applied: operation {i}: the patch moves more data than the server processes in one request"
+            )));
+        }
+        // The value sits one level below its parent container (`landing` tokens deep).
+        if landing.saturating_sub(1) + value_depth > MAX_DEPTH {
+            return Err(too_deep());
+        }
+        json_patch::patch_unsafe(doc, std::slice::from_ref(op))
+            .map_err(|e| inapplicable(i, &e))?;
+    }
+    Ok(())
+}
+
+fn inapplicable(i: usize, e: &dyn std::fmt::Display) -> PatchError {
+    PatchError::Inapplicable(format!(
+        "the JSON patch cannot be applied: operation {i}: {e}"
+    ))
+}
+
+fn too_deep() -> PatchError {
+    PatchError::Inapplicable(format!(
+        "the patched object would be nested more than {MAX_DEPTH} levels deep"
+    ))
+}
+
+fn check_depth(doc: &Value) -> Result<(), PatchError> {
+    if depth(doc) > MAX_DEPTH {
+        Err(too_deep())
+    } else {
+        Ok(())
+    }
+}
+
+/// Nesting depth of a value: 0 for a scalar, 1 for a flat object or array. Recursive:
+/// only called on values already bounded (parsed bodies, checked documents).
+pub fn depth(v: &Value) -> usize {
+    match v {
+        Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn nodes(v: &Value) -> usize {
+    match v {
+        Value::Object(m) => 1 + m.values().map(nodes).sum::<usize>(),
+        Value::Array(a) => 1 + a.iter().map(nodes).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+/// Length of a value's JSON encoding, without building it.
+pub fn encoded_len<T: serde::Serialize + ?Sized>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a Value always serializes.
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
+}
+
+/// Nesting depth of a JSON text, found by scanning its bytes (strings skipped) without
+/// parsing it: checked on every request body before anything recursive reads it.
+pub fn json_text_depth(body: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// The merge key of a list field that merges element-wise (`patchMergeKey` in the

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
+use super::MAX_OBJECT_BYTES;
 use super::patch::{self, PatchError, PatchType, PATCH_TYPES};
 use super::render::{json_response, object_json, render_list, render_object, Renderable};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
@@ -459,6 +460,28 @@ fn type_meta(object: &impl Kind) -> (String, String) {
     )
 }
 
+fn patch_error<K: Served>(name: &str) -> impl Fn(PatchError) -> ApiError + '_ {
+    move |e| match e {
+        PatchError::Malformed(m) => ApiError::bad_request(m),
+        PatchError::Inapplicable(m) => ApiError::invalid(
+            &K::INFO,
+            name,
+            &[apis::validation::FieldError::invalid("patch", m)],
+        ),
+        PatchError::TooLarge(m) => ApiError::entity_too_large(m),
+    }
+}
+
+/// Refuses an object whose encoding exceeds [`MAX_OBJECT_BYTES`]: every stored object is
+/// kept in memory by the change feed and sent to every watcher, so its size bounds memory.
+fn check_object_size<T: serde::Serialize + ?Sized>(object: &T) -> ApiResult<()> {
+    let size = patch::encoded_len(object);
+    if size > MAX_OBJECT_BYTES {
+        return Err(ApiError::object_too_large(size, MAX_OBJECT_BYTES));
+    }
+    Ok(())
+}
+
 fn store_err<K: Served>(name: &str) -> impl Fn(store::StoreError) -> ApiError + '_ {
     move |e| ApiError::from_store(e, &K::INFO, name)
 }
@@ -548,6 +571,7 @@ pub async fn create<K: Served, S: Store>(
     let mut object: K = decode_object(&req.body, req.params.field_validation()?, &mut warnings)?;
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
+    check_object_size(&object)?;
     let name = object.meta().name.clone().unwrap_or_default();
     let written = K::create(store, object, req.user, dry_run)
         .await
@@ -572,6 +596,7 @@ pub async fn update<K: Served, S: Store>(
     let mut object: K = decode_object(&req.body, req.params.field_validation()?, &mut warnings)?;
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
+    check_object_size(&object)?;
     let written = K::update(store, object, dry_run)
         .await
         .map_err(store_err::<K>(name))?;
@@ -604,20 +629,14 @@ pub async fn patch<K: Served, S: Store>(
         let current: K = store.get(ns, name).await.map_err(store_err::<K>(name))?;
         let mut doc = object_json(&current)?;
         let current_rv = doc.pointer("/metadata/resourceVersion").cloned();
-        patch::apply(&mut doc, patch_type, &req.body).map_err(|e| match e {
-            PatchError::Malformed(m) => ApiError::bad_request(m),
-            PatchError::Inapplicable(m) => ApiError::invalid(
-                &K::INFO,
-                name,
-                &[apis::validation::FieldError::invalid("patch", m)],
-            ),
-        })?;
+        patch::apply(&mut doc, patch_type, &req.body).map_err(patch_error::<K>(name))?;
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
         let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut warnings = Vec::new();
         let mut object: K = decode_object(&bytes, validation, &mut warnings)?;
         let tm = type_meta(&object);
         reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
+        check_object_size(&object)?;
         match K::update(store, object, dry_run).await {
             Ok(written) => {
                 warnings.extend(written.warnings);
@@ -777,14 +796,7 @@ pub async fn update_status<K: Served, S: Store>(
             return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
         };
         let mut doc = current.clone();
-        patch::apply(&mut doc, patch_type, &req.body).map_err(|e| match e {
-            PatchError::Malformed(m) => ApiError::bad_request(m),
-            PatchError::Inapplicable(m) => ApiError::invalid(
-                &K::INFO,
-                name,
-                &[apis::validation::FieldError::invalid("patch", m)],
-            ),
-        })?;
+        patch::apply(&mut doc, patch_type, &req.body).map_err(patch_error::<K>(name))?;
         doc
     } else {
         req.require_json_body()?;
@@ -801,6 +813,7 @@ pub async fn update_status<K: Served, S: Store>(
         }
         doc
     };
+    check_object_size(&requested)?;
     K::check_status(name, &current, &requested)?;
     // The typed form must still decode (rejects wrong types with a 400).
     let mut warnings = Vec::new();

@@ -90,6 +90,7 @@ pub async fn watch<K: Served, S: Store + Clone>(
     namespace: Option<String>,
     options: ListOptions,
     rendering: Rendering,
+    slot: super::WatchSlot,
 ) -> ApiResult<Response> {
     let selection = Selection { namespace, options };
     let (tx, rx) = mpsc::channel::<Bytes>(LINE_BUFFER);
@@ -177,8 +178,10 @@ pub async fn watch<K: Served, S: Store + Clone>(
         bookmark_interval: app.config.bookmark_interval,
         shutdown: app.shutdown.clone(),
         metrics: app.metrics.clone(),
+        deadline: tokio::time::Instant::now() + timeout,
+        _slot: slot,
     };
-    tokio::spawn(task.run::<K>(lines, timeout));
+    tokio::spawn(task.run::<K>(lines));
     Ok(stream_response(rx))
 }
 
@@ -202,18 +205,36 @@ struct WatchTask {
     bookmark_interval: Duration,
     shutdown: tokio::sync::watch::Receiver<bool>,
     metrics: Arc<super::HttpMetrics>,
+    /// When the watch ends (`timeoutSeconds`).
+    deadline: tokio::time::Instant,
+    /// This watch's place in its user's quota, freed when the task ends.
+    _slot: super::WatchSlot,
 }
 
 impl WatchTask {
-    async fn run<K: Served>(mut self, initial: Vec<Bytes>, timeout: Duration) {
+    /// Queues one line for the connection. A client that stops reading fills the queue;
+    /// the send then waits, but never past the watch's deadline or the server's shutdown.
+    /// Returns false when the watch must end.
+    async fn send(&mut self, line: Bytes) -> bool {
+        if *self.shutdown.borrow() {
+            return false;
+        }
+        tokio::select! {
+            sent = self.tx.send(line) => sent.is_ok(),
+            _ = tokio::time::sleep_until(self.deadline) => false,
+            _ = self.shutdown.changed() => false,
+        }
+    }
+
+    async fn run<K: Served>(mut self, initial: Vec<Bytes>) {
         self.metrics.watches.inc();
         let _guard = scopeguard(self.metrics.clone());
         for line in initial {
-            if self.tx.send(line).await.is_err() {
+            if !self.send(line).await {
                 return;
             }
         }
-        let deadline = tokio::time::sleep(timeout);
+        let deadline = tokio::time::sleep_until(self.deadline);
         tokio::pin!(deadline);
         let mut bookmarks = tokio::time::interval(self.bookmark_interval);
         bookmarks.tick().await;
@@ -234,9 +255,9 @@ impl WatchTask {
                         };
                         self.first = false;
                         match line {
-                            Ok(line) => if self.tx.send(line).await.is_err() { return },
+                            Ok(line) => if !self.send(line).await { return },
                             Err(e) => {
-                                let _ = self.tx.send(error_line(&e)).await;
+                                self.send(error_line(&e)).await;
                                 return;
                             }
                         }
@@ -246,7 +267,7 @@ impl WatchTask {
                             StoreError::Expired(m) => ApiError::expired(m),
                             e => ApiError::from_store(e, &K::INFO, ""),
                         };
-                        let _ = self.tx.send(error_line(&err)).await;
+                        self.send(error_line(&err)).await;
                         return;
                     }
                 },
@@ -254,7 +275,7 @@ impl WatchTask {
                     self.subscription.advance_if_idle();
                     // Sent every interval, changed or not: it tells the client the stream is alive.
                     match bookmark_line::<K>(self.subscription.cursor(), self.rendering, false) {
-                        Ok(line) => if self.tx.send(line).await.is_err() { return },
+                        Ok(line) => if !self.send(line).await { return },
                         Err(_) => return,
                     }
                 }

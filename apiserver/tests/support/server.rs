@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiserver::auth::{AllowAuthenticated, TokenFile};
-use apiserver::http::{AppState, HttpConfig, HttpMetrics};
+use apiserver::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use apiserver::store::{PgStore, StoreConfig};
 use apiserver::tls::{self, ReloadingCert};
 use prometheus_client::registry::Registry;
@@ -27,6 +27,8 @@ pub struct TestServer {
     pub ca_pem: String,
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
+    /// The server's metrics registry (what `/metrics` encodes).
+    pub registry: Arc<std::sync::Mutex<Registry>>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -44,6 +46,15 @@ impl TestServer {
     }
 
     pub async fn start_with(tweak: impl FnOnce(&mut StoreConfig), http: HttpConfig) -> Self {
+        Self::start_limited(tweak, http, Limits::default()).await
+    }
+
+    /// A server with the listener's limits and timeouts set.
+    pub async fn start_limited(
+        tweak: impl FnOnce(&mut StoreConfig),
+        http: HttpConfig,
+        limits: Limits,
+    ) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let db = TestDb::new().await;
         let mut config = db.store_config();
@@ -71,7 +82,9 @@ impl TestServer {
             http,
             HttpMetrics::register(&mut registry),
             shutdown_rx.clone(),
-        );
+        )
+        .with_limits(limits);
+        let registry = Arc::new(std::sync::Mutex::new(registry));
         tokio::spawn(apiserver::server::serve_api(
             listener,
             tls_config,
@@ -90,6 +103,7 @@ impl TestServer {
             ca_pem,
             dir,
             kubeconfig,
+            registry,
             shutdown,
         }
     }
@@ -174,6 +188,21 @@ impl TestServer {
         .await
         .unwrap();
         kube::Client::try_from(config).unwrap()
+    }
+}
+
+impl TestServer {
+    /// The `/metrics` text, as the metrics listener serves it.
+    pub fn metrics_text(&self) -> String {
+        let mut text = String::new();
+        let registry = self.registry.lock().unwrap();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    /// Stops the server (open watches end, connections drain).
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
     }
 }
 

@@ -1,0 +1,829 @@
+//! Attacks on the HTTP layer (issue 8): patch bombs, deep bodies, oversized objects, label
+//! explosion in metrics, slow and stuck clients, floods over the in-flight and watch caps,
+//! and the smaller refusals (cluster-wide deletecollection, selector sizes, secret file
+//! permissions, a loopback-only metrics listener). Each test sends the real attack to a real
+//! server and then checks the server still answers.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apiserver::http::{HttpConfig, Limits};
+use serde_json::{json, Value};
+use support::server::{TestServer, ADMIN_TOKEN, USER_TOKEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn ns_url(server: &TestServer, ns: &str, plural: &str) -> String {
+    format!(
+        "{}/apis/{}/namespaces/{ns}/{plural}",
+        server.url,
+        apis::API_VERSION
+    )
+}
+
+fn expires() -> String {
+    let t = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(1);
+    k8s_openapi::jiff::Timestamp::from_second(t.as_second())
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn session_json(name: &str) -> Value {
+    json!({
+        "apiVersion": apis::API_VERSION,
+        "kind": "AccessSession",
+        "metadata": {"name": name},
+        "spec": {
+            "server": {"name": "github", "uid": "srv-1"},
+            "subject": {"user": "alice@example.com"},
+            "expiresAt": expires(),
+        }
+    })
+}
+
+async fn create_session(server: &TestServer, ns: &str, name: &str) -> Value {
+    let resp = server
+        .http()
+        .post(ns_url(server, ns, "accesssessions"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&session_json(name))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    body
+}
+
+/// Sends a request and returns the code and the Status (or object) it answered.
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::HeaderMap) {
+    let resp = req.send().await.expect("the server answers");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body, headers)
+}
+
+async fn patch(server: &TestServer, url: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
+    let (code, body, _) = send(
+        server
+            .http()
+            .patch(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("Content-Type", content_type)
+            .body(body),
+    )
+    .await;
+    (code, body)
+}
+
+/// The server still serves a read after an attack.
+async fn assert_alive(server: &TestServer, ns: &str, name: &str) {
+    let (code, body, _) = send(
+        server
+            .http()
+            .get(format!("{}/{name}", ns_url(server, ns, "accesssessions")))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(code, 200, "the server must still answer: {body}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 3: JSON-patch bombs, deep bodies, merge and strategic patches, the status path.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_patch_move_chain_is_refused_not_a_crash() {
+    let server = TestServer::start().await;
+    create_session(&server, "bomb", "s1").await;
+    let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
+    // Each round nests /spec/a one level deeper: 3,000 levels with 9,001 operations, the
+    // stack overflow of the original report.
+    let mut ops = vec![json!({"op": "add", "path": "/spec/a", "value": {}})];
+    for _ in 0..3000 {
+        ops.push(json!({"op": "add", "path": "/spec/b", "value": {}}));
+        ops.push(json!({"op": "move", "from": "/spec/a", "path": "/spec/b/a"}));
+        ops.push(json!({"op": "move", "from": "/spec/b", "path": "/spec/a"}));
+    }
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["reason"], "Invalid", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("nested more than"),
+        "{body}"
+    );
+    assert_alive(&server, "bomb", "s1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_patch_copy_bomb_is_refused() {
+    let server = TestServer::start().await;
+    create_session(&server, "bomb", "s1").await;
+    let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
+    // Every copy doubles the annotations: 2^40 KiB if nothing stops it.
+    let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}})];
+    for i in 0..40 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+    }
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("unable to copy"),
+        "{body}"
+    );
+    assert_alive(&server, "bomb", "s1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_patch_over_ten_thousand_operations_is_413() {
+    let server = TestServer::start().await;
+    create_session(&server, "bomb", "s1").await;
+    let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
+    let ops: Vec<Value> = (0..10_001)
+        .map(|_| json!({"op": "test", "path": "/kind", "value": "AccessSession"}))
+        .collect();
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 413, "{body}");
+    assert_eq!(body["reason"], "RequestEntityTooLarge", "{body}");
+    // Exactly at the limit is served.
+    let ops: Vec<Value> = (0..10_000)
+        .map(|_| json!({"op": "test", "path": "/kind", "value": "AccessSession"}))
+        .collect();
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_bodies_are_refused_for_every_write() {
+    let server = TestServer::start().await;
+    create_session(&server, "deep", "s1").await;
+    let collection = ns_url(&server, "deep", "accesssessions");
+    let url = format!("{collection}/s1");
+    let deep_spec = |depth: usize| {
+        format!(
+            r#"{{"apiVersion":"{}","kind":"AccessSession","metadata":{{"name":"s2"}},"spec":{{"x":{}}}}}"#,
+            apis::API_VERSION,
+            nested(depth)
+        )
+    };
+    // Create and update with 100,000 levels of nesting.
+    for (method, target) in [(reqwest::Method::POST, &collection), (reqwest::Method::PUT, &url)] {
+        let (code, body, _) = send(
+            server
+                .http()
+                .request(method.clone(), target.as_str())
+                .bearer_auth(ADMIN_TOKEN)
+                .header("Content-Type", "application/json")
+                .body(deep_spec(100_000)),
+        )
+        .await;
+        assert_eq!(code, 400, "{method}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("nested"),
+            "{body}"
+        );
+    }
+    // Merge and strategic merge patches.
+    for ct in [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/json-patch+json",
+    ] {
+        let body = format!(r#"{{"spec":{{"x":{}}}}}"#, nested(100_000));
+        let (code, status) = patch(&server, &url, ct, body.into_bytes()).await;
+        assert_eq!(code, 400, "{ct}: {status}");
+    }
+    // Deep but within serde's own limit (128) and above ours: still refused, cleanly.
+    let body = format!(r#"{{"spec":{{"x":{}}}}}"#, nested(110));
+    let (code, status) = patch(&server, &url, "application/merge-patch+json", body.into_bytes()).await;
+    assert_eq!(code, 400, "{status}");
+    // A modest unknown nesting is still accepted (and dropped, with a warning).
+    let body = format!(r#"{{"spec":{{"x":{}}}}}"#, nested(20));
+    let (code, status) = patch(&server, &url, "application/merge-patch+json", body.into_bytes()).await;
+    assert_eq!(code, 200, "{status}");
+    assert_alive(&server, "deep", "s1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_patch_bombs_are_refused() {
+    let server = TestServer::start().await;
+    let enrollment = json!({
+        "apiVersion": apis::API_VERSION,
+        "kind": "Enrollment",
+        "metadata": {"name": "e1"},
+        "spec": {
+            "server": {"name": "github", "uid": "srv-1"},
+            "subject": {"user": "alice@example.com"},
+            "expiresAt": expires(),
+        }
+    });
+    let (code, body, _) = send(
+        server
+            .http()
+            .post(ns_url(&server, "st", "enrollments"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&enrollment),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let url = format!("{}/e1/status", ns_url(&server, "st", "enrollments"));
+    let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}})];
+    for i in 0..40 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+    }
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    let mut ops = vec![json!({"op": "add", "path": "/status/a", "value": {}})];
+    for _ in 0..3000 {
+        ops.push(json!({"op": "add", "path": "/status/b", "value": {}}));
+        ops.push(json!({"op": "move", "from": "/status/a", "path": "/status/b/a"}));
+        ops.push(json!({"op": "move", "from": "/status/b", "path": "/status/a"}));
+    }
+    let (code, body) = patch(
+        &server,
+        &url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    let (code, body, _) = send(
+        server
+            .http()
+            .get(format!("{}/e1", ns_url(&server, "st", "enrollments")))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 4: object size, finalizers and owner references.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_objects_are_413_and_metadata_is_validated() {
+    let server = TestServer::start().await;
+    create_session(&server, "big", "s1").await;
+    let url = format!("{}/s1", ns_url(&server, "big", "accesssessions"));
+    let current = |finalizers: Vec<String>| {
+        let mut s = session_json("s1");
+        s["metadata"]["finalizers"] = json!(finalizers);
+        s
+    };
+    // 2.9 MB of valid finalizers: under the body limit, over the object limit.
+    let many: Vec<String> = (0..100_000)
+        .map(|i| format!("example.com/finalizer-{i:08}"))
+        .collect();
+    let body = serde_json::to_vec(&current(many.clone())).unwrap();
+    assert!(body.len() > 2_500_000 && body.len() < 3 * 1024 * 1024);
+    let (code, status, _) = send(
+        server
+            .http()
+            .put(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("Content-Type", "application/json")
+            .body(body.clone()),
+    )
+    .await;
+    assert_eq!(code, 413, "{status}");
+    assert_eq!(status["reason"], "RequestEntityTooLarge", "{status}");
+    // The same through create and a merge patch.
+    let mut fresh = current(many.clone());
+    fresh["metadata"]["name"] = json!("s2");
+    let (code, status, _) = send(
+        server
+            .http()
+            .post(ns_url(&server, "big", "accesssessions"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&fresh),
+    )
+    .await;
+    assert_eq!(code, 413, "{status}");
+    let (code, status) = patch(
+        &server,
+        &url,
+        "application/merge-patch+json",
+        serde_json::to_vec(&json!({"metadata": {"finalizers": many}})).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 413, "{status}");
+
+    // Finalizers and owner references as kube-apiserver validates them.
+    for (patch_body, field) in [
+        (
+            json!({"metadata": {"finalizers": ["cleanup"]}}),
+            "metadata.finalizers[0]",
+        ),
+        (
+            json!({"metadata": {"finalizers": ["Bad Name/x"]}}),
+            "metadata.finalizers[0]",
+        ),
+        (
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "", "uid": "u1"}]}}),
+            "metadata.ownerReferences[0].name",
+        ),
+        (
+            json!({"metadata": {"ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "a", "uid": "u1", "controller": true},
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "b", "uid": "u2", "controller": true}
+            ]}}),
+            "metadata.ownerReferences",
+        ),
+    ] {
+        let (code, status) = patch(
+            &server,
+            &url,
+            "application/merge-patch+json",
+            serde_json::to_vec(&patch_body).unwrap(),
+        )
+        .await;
+        assert_eq!(code, 422, "{patch_body}: {status}");
+        let fields: Vec<&str> = status["details"]["causes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["field"].as_str())
+            .collect();
+        assert!(fields.contains(&field), "{field} in {status}");
+    }
+    let (code, status) = patch(
+        &server,
+        &url,
+        "application/merge-patch+json",
+        serde_json::to_vec(&json!({"metadata": {
+            "finalizers": ["example.com/cleanup", "kubernetes"],
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "a", "uid": "u1", "controller": true}]
+        }}))
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{status}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 5: no metrics label from untrusted input.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_labels_stay_bounded_under_random_methods_and_paths() {
+    let server = TestServer::start().await;
+    let client = server.http();
+    let mut sent = Vec::new();
+    for i in 0..300 {
+        let word = format!("ZQ{}X{i}", uuid::Uuid::new_v4().simple());
+        let method = reqwest::Method::from_bytes(word.to_uppercase().as_bytes()).unwrap();
+        let paths = [
+            format!("/{word}"),
+            format!("/apis/{}/{word}", apis::API_VERSION),
+            format!("/apis/{}/namespaces/x/{word}/y", apis::API_VERSION),
+        ];
+        let path = &paths[i % paths.len()];
+        // Unauthenticated, then authenticated, with a random method each time.
+        let token = if i % 2 == 0 { None } else { Some(ADMIN_TOKEN) };
+        let mut req = client.request(method.clone(), format!("{}{path}", server.url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        assert!(resp.status().as_u16() >= 400);
+        let mut req = client.get(format!("{}{path}", server.url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send().await.unwrap();
+        sent.push(word);
+    }
+    let text = server.metrics_text();
+    assert!(
+        text.len() < 16 * 1024,
+        "/metrics grew to {} bytes:\n{text}",
+        text.len()
+    );
+    let lower = text.to_lowercase();
+    for word in &sent {
+        assert!(
+            !lower.contains(&word.to_lowercase()),
+            "{word} leaked into /metrics:\n{text}"
+        );
+    }
+    assert!(text.contains("verb=\"other\""), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 6: slow clients, idle connections, floods.
+
+fn tls_connector(server: &TestServer) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(server.ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+use rustls_pki_types::pem::PemObject;
+
+async fn raw_tls(
+    server: &TestServer,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let addr = server.url.trim_start_matches("https://").to_string();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tls_connector(server).connect(name, tcp).await.unwrap()
+}
+
+/// Reads until the server closes the connection; returns what was read and how long it took.
+async fn read_to_close(
+    stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    bound: Duration,
+) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout(bound.saturating_sub(start.elapsed()), stream.read(&mut buf))
+            .await
+        {
+            Err(_) => panic!(
+                "the server kept the connection open for {bound:?} ({} bytes read)",
+                out.len()
+            ),
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, start.elapsed()),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn quick_limits() -> Limits {
+    Limits {
+        header_read_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(2),
+        write_stall_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_and_idle_connections_are_closed() {
+    let server = TestServer::start_limited(|_| {}, HttpConfig::default(), quick_limits()).await;
+    // Headers started and never finished, one byte every half second.
+    let slow = raw_tls(&server).await;
+    let (mut reader, mut writer) = tokio::io::split(slow);
+    writer
+        .write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if writer.write_all(b"X").await.is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(6), reader.read(&mut buf)).await {
+            Err(_) => panic!("a client trickling its headers kept the connection for 6s"),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => {}
+        }
+    }
+    assert!(start.elapsed() < Duration::from_secs(6));
+    trickle.abort();
+
+    // A connection that says nothing at all after the handshake.
+    let mut silent = raw_tls(&server).await;
+    let (_, took) = read_to_close(&mut silent, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(10));
+
+    // A keep-alive connection left idle after one request.
+    let mut idle = raw_tls(&server).await;
+    idle.write_all(
+        format!("GET /version HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let (read, took) = read_to_close(&mut idle, Duration::from_secs(10)).await;
+    assert!(String::from_utf8_lossy(&read).starts_with("HTTP/1.1 200"));
+    assert!(took >= Duration::from_secs(1), "closed after {took:?}");
+
+    // The server still answers.
+    let (code, _, _) = send(
+        server
+            .http()
+            .get(format!("{}/version", server.url))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_inflight_cap_get_429_with_retry_after() {
+    let limits = Limits {
+        max_requests_inflight: 3,
+        ..Limits::default()
+    };
+    let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
+    let url = ns_url(&server, "flood", "accesssessions");
+    let path = url.trim_start_matches(&server.url).to_string();
+    // Three requests held in flight: headers sent, the body promised and never sent.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = raw_tls(&server).await;
+        conn.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        held.push(conn);
+    }
+    // The flood: every further request is refused at once, authenticated or not.
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while refused < 20 && Instant::now() < deadline {
+        let (code, status, headers) = send(
+            server
+                .http()
+                .get(format!("{}/version", server.url))
+                .bearer_auth(ADMIN_TOKEN),
+        )
+        .await;
+        if code == 200 {
+            // The held requests may not all have reached the server yet.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(code, 429, "{status}");
+        assert_eq!(status["reason"], "TooManyRequests", "{status}");
+        assert_eq!(status["details"]["retryAfterSeconds"], 1, "{status}");
+        assert_eq!(headers.get("retry-after").unwrap(), "1");
+        refused += 1;
+    }
+    assert_eq!(refused, 20, "the flood was not refused");
+    let text = server.metrics_text();
+    assert!(text.contains("code=\"429\""), "{text}");
+    // Watches are not counted against the cap.
+    let resp = server
+        .http()
+        .get(format!("{url}?watch=1&timeoutSeconds=1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    // Once the held requests go away, requests are served again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, _, _) = send(
+            server
+                .http()
+                .get(format!("{}/version", server.url))
+                .bearer_auth(ADMIN_TOKEN),
+        )
+        .await;
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused after the flood ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_per_user_are_capped_and_released() {
+    let limits = Limits {
+        max_watches_per_user: 2,
+        ..Limits::default()
+    };
+    let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
+    let url = format!("{}?watch=1", ns_url(&server, "w", "accesssessions"));
+    let watch = |token: &'static str| {
+        server
+            .http()
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+    };
+    let first = watch(USER_TOKEN).await.unwrap();
+    let second = watch(USER_TOKEN).await.unwrap();
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    let third = watch(USER_TOKEN).await.unwrap();
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers().get("retry-after").unwrap(), "1");
+    let status: Value = third.json().await.unwrap();
+    assert_eq!(status["reason"], "TooManyRequests", "{status}");
+    assert_eq!(status["details"]["retryAfterSeconds"], 1, "{status}");
+    // Another user is not affected.
+    let admin = watch(ADMIN_TOKEN).await.unwrap();
+    assert_eq!(admin.status(), 200);
+    // Ending a watch frees its slot.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let resp = watch(USER_TOKEN).await.unwrap();
+        if resp.status() == 200 {
+            break resp;
+        }
+        assert!(Instant::now() < deadline, "the slot was never released");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    drop((second, again, admin));
+}
+
+/// `mcp_access_apiserver_open_watches` as /metrics shows it.
+fn open_watches(server: &TestServer) -> i64 {
+    server
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp_access_apiserver_open_watches "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+async fn wait_for_watches(server: &TestServer, n: i64, bound: Duration) {
+    let deadline = Instant::now() + bound;
+    while open_watches(server) != n {
+        assert!(
+            Instant::now() < deadline,
+            "{} open watches after {bound:?}, expected {n}",
+            open_watches(server)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Opens a watch on a raw connection that never reads, and writes events until the
+/// server's buffers towards it are full.
+async fn stuck_watch(
+    server: &TestServer,
+    ns: &str,
+    timeout: u64,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    create_session(server, ns, "s1").await;
+    let path = format!(
+        "/apis/{}/namespaces/{ns}/accesssessions?watch=1&timeoutSeconds={timeout}",
+        apis::API_VERSION
+    );
+    let mut conn = raw_tls(server).await;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    wait_for_watches(server, 1, Duration::from_secs(5)).await;
+    // ~80 MB of events: more than the line queue (256 lines) and both sockets' buffers
+    // hold.
+    let url = format!("{}/s1", ns_url(server, ns, "accesssessions"));
+    let big = "x".repeat(200 * 1024);
+    for i in 0..400 {
+        let (code, body) = patch(
+            server,
+            &url,
+            "application/merge-patch+json",
+            serde_json::to_vec(&json!({"metadata": {"annotations": {"big": format!("{i}{big}")}}}))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_stops_reading_still_meets_its_deadline_and_is_dropped() {
+    let limits = Limits {
+        write_stall_timeout: Duration::from_secs(2),
+        idle_timeout: Duration::from_secs(600),
+        ..Limits::default()
+    };
+    let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
+    let started = Instant::now();
+    let timeout = Duration::from_secs(30);
+    let mut conn = stuck_watch(&server, "stuck", timeout.as_secs()).await;
+    assert!(
+        started.elapsed() < timeout,
+        "filling the watcher's buffers took longer than its timeout"
+    );
+    // The watch ends at its deadline though the client reads nothing.
+    wait_for_watches(&server, 0, timeout - started.elapsed() + Duration::from_secs(5)).await;
+    // And the connection is dropped rather than left waiting for the client to read: the
+    // stream is cut short (no final chunk), then closed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (read, _) = read_to_close(&mut conn, Duration::from_secs(30)).await;
+    assert!(String::from_utf8_lossy(&read[..12]).starts_with("HTTP/1.1 200"));
+    assert!(
+        !read.ends_with(b"0\r\n\r\n"),
+        "the response was completed, so the connection was not dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_stops_reading_does_not_hold_up_shutdown() {
+    let server = TestServer::start().await;
+    let _conn = stuck_watch(&server, "stuck2", 3600).await;
+    assert_eq!(open_watches(&server), 1);
+    server.shutdown();
+    wait_for_watches(&server, 0, Duration::from_secs(5)).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 12: cluster-wide deletecollection, selector sizes.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wide_deletecollection_is_405_and_selectors_are_bounded() {
+    let server = TestServer::start().await;
+    create_session(&server, "keep", "s1").await;
+    let all = format!("{}/apis/{}/accesssessions", server.url, apis::API_VERSION);
+    let (code, status, _) = send(server.http().delete(&all).bearer_auth(ADMIN_TOKEN)).await;
+    assert_eq!(code, 405, "{status}");
+    assert_eq!(status["reason"], "MethodNotAllowed", "{status}");
+    assert_alive(&server, "keep", "s1").await;
+    // The namespaced collection still deletes.
+    let (code, status, _) = send(
+        server
+            .http()
+            .delete(ns_url(&server, "keep", "accesssessions"))
+            .bearer_auth(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(code, 200, "{status}");
+
+    let list = |query: String| {
+        server
+            .http()
+            .get(format!("{all}?{query}"))
+            .bearer_auth(ADMIN_TOKEN)
+    };
+    let labels: Vec<String> = (0..101).map(|i| format!("k{i}%3Dv")).collect();
+    let (code, status, _) = send(list(format!("labelSelector={}", labels.join("%2C")))).await;
+    assert_eq!(code, 400, "{status}");
+    assert!(status["message"].as_str().unwrap().contains("more than 100"), "{status}");
+    let values: Vec<String> = (0..257).map(|i| format!("v{i}")).collect();
+    let (code, status, _) = send(list(format!(
+        "labelSelector=k+in+%28{}%29",
+        values.join("%2C")
+    )))
+    .await;
+    assert_eq!(code, 400, "{status}");
+    assert!(status["message"].as_str().unwrap().contains("at most 256"), "{status}");
+    let fields = vec!["metadata.name!%3Dx"; 33].join("%2C");
+    let (code, status, _) = send(list(format!("fieldSelector={fields}"))).await;
+    assert_eq!(code, 400, "{status}");
+    assert!(status["message"].as_str().unwrap().contains("more than 32"), "{status}");
+    let fields = vec!["metadata.name!%3Dx"; 32].join("%2C");
+    let (code, status, _) = send(list(format!("fieldSelector={fields}"))).await;
+    assert_eq!(code, 200, "{status}");
+}
