@@ -309,7 +309,7 @@ async fn oversized_objects_are_413_and_metadata_is_validated() {
         s
     };
     // 2.9 MB of valid finalizers: under the body limit, over the object limit.
-    let many: Vec<String> = (0..100_000)
+    let many: Vec<String> = (0..88_000)
         .map(|i| format!("example.com/finalizer-{i:08}"))
         .collect();
     let body = serde_json::to_vec(&current(many.clone())).unwrap();
@@ -469,8 +469,12 @@ use rustls_pki_types::pem::PemObject;
 async fn raw_tls(
     server: &TestServer,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let addr = server.url.trim_start_matches("https://").to_string();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let addr: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // A small receive buffer: a client that stops reading fills it (and the server's
+    // send buffer) quickly.
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
     tls_connector(server).connect(name, tcp).await.unwrap()
 }
@@ -704,31 +708,19 @@ async fn wait_for_watches(server: &TestServer, n: i64, bound: Duration) {
     }
 }
 
-/// Opens a watch on a raw connection that never reads, and writes events until the
-/// server's buffers towards it are full.
+/// Writes ~32 MB of events (more than the watch's line queue of 256 lines of 100 KiB and
+/// both sockets' buffers hold), then opens a watch replaying them from before the first on a
+/// raw connection that never reads: the watch task is then blocked on a full queue.
 async fn stuck_watch(
     server: &TestServer,
     ns: &str,
     timeout: u64,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    create_session(server, ns, "s1").await;
-    let path = format!(
-        "/apis/{}/namespaces/{ns}/accesssessions?watch=1&timeoutSeconds={timeout}",
-        apis::API_VERSION
-    );
-    let mut conn = raw_tls(server).await;
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
-    wait_for_watches(server, 1, Duration::from_secs(5)).await;
-    // ~80 MB of events: more than the line queue (256 lines) and both sockets' buffers
-    // hold.
+    let created = create_session(server, ns, "s1").await;
+    let from = created["metadata"]["resourceVersion"].as_str().unwrap().to_string();
     let url = format!("{}/s1", ns_url(server, ns, "accesssessions"));
-    let big = "x".repeat(200 * 1024);
-    for i in 0..400 {
+    let big = "x".repeat(100 * 1024);
+    for i in 0..320 {
         let (code, body) = patch(
             server,
             &url,
@@ -739,29 +731,48 @@ async fn stuck_watch(
         .await;
         assert_eq!(code, 200, "{body}");
     }
+    let path = format!(
+        "/apis/{}/namespaces/{ns}/accesssessions?watch=1&resourceVersion={from}&timeoutSeconds={timeout}",
+        apis::API_VERSION
+    );
+    let mut conn = raw_tls(server).await;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    wait_for_watches(server, 1, Duration::from_secs(5)).await;
     conn
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watcher_that_stops_reading_still_meets_its_deadline_and_is_dropped() {
+async fn a_watcher_that_stops_reading_still_meets_its_deadline() {
+    let limits = Limits {
+        // Only the watch's own deadline can end it here.
+        write_stall_timeout: Duration::from_secs(600),
+        idle_timeout: Duration::from_secs(600),
+        ..Limits::default()
+    };
+    let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
+    let _conn = stuck_watch(&server, "stuck", 3).await;
+    let started = Instant::now();
+    wait_for_watches(&server, 0, Duration::from_secs(3 + 5)).await;
+    eprintln!("the stuck watch ended {:?} after it started", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_client_stops_reading_is_dropped() {
     let limits = Limits {
         write_stall_timeout: Duration::from_secs(2),
         idle_timeout: Duration::from_secs(600),
         ..Limits::default()
     };
     let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
-    let started = Instant::now();
-    let timeout = Duration::from_secs(30);
-    let mut conn = stuck_watch(&server, "stuck", timeout.as_secs()).await;
-    assert!(
-        started.elapsed() < timeout,
-        "filling the watcher's buffers took longer than its timeout"
-    );
-    // The watch ends at its deadline though the client reads nothing.
-    wait_for_watches(&server, 0, timeout - started.elapsed() + Duration::from_secs(5)).await;
-    // And the connection is dropped rather than left waiting for the client to read: the
-    // stream is cut short (no final chunk), then closed.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut conn = stuck_watch(&server, "stalled", 3600).await;
+    // Dropping the connection ends its watch long before the watch's own deadline.
+    wait_for_watches(&server, 0, Duration::from_secs(2 + 5)).await;
+    // The stream was cut short (no final chunk), then closed.
     let (read, _) = read_to_close(&mut conn, Duration::from_secs(30)).await;
     assert!(String::from_utf8_lossy(&read[..12]).starts_with("HTTP/1.1 200"));
     assert!(
@@ -774,6 +785,8 @@ async fn a_watcher_that_stops_reading_still_meets_its_deadline_and_is_dropped() 
 async fn a_watcher_that_stops_reading_does_not_hold_up_shutdown() {
     let server = TestServer::start().await;
     let _conn = stuck_watch(&server, "stuck2", 3600).await;
+    // Still open: nothing but shutdown ends it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(open_watches(&server), 1);
     server.shutdown();
     wait_for_watches(&server, 0, Duration::from_secs(5)).await;
@@ -826,4 +839,326 @@ async fn cluster_wide_deletecollection_is_405_and_selectors_are_bounded() {
     let fields = vec!["metadata.name!%3Dx"; 32].join("%2C");
     let (code, status, _) = send(list(format!("fieldSelector={fields}"))).await;
     assert_eq!(code, 200, "{status}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The real binary (`MCP_ACCESS_APISERVER_BIN`, standalone mode as `hack/dev.sh` runs it):
+// memory under oversized writes, descriptor exhaustion, startup checks, listener addresses.
+
+/// A standalone `mcp-access-apiserver` process over a database of its own.
+struct Binary {
+    child: std::process::Child,
+    port: u16,
+    metrics_port: u16,
+    dir: std::path::PathBuf,
+    ca_pem: String,
+    token: String,
+    _db: support::TestDb,
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn apiserver_bin() -> String {
+    std::env::var("MCP_ACCESS_APISERVER_BIN").expect(
+        "MCP_ACCESS_APISERVER_BIN is not set: run through hack/test.sh, which builds the binary",
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn private_file(path: &std::path::Path, contents: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn scratch_dir() -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("mcp-access-attack-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Binary {
+    /// Starts the binary; `max_fds` runs it under `ulimit -n`.
+    async fn start(extra: &[&str], max_fds: Option<u32>) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let db = support::TestDb::new().await;
+        let base = std::env::var("MCP_TEST_DATABASE_URL").unwrap();
+        let dsn = format!("{base} dbname={}", db.name);
+        let dir = scratch_dir();
+        let token = format!("t-{}", uuid::Uuid::new_v4().simple());
+        private_file(
+            &dir.join("tokens.csv"),
+            &format!("{token},admin,admin-uid,\"system:masters\"\n"),
+            0o600,
+        );
+        let (port, metrics_port) = (free_port(), free_port());
+        let mut args: Vec<String> = vec![
+            "--standalone".into(),
+            "--token-auth-file".into(),
+            dir.join("tokens.csv").display().to_string(),
+            "--cert-dir".into(),
+            dir.display().to_string(),
+            "--secure-port".into(),
+            port.to_string(),
+            "--metrics-port".into(),
+            metrics_port.to_string(),
+            "--database-pool-size".into(),
+            "4".into(),
+        ];
+        if !extra.contains(&"--bind-address") {
+            args.extend(["--bind-address".into(), "127.0.0.1".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cmd = match max_fds {
+            Some(n) => {
+                let mut c = std::process::Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(apiserver_bin());
+                c
+            }
+            None => std::process::Command::new(apiserver_bin()),
+        };
+        let log = std::fs::File::create(dir.join("apiserver.log")).unwrap();
+        let child = cmd
+            .args(&args)
+            .env("MCP_ACCESS_DATABASE_URL", &dsn)
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut bin = Self {
+            child,
+            port,
+            metrics_port,
+            dir,
+            ca_pem: String::new(),
+            token,
+            _db: db,
+        };
+        let ready = format!("http://127.0.0.1:{metrics_port}/readyz");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = bin.child.try_wait() {
+                panic!("the apiserver exited ({status}): {}", bin.log());
+            }
+            if let Ok(resp) = reqwest::get(&ready).await {
+                if resp.status() == 200 {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "not ready: {}", bin.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bin.ca_pem = std::fs::read_to_string(bin.dir.join("apiserver.crt")).unwrap();
+        bin
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("apiserver.log")).unwrap_or_default()
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
+            .build()
+            .unwrap()
+    }
+
+    /// VmRSS of the process, in KiB.
+    fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    async fn version(&self) -> u16 {
+        match self
+            .http()
+            .get(format!("{}/version", self.url()))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+        {
+            Ok(resp) => resp.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_oversized_puts_are_refused_and_memory_stays_bounded() {
+    let bin = Binary::start(&[], None).await;
+    let collection = format!(
+        "{}/apis/{}/namespaces/mem/accesssessions",
+        bin.url(),
+        apis::API_VERSION
+    );
+    let client = bin.http();
+    let resp = client
+        .post(&collection)
+        .bearer_auth(&bin.token)
+        .json(&session_json("s1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    let mut session = session_json("s1");
+    session["metadata"]["finalizers"] = json!((0..88_000)
+        .map(|i| format!("example.com/finalizer-{i:08}"))
+        .collect::<Vec<_>>());
+    let body = serde_json::to_vec(&session).unwrap();
+    assert!(body.len() > 2_800_000 && body.len() < 3 * 1024 * 1024, "{}", body.len());
+    let before = bin.rss_kib();
+    for _ in 0..40 {
+        let resp = client
+            .put(format!("{collection}/s1"))
+            .bearer_auth(&bin.token)
+            .header("Content-Type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 413);
+    }
+    let after = bin.rss_kib();
+    eprintln!(
+        "VmRSS before the 40 PUTs of {} bytes: {before} KiB, after: {after} KiB",
+        body.len()
+    );
+    // Before the cap every PUT was stored, fed to the change feed and kept: 1.39 GB.
+    assert!(
+        after < before + 200 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    assert_eq!(bin.version().await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_does_not_end_the_process() {
+    let mut bin = Binary::start(&[], Some(96)).await;
+    // Far more connections than the process may hold descriptors for.
+    let mut conns = Vec::new();
+    for _ in 0..200 {
+        if let Ok(c) = tokio::net::TcpStream::connect(("127.0.0.1", bin.port)).await {
+            conns.push(c);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        bin.child.try_wait().unwrap().is_none(),
+        "the apiserver exited: {}",
+        bin.log()
+    );
+    drop(conns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bin.version().await != 200 {
+        assert!(
+            bin.child.try_wait().unwrap().is_none(),
+            "the apiserver exited: {}",
+            bin.log()
+        );
+        assert!(Instant::now() < deadline, "not serving again: {}", bin.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(bin.log().contains("cannot accept a connection"), "{}", bin.log());
+}
+
+/// Runs the binary expecting it to refuse to start; returns its output.
+fn refused_start(args: &[&str]) -> String {
+    let out = std::process::Command::new(apiserver_bin())
+        .args(args)
+        .env("MCP_ACCESS_DATABASE_URL", "host=127.0.0.1 port=1 user=nobody")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the apiserver started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn world_readable_token_and_key_files_are_refused_at_startup() {
+    let dir = scratch_dir();
+    let tokens = dir.join("tokens.csv");
+    private_file(&tokens, "tok,admin,admin-uid,\"system:masters\"\n", 0o644);
+    let tokens_arg = tokens.display().to_string();
+    let err = refused_start(&["--standalone", "--token-auth-file", &tokens_arg]);
+    assert!(err.contains("readable by group or others"), "{err}");
+    private_file(&tokens, "tok,admin,admin-uid,\"system:masters\"\n", 0o640);
+    let err = refused_start(&["--standalone", "--token-auth-file", &tokens_arg]);
+    assert!(err.contains("readable by group or others"), "{err}");
+
+    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    private_file(&key, &generated.signing_key.serialize_pem(), 0o644);
+    private_file(&tokens, "tok,admin,admin-uid,\"system:masters\"\n", 0o600);
+    let args = |key: &std::path::Path| {
+        vec![
+            "--standalone".to_string(),
+            "--token-auth-file".to_string(),
+            tokens_arg.clone(),
+            "--tls-cert-file".to_string(),
+            cert.display().to_string(),
+            "--tls-private-key-file".to_string(),
+            key.display().to_string(),
+        ]
+    };
+    let a = args(&key);
+    let err = refused_start(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(err.contains("readable by others"), "{err}");
+    // With the key private, startup gets past the files (and stops at the unreachable
+    // database instead).
+    private_file(&key, &generated.signing_key.serialize_pem(), 0o600);
+    let err = refused_start(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!err.contains("readable by"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Local addresses (hex, as /proc/net/tcp shows them) the process listens on at `port`.
+fn listening_addresses(pid: u32, port: u16) -> Vec<String> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let (addr, p) = cols.get(1)?.split_once(':')?;
+            (cols.get(3) == Some(&"0A") && u16::from_str_radix(p, 16).ok()? == port)
+                .then(|| addr.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_listen_on_loopback_only() {
+    let bin = Binary::start(
+        &["--bind-address", "0.0.0.0", "--metrics-bind-address", "127.0.0.1"],
+        None,
+    )
+    .await;
+    let pid = bin.child.id();
+    assert_eq!(listening_addresses(pid, bin.metrics_port), ["0100007F"]);
+    assert_eq!(listening_addresses(pid, bin.port), ["00000000"]);
 }

@@ -420,6 +420,43 @@ mod tests {
     }
 
     #[test]
+    fn json_patch_limits() {
+        // A move chain nests one level per round: refused at the depth limit.
+        let mut ops = vec![json!({"op": "add", "path": "/a", "value": {}})];
+        for _ in 0..(MAX_DEPTH + 5) {
+            ops.push(json!({"op": "add", "path": "/b", "value": {}}));
+            ops.push(json!({"op": "move", "from": "/a", "path": "/b/a"}));
+            ops.push(json!({"op": "move", "from": "/b", "path": "/a"}));
+        }
+        let err = patched(json!({}), PatchType::Json, Value::Array(ops.clone())).unwrap_err();
+        assert!(matches!(err, PatchError::Inapplicable(ref m) if m.contains("nested")), "{err}");
+        // Exactly at the limit applies.
+        ops.truncate(1 + 3 * (MAX_DEPTH - 2));
+        let out = patched(json!({}), PatchType::Json, Value::Array(ops)).unwrap();
+        assert_eq!(depth(&out), MAX_DEPTH);
+        // Self-copies stop at the accumulated copy limit.
+        let mut ops = vec![json!({"op": "add", "path": "/m", "value": {"a": "x".repeat(1024)}})];
+        for i in 0..40 {
+            ops.push(json!({"op": "copy", "from": "/m", "path": format!("/m/c{i}")}));
+        }
+        let err = patched(json!({}), PatchType::Json, Value::Array(ops)).unwrap_err();
+        assert!(matches!(err, PatchError::Inapplicable(ref m) if m.contains("unable to copy")), "{err}");
+        // Operation count.
+        let ops = vec![json!({"op": "test", "path": "", "value": {}}); MAX_JSON_PATCH_OPERATIONS + 1];
+        assert!(matches!(
+            patched(json!({}), PatchType::Json, Value::Array(ops)),
+            Err(PatchError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn text_depth_skips_strings() {
+        assert_eq!(json_text_depth(br#"{"a":[1,{"b":"[[[{{{\"]]"}]}"#), 3);
+        assert_eq!(json_text_depth(b"1"), 0);
+        assert_eq!(json_text_depth(b"[[[]]]"), 3);
+    }
+
+    #[test]
     fn strategic_merge_honours_directives_and_merge_keys() {
         let doc = json!({
             "metadata": {"labels": {"a": "1"}, "finalizers": ["f1", "f2"],
