@@ -708,9 +708,10 @@ async fn wait_for_watches(server: &TestServer, n: i64, bound: Duration) {
     }
 }
 
-/// Writes ~32 MB of events (more than the watch's line queue of 256 lines of 100 KiB and
-/// both sockets' buffers hold), then opens a watch replaying them from before the first on a
-/// raw connection that never reads: the watch task is then blocked on a full queue.
+/// Writes ~60 MB of events (more than the watch's line queue of 256 lines of 150 KiB and
+/// both sockets' buffers hold, ~43 MB here), then opens a watch replaying them from before
+/// the first on a raw connection that never reads: once the replay has filled everything,
+/// the watch task is blocked on a full queue.
 async fn stuck_watch(
     server: &TestServer,
     ns: &str,
@@ -719,8 +720,8 @@ async fn stuck_watch(
     let created = create_session(server, ns, "s1").await;
     let from = created["metadata"]["resourceVersion"].as_str().unwrap().to_string();
     let url = format!("{}/s1", ns_url(server, ns, "accesssessions"));
-    let big = "x".repeat(100 * 1024);
-    for i in 0..320 {
+    let big = "x".repeat(150 * 1024);
+    for i in 0..400 {
         let (code, body) = patch(
             server,
             &url,
@@ -755,9 +756,10 @@ async fn a_watcher_that_stops_reading_still_meets_its_deadline() {
         ..Limits::default()
     };
     let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
-    let _conn = stuck_watch(&server, "stuck", 3).await;
+    // The deadline leaves the replay time to fill the queue and block the task.
+    let _conn = stuck_watch(&server, "stuck", 20).await;
     let started = Instant::now();
-    wait_for_watches(&server, 0, Duration::from_secs(3 + 5)).await;
+    wait_for_watches(&server, 0, Duration::from_secs(20 + 5)).await;
     eprintln!("the stuck watch ended {:?} after it started", started.elapsed());
 }
 
@@ -785,11 +787,12 @@ async fn a_connection_whose_client_stops_reading_is_dropped() {
 async fn a_watcher_that_stops_reading_does_not_hold_up_shutdown() {
     let server = TestServer::start().await;
     let _conn = stuck_watch(&server, "stuck2", 3600).await;
-    // Still open: nothing but shutdown ends it.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Time for the replay to fill the queue and block the task; still open.
+    tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(open_watches(&server), 1);
     server.shutdown();
-    wait_for_watches(&server, 0, Duration::from_secs(5)).await;
+    // Sooner than the connection's drain bound (5 s), after which it would be dropped.
+    wait_for_watches(&server, 0, Duration::from_secs(3)).await;
 }
 
 // ---------------------------------------------------------------------------------------
