@@ -744,3 +744,119 @@ async fn a_failing_second_statement_rolls_back_the_first() {
         .expect("works once the failure is gone");
     assert_eq!(phase(&store, "a").await, SessionPhase::Revoked);
 }
+
+/// Revocation is final as kubectl sees it: `kubectl get -w --output-watch-events -o json`
+/// records every session of 60 rounds of completion racing revocation (on two replicas);
+/// per session the versions rise, it turns Revoked once, and never comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn revocation_is_final_in_kubectls_watch() {
+    use tokio::io::AsyncReadExt;
+    const ROUNDS: usize = 60;
+    let server = TestServer::start().await;
+    let replica = PgStore::start(server.db.store_config()).await.unwrap();
+    let mut watch = server.kubectl_spawn(&[
+        "get",
+        "acs",
+        "-n",
+        "race",
+        "-w",
+        "--output-watch-events",
+        "-o",
+        "json",
+    ]);
+    // The watch is open once kubectl has listed: give it a moment, then race.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..ROUNDS {
+        let name = format!("e-{i}");
+        let mut e = enrollment_of(mk_session("race", &name, "srv-1"));
+        e.metadata.namespace = Some("race".into());
+        server
+            .store
+            .create_enrollment(e, &owner(), false)
+            .await
+            .unwrap();
+        let complete = {
+            let (store, name) = (server.store.clone(), name.clone());
+            tokio::spawn(async move { store.complete_enrollment("race", &name, None, false).await })
+        };
+        let revoke = {
+            let (store, name) = (replica.clone(), name.clone());
+            tokio::spawn(async move {
+                let mut r = mk_revocation(
+                    &format!("r-{i}"),
+                    RevocationTarget {
+                        session: Some(name),
+                        ..Default::default()
+                    },
+                    "compromised",
+                );
+                r.metadata.namespace = Some("race".into());
+                store
+                    .create_revocation(r, RevokerAuthority::Namespace, false)
+                    .await
+            })
+        };
+        let _ = complete.await.unwrap();
+        revoke
+            .await
+            .unwrap()
+            .expect("the revocation always applies");
+    }
+    // A sentinel marks the end of the race in the stream.
+    server
+        .store
+        .create_session(mk_session("race", "zz-end", "srv-2"), false)
+        .await
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut buf = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let events: Vec<serde_json::Value> = loop {
+        let mut chunk = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline, stdout.read(&mut chunk))
+            .await
+            .expect("kubectl delivers the race within 30 s")
+            .unwrap();
+        assert!(n > 0, "kubectl's watch ended early");
+        buf.extend_from_slice(&chunk[..n]);
+        let parsed: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&buf)
+            .into_iter::<serde_json::Value>()
+            .map_while(Result::ok)
+            .collect();
+        if parsed
+            .iter()
+            .any(|e| e["object"]["metadata"]["name"] == "zz-end")
+        {
+            break parsed;
+        }
+    };
+    let _ = watch.kill().await;
+    let mut state: std::collections::BTreeMap<String, (u64, bool, usize)> = Default::default();
+    for e in &events {
+        let name = e["object"]["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let rv: u64 = e["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let phase = e["object"]["status"]["phase"].as_str().unwrap_or("");
+        let (last, revoked, turns) = state.entry(name.clone()).or_default();
+        assert!(rv > *last, "{name}: versions go back ({rv} after {last})");
+        *last = rv;
+        if *revoked {
+            assert_eq!(phase, "Revoked", "{name} came back as {phase}: {e:#}");
+        } else if phase == "Revoked" {
+            *revoked = true;
+            *turns += 1;
+        }
+    }
+    let revoked = state.values().filter(|(_, revoked, _)| *revoked).count();
+    assert_eq!(
+        revoked, ROUNDS,
+        "every raced session ends revoked in the stream"
+    );
+    assert!(state.values().all(|(_, _, turns)| *turns <= 1));
+}
