@@ -206,6 +206,27 @@ async fn revocations_are_standing_locks_for_every_target_kind() {
                     expected_first,
                     "{first:?}: the session and, for many-session targets, the pending one"
                 );
+                // One revocation alone already stands for its target.
+                if first.covers_new() {
+                    let alone = mk(&format!("alone-{round}"));
+                    conflict_naming(
+                        ns_store.create_session(alone.clone(), false).await,
+                        &r1,
+                        "issuance under one revocation",
+                    );
+                    conflict_naming(
+                        ns_store
+                            .create_enrollment(enrollment_of(alone), &owner(), false)
+                            .await,
+                        &r1,
+                        "enrollment under one revocation",
+                    );
+                }
+                conflict_naming(
+                    ns_store.unrevoke_session(NS, &s1).await,
+                    &r1,
+                    "restore under one revocation",
+                );
                 let two = ns_store
                     .create_revocation(
                         mk_revocation(&r2, target(second), "compromised"),
