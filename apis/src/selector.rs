@@ -288,7 +288,12 @@ mod tests {
 
     #[test]
     fn selector_limits() {
-        let terms = |n: usize| (0..n).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join(",");
+        let terms = |n: usize| {
+            (0..n)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         assert!(LabelSelector::parse(&terms(MAX_LABEL_REQUIREMENTS)).is_ok());
         let err = LabelSelector::parse(&terms(MAX_LABEL_REQUIREMENTS + 1)).unwrap_err();
         assert!(err.0.contains("more than 100 requirements"), "{err}");
@@ -300,9 +305,11 @@ mod tests {
         assert!(LabelSelector::parse(&set(MAX_SET_VALUES + 1)).is_err());
         assert!(LabelSelector::parse(&set(MAX_SET_VALUES + 1).replace(" in ", " notin ")).is_err());
         let fields = |n: usize| vec!["metadata.name!=x"; n].join(",");
-        assert!(FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS), AccessSession::FIELDS).is_ok());
-        let err =
-            FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS + 1), AccessSession::FIELDS).unwrap_err();
+        assert!(
+            FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS), AccessSession::FIELDS).is_ok()
+        );
+        let err = FieldSelector::parse(&fields(MAX_FIELD_REQUIREMENTS + 1), AccessSession::FIELDS)
+            .unwrap_err();
         assert!(err.0.contains("more than 32 requirements"), "{err}");
     }
 

@@ -265,17 +265,29 @@ pub fn validate_owner_references(refs: &[OwnerRef<'_>], field: &str) -> Vec<Fiel
         if version.is_empty() {
             errors.push(FieldError::invalid(
                 at("apiVersion"),
-                format!("Invalid value: {:?}: version must not be empty", r.api_version),
+                format!(
+                    "Invalid value: {:?}: version must not be empty",
+                    r.api_version
+                ),
             ));
         }
         if r.kind.is_empty() {
-            errors.push(FieldError::invalid(at("kind"), "Invalid value: \"\": must not be empty"));
+            errors.push(FieldError::invalid(
+                at("kind"),
+                "Invalid value: \"\": must not be empty",
+            ));
         }
         if r.name.is_empty() {
-            errors.push(FieldError::invalid(at("name"), "Invalid value: \"\": must not be empty"));
+            errors.push(FieldError::invalid(
+                at("name"),
+                "Invalid value: \"\": must not be empty",
+            ));
         }
         if r.uid.is_empty() {
-            errors.push(FieldError::invalid(at("uid"), "Invalid value: \"\": must not be empty"));
+            errors.push(FieldError::invalid(
+                at("uid"),
+                "Invalid value: \"\": must not be empty",
+            ));
         }
         if group.is_empty() && version == "v1" && r.kind == "Event" {
             errors.push(FieldError::invalid(
@@ -308,7 +320,14 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         assert!(validate_finalizers(&ok, "metadata.finalizers").is_empty());
-        for bad in ["cleanup", "-x/y", "example.com/", "Example.com/a", "a/b/c", ""] {
+        for bad in [
+            "cleanup",
+            "-x/y",
+            "example.com/",
+            "Example.com/a",
+            "a/b/c",
+            "",
+        ] {
             let errors = validate_finalizers(&[bad.to_string()], "metadata.finalizers");
             assert_eq!(errors.len(), 1, "{bad:?}: {errors:?}");
             assert_eq!(errors[0].field, "metadata.finalizers[0]");
@@ -328,19 +347,22 @@ mod tests {
             uid: "u1",
             controller: true,
         };
-        assert!(validate_owner_references(&[good.clone()], "o").is_empty());
+        assert!(validate_owner_references(std::slice::from_ref(&good), "o").is_empty());
         let core = OwnerRef {
             api_version: "v1",
             kind: "ConfigMap",
             ..good.clone()
         };
-        assert!(validate_owner_references(&[core.clone()], "o").is_empty());
+        assert!(validate_owner_references(&[core], "o").is_empty());
         let empty = OwnerRef::default();
         let fields: Vec<String> = validate_owner_references(&[empty], "o")
             .into_iter()
             .map(|e| e.field)
             .collect();
-        assert_eq!(fields, ["o[0].apiVersion", "o[0].kind", "o[0].name", "o[0].uid"]);
+        assert_eq!(
+            fields,
+            ["o[0].apiVersion", "o[0].kind", "o[0].name", "o[0].uid"]
+        );
         let no_version = OwnerRef {
             api_version: "a/b/c",
             ..good.clone()

@@ -228,8 +228,8 @@ async fn serve_connection<S: Store + Clone>(
         state: state.clone(),
     };
     let service_state = state.clone();
-    let service = hyper::service::service_fn(
-        move |mut request: http::Request<hyper::body::Incoming>| {
+    let service =
+        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(connection.clone());
             let app = app.clone();
             service_state.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -245,8 +245,7 @@ async fn serve_connection<S: Store + Clone>(
                 });
                 Ok::<_, std::convert::Infallible>(response)
             }
-        },
-    );
+        });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -119,7 +119,10 @@ async fn json_patch_move_chain_is_refused_not_a_crash() {
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["reason"], "Invalid", "{body}");
     assert!(
-        body["message"].as_str().unwrap().contains("nested more than"),
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nested more than"),
         "{body}"
     );
     assert_alive(&server, "bomb", "s1").await;
@@ -131,7 +134,9 @@ async fn json_patch_copy_bomb_is_refused() {
     create_session(&server, "bomb", "s1").await;
     let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
     // Every copy doubles the annotations: 2^40 KiB if nothing stops it.
-    let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}})];
+    let mut ops = vec![
+        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
+    ];
     for i in 0..40 {
         ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
     }
@@ -199,7 +204,10 @@ async fn deeply_nested_bodies_are_refused_for_every_write() {
         )
     };
     // Create and update with 100,000 levels of nesting.
-    for (method, target) in [(reqwest::Method::POST, &collection), (reqwest::Method::PUT, &url)] {
+    for (method, target) in [
+        (reqwest::Method::POST, &collection),
+        (reqwest::Method::PUT, &url),
+    ] {
         let (code, body, _) = send(
             server
                 .http()
@@ -227,11 +235,23 @@ async fn deeply_nested_bodies_are_refused_for_every_write() {
     }
     // Deep but within serde's own limit (128) and above ours: still refused, cleanly.
     let body = format!(r#"{{"spec":{{"x":{}}}}}"#, nested(110));
-    let (code, status) = patch(&server, &url, "application/merge-patch+json", body.into_bytes()).await;
+    let (code, status) = patch(
+        &server,
+        &url,
+        "application/merge-patch+json",
+        body.into_bytes(),
+    )
+    .await;
     assert_eq!(code, 400, "{status}");
     // A modest unknown nesting is still accepted (and dropped, with a warning).
     let body = format!(r#"{{"spec":{{"x":{}}}}}"#, nested(20));
-    let (code, status) = patch(&server, &url, "application/merge-patch+json", body.into_bytes()).await;
+    let (code, status) = patch(
+        &server,
+        &url,
+        "application/merge-patch+json",
+        body.into_bytes(),
+    )
+    .await;
     assert_eq!(code, 200, "{status}");
     assert_alive(&server, "deep", "s1").await;
 }
@@ -259,7 +279,9 @@ async fn status_patch_bombs_are_refused() {
     .await;
     assert_eq!(code, 201, "{body}");
     let url = format!("{}/e1/status", ns_url(&server, "st", "enrollments"));
-    let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}})];
+    let mut ops = vec![
+        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
+    ];
     for i in 0..40 {
         ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
     }
@@ -466,9 +488,7 @@ fn tls_connector(server: &TestServer) -> tokio_rustls::TlsConnector {
 
 use rustls_pki_types::pem::PemObject;
 
-async fn raw_tls(
-    server: &TestServer,
-) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+async fn raw_tls(server: &TestServer) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let addr: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     // A small receive buffer: a client that stops reading fills it (and the server's
@@ -640,7 +660,10 @@ async fn requests_over_the_inflight_cap_get_429_with_retry_after() {
         if code == 200 {
             break;
         }
-        assert!(Instant::now() < deadline, "still refused after the flood ended");
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the flood ended"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -653,16 +676,13 @@ async fn watches_per_user_are_capped_and_released() {
     };
     let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
     let url = format!("{}?watch=1", ns_url(&server, "w", "accesssessions"));
-    let watch = |token: &'static str| {
-        server
-            .http()
-            .get(&url)
-            .bearer_auth(token)
-            .send()
-    };
+    let watch = |token: &'static str| server.http().get(&url).bearer_auth(token).send();
     let first = watch(USER_TOKEN).await.unwrap();
     let second = watch(USER_TOKEN).await.unwrap();
-    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
     let third = watch(USER_TOKEN).await.unwrap();
     assert_eq!(third.status(), 429);
     assert_eq!(third.headers().get("retry-after").unwrap(), "1");
@@ -718,7 +738,10 @@ async fn stuck_watch(
     timeout: u64,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let created = create_session(server, ns, "s1").await;
-    let from = created["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let from = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let url = format!("{}/s1", ns_url(server, ns, "accesssessions"));
     let big = "x".repeat(150 * 1024);
     for i in 0..400 {
@@ -760,7 +783,10 @@ async fn a_watcher_that_stops_reading_still_meets_its_deadline() {
     let _conn = stuck_watch(&server, "stuck", 20).await;
     let started = Instant::now();
     wait_for_watches(&server, 0, Duration::from_secs(20 + 5)).await;
-    eprintln!("the stuck watch ended {:?} after it started", started.elapsed());
+    eprintln!(
+        "the stuck watch ended {:?} after it started",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -826,7 +852,13 @@ async fn cluster_wide_deletecollection_is_405_and_selectors_are_bounded() {
     let labels: Vec<String> = (0..101).map(|i| format!("k{i}%3Dv")).collect();
     let (code, status, _) = send(list(format!("labelSelector={}", labels.join("%2C")))).await;
     assert_eq!(code, 400, "{status}");
-    assert!(status["message"].as_str().unwrap().contains("more than 100"), "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than 100"),
+        "{status}"
+    );
     let values: Vec<String> = (0..257).map(|i| format!("v{i}")).collect();
     let (code, status, _) = send(list(format!(
         "labelSelector=k+in+%28{}%29",
@@ -834,11 +866,17 @@ async fn cluster_wide_deletecollection_is_405_and_selectors_are_bounded() {
     )))
     .await;
     assert_eq!(code, 400, "{status}");
-    assert!(status["message"].as_str().unwrap().contains("at most 256"), "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("at most 256"),
+        "{status}"
+    );
     let fields = vec!["metadata.name!%3Dx"; 33].join("%2C");
     let (code, status, _) = send(list(format!("fieldSelector={fields}"))).await;
     assert_eq!(code, 400, "{status}");
-    assert!(status["message"].as_str().unwrap().contains("more than 32"), "{status}");
+    assert!(
+        status["message"].as_str().unwrap().contains("more than 32"),
+        "{status}"
+    );
     let fields = vec!["metadata.name!%3Dx"; 32].join("%2C");
     let (code, status, _) = send(list(format!("fieldSelector={fields}"))).await;
     assert_eq!(code, 200, "{status}");
@@ -888,8 +926,10 @@ fn private_file(path: &std::path::Path, contents: &str, mode: u32) {
 }
 
 fn scratch_dir() -> std::path::PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("mcp-access-attack-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-access-attack-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -1033,7 +1073,11 @@ async fn forty_oversized_puts_are_refused_and_memory_stays_bounded() {
         .map(|i| format!("example.com/finalizer-{i:08}"))
         .collect::<Vec<_>>());
     let body = serde_json::to_vec(&session).unwrap();
-    assert!(body.len() > 2_800_000 && body.len() < 3 * 1024 * 1024, "{}", body.len());
+    assert!(
+        body.len() > 2_800_000 && body.len() < 3 * 1024 * 1024,
+        "{}",
+        body.len()
+    );
     let before = bin.rss_kib();
     for _ in 0..40 {
         let resp = client
@@ -1083,17 +1127,28 @@ async fn running_out_of_descriptors_does_not_end_the_process() {
             "the apiserver exited: {}",
             bin.log()
         );
-        assert!(Instant::now() < deadline, "not serving again: {}", bin.log());
+        assert!(
+            Instant::now() < deadline,
+            "not serving again: {}",
+            bin.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(bin.log().contains("cannot accept a connection"), "{}", bin.log());
+    assert!(
+        bin.log().contains("cannot accept a connection"),
+        "{}",
+        bin.log()
+    );
 }
 
 /// Runs the binary expecting it to refuse to start; returns its output.
 fn refused_start(args: &[&str]) -> String {
     let out = std::process::Command::new(apiserver_bin())
         .args(args)
-        .env("MCP_ACCESS_DATABASE_URL", "host=127.0.0.1 port=1 user=nobody")
+        .env(
+            "MCP_ACCESS_DATABASE_URL",
+            "host=127.0.0.1 port=1 user=nobody",
+        )
         .output()
         .unwrap();
     assert!(!out.status.success(), "the apiserver started with {args:?}");
@@ -1157,7 +1212,12 @@ fn listening_addresses(pid: u32, port: u16) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_can_listen_on_loopback_only() {
     let bin = Binary::start(
-        &["--bind-address", "0.0.0.0", "--metrics-bind-address", "127.0.0.1"],
+        &[
+            "--bind-address",
+            "0.0.0.0",
+            "--metrics-bind-address",
+            "127.0.0.1",
+        ],
         None,
     )
     .await;

@@ -70,7 +70,11 @@ impl TokenFile {
             source,
         };
         // Every token in the file is a credential: refuse a file others can read.
-        let mode = std::fs::metadata(path).map_err(read_err)?.permissions().mode() & 0o7777;
+        let mode = std::fs::metadata(path)
+            .map_err(read_err)?
+            .permissions()
+            .mode()
+            & 0o7777;
         if mode & 0o077 != 0 {
             return Err(TokenFileError::Permissions {
                 path: shown.clone(),

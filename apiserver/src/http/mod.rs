@@ -321,9 +321,7 @@ impl<S: Store + Clone> AppState<S> {
 
     /// Sets the listener's limits and timeouts.
     pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.inflight = Arc::new(tokio::sync::Semaphore::new(
-            limits.max_requests_inflight,
-        ));
+        self.inflight = Arc::new(tokio::sync::Semaphore::new(limits.max_requests_inflight));
         self.limits = limits;
         self
     }

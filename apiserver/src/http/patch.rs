@@ -94,10 +94,7 @@ pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(),
 
 /// Applies JSON-patch operations one at a time, checking before each that it keeps the
 /// document within [`MAX_DEPTH`] and the copies within [`MAX_JSON_PATCH_COPY_BYTES`].
-fn apply_json_patch(
-    doc: &mut Value,
-    ops: &[json_patch::PatchOperation],
-) -> Result<(), PatchError> {
+fn apply_json_patch(doc: &mut Value, ops: &[json_patch::PatchOperation]) -> Result<(), PatchError> {
     use json_patch::PatchOperation as Op;
     if ops.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(PatchError::TooLarge(format!(
@@ -140,8 +137,7 @@ fn apply_json_patch(
         if landing.saturating_sub(1) + value_depth > MAX_DEPTH {
             return Err(too_deep());
         }
-        json_patch::patch_unsafe(doc, std::slice::from_ref(op))
-            .map_err(|e| inapplicable(i, &e))?;
+        json_patch::patch_unsafe(doc, std::slice::from_ref(op)).map_err(|e| inapplicable(i, &e))?;
     }
     Ok(())
 }
@@ -429,7 +425,10 @@ mod tests {
             ops.push(json!({"op": "move", "from": "/b", "path": "/a"}));
         }
         let err = patched(json!({}), PatchType::Json, Value::Array(ops.clone())).unwrap_err();
-        assert!(matches!(err, PatchError::Inapplicable(ref m) if m.contains("nested")), "{err}");
+        assert!(
+            matches!(err, PatchError::Inapplicable(ref m) if m.contains("nested")),
+            "{err}"
+        );
         // Exactly at the limit applies.
         ops.truncate(1 + 3 * (MAX_DEPTH - 2));
         let out = patched(json!({}), PatchType::Json, Value::Array(ops)).unwrap();
@@ -440,9 +439,13 @@ mod tests {
             ops.push(json!({"op": "copy", "from": "/m", "path": format!("/m/c{i}")}));
         }
         let err = patched(json!({}), PatchType::Json, Value::Array(ops)).unwrap_err();
-        assert!(matches!(err, PatchError::Inapplicable(ref m) if m.contains("unable to copy")), "{err}");
+        assert!(
+            matches!(err, PatchError::Inapplicable(ref m) if m.contains("unable to copy")),
+            "{err}"
+        );
         // Operation count.
-        let ops = vec![json!({"op": "test", "path": "", "value": {}}); MAX_JSON_PATCH_OPERATIONS + 1];
+        let ops =
+            vec![json!({"op": "test", "path": "", "value": {}}); MAX_JSON_PATCH_OPERATIONS + 1];
         assert!(matches!(
             patched(json!({}), PatchType::Json, Value::Array(ops)),
             Err(PatchError::TooLarge(_))

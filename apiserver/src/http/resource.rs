@@ -11,10 +11,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
-use super::MAX_OBJECT_BYTES;
 use super::patch::{self, PatchError, PatchType, PATCH_TYPES};
 use super::render::{json_response, object_json, render_list, render_object, Renderable};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
+use super::MAX_OBJECT_BYTES;
 use crate::auth::UserInfo;
 use crate::store::{
     self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written,
