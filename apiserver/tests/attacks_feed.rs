@@ -675,3 +675,279 @@ async fn killing_the_listen_connection_during_writes_loses_nothing() {
     assert_eq!(event.name, "cross");
     eprintln!("cross-instance delivery: {:?}", sent.elapsed());
 }
+
+// ---------------------------------------------------------------------------------------
+// Item 11: PostgreSQL over TLS.
+
+/// A throwaway PostgreSQL with `ssl=on` and a server certificate for `localhost` issued by a
+/// CA generated here. Stopped and removed when dropped.
+struct TlsPostgres {
+    dir: std::path::PathBuf,
+    port: u16,
+    ca: std::path::PathBuf,
+    other_ca: std::path::PathBuf,
+}
+
+fn run_as_postgres(args: &[&str]) -> std::process::Output {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let mut cmd = if root {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--"]);
+        c.args(args);
+        c
+    } else {
+        let mut c = std::process::Command::new(args[0]);
+        c.args(&args[1..]);
+        c
+    };
+    cmd.output().expect("run a PostgreSQL binary")
+}
+
+fn ca(name: &str) -> (rcgen::CertificateParams, rcgen::KeyPair, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().unwrap();
+    let pem = params.self_signed(&key).unwrap().pem();
+    (params, key, pem)
+}
+
+impl TlsPostgres {
+    fn start() -> Self {
+        let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+        let dir = std::env::temp_dir().join(format!(
+            "mcp-access-pgtls-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca_params, ca_key, ca_pem) = ca("test database CA");
+        let (_, _, other_pem) = ca("some other CA");
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+        let ca = dir.join("ca.crt");
+        let other_ca = dir.join("other-ca.crt");
+        std::fs::write(&ca, ca_pem).unwrap();
+        std::fs::write(&other_ca, other_pem).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // The server runs as `postgres` when we are root: it must own its directory.
+        let _ = std::process::Command::new("chown")
+            .args(["-R", "postgres:", dir.to_str().unwrap()])
+            .output();
+        let data = dir.join("data");
+        let out = run_as_postgres(&[
+            &format!("{bin}/initdb"),
+            "-D",
+            data.to_str().unwrap(),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]);
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(data.join("server.crt"), server_cert.pem()).unwrap();
+        std::fs::write(data.join("server.key"), server_key.serialize_pem()).unwrap();
+        let _ = std::process::Command::new("chown")
+            .args(["-R", "postgres:", dir.to_str().unwrap()])
+            .output();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            data.join("server.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let out = run_as_postgres(&[
+            &format!("{bin}/pg_ctl"),
+            "-D",
+            data.to_str().unwrap(),
+            "-l",
+            dir.join("postgres.log").to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            &format!(
+                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c ssl=on -c fsync=off",
+                dir.display()
+            ),
+            "start",
+        ]);
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {} {}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
+        );
+        Self {
+            dir,
+            port,
+            ca,
+            other_ca,
+        }
+    }
+
+    fn dsn(&self, host: &str, sslmode: &str) -> String {
+        format!(
+            "host={host} port={} user=postgres dbname=postgres sslmode={sslmode}",
+            self.port
+        )
+    }
+}
+
+impl Drop for TlsPostgres {
+    fn drop(&mut self) {
+        let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+        run_as_postgres(&[
+            &format!("{bin}/pg_ctl"),
+            "-D",
+            self.dir.join("data").to_str().unwrap(),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The store settings the binary derives from its flags.
+fn storage(dsn: &str, ca: Option<&std::path::Path>) -> anyhow::Result<StoreConfig> {
+    use clap::Parser;
+    let mut args = vec![
+        "mcp-access-apiserver".to_string(),
+        "--database-url".into(),
+        dsn.into(),
+    ];
+    if let Some(ca) = ca {
+        args.push("--database-ca-file".into());
+        args.push(ca.display().to_string());
+    }
+    apiserver::cli::Cli::try_parse_from(args)?
+        .storage
+        .store_config()
+}
+
+async fn start_store(dsn: &str, ca: Option<&std::path::Path>) -> anyhow::Result<PgStore> {
+    let mut config = storage(dsn, ca)?;
+    config.session.connect_timeout = Duration::from_secs(5);
+    Ok(tokio::time::timeout(Duration::from_secs(20), PgStore::start(config)).await??)
+}
+
+/// verify-full with the right CA works end to end (store starts over TLS, a write reaches a
+/// watch, every store connection is encrypted); a wrong CA fails; a host name that is not in
+/// the certificate fails under verify-full but works under verify-ca; `require` works
+/// against the TLS server without a CA and fails against a server without TLS; verify-*
+/// without a CA fails at startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_over_tls_honours_sslmode() {
+    let pg = tokio::task::spawn_blocking(TlsPostgres::start)
+        .await
+        .unwrap();
+
+    let store = start_store(&pg.dsn("localhost", "verify-full"), Some(&pg.ca))
+        .await
+        .expect("verify-full with the right CA");
+    let from = store.current_version().await.unwrap();
+    let mut sub = store.subscribe(from).await.unwrap();
+    store
+        .create_session(mk_session("tls", "over-tls", "srv"), false)
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("the write reaches the watch")
+        .unwrap();
+    assert_eq!(event.name, "over-tls");
+    // Every connection of the store (pool and LISTEN) is encrypted.
+    let (plain, conn) =
+        tokio_postgres::connect(&pg.dsn("127.0.0.1", "disable"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let rows = plain
+        .query(
+            "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+              WHERE a.application_name IN ('mcp-access', $1)",
+            &[&FEED_APPLICATION_NAME],
+        )
+        .await
+        .unwrap();
+    let names: std::collections::BTreeSet<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert!(
+        names.contains(FEED_APPLICATION_NAME) && names.contains("mcp-access"),
+        "{names:?}"
+    );
+    assert!(
+        rows.iter().all(|r| r.get::<_, bool>(1)),
+        "a store connection is not encrypted"
+    );
+    drop(sub);
+    drop(store);
+
+    // The sslrootcert of the DSN works too (URL form).
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port,
+        pg.ca.display()
+    );
+    start_store(&url, None).await.expect("sslrootcert in a URL");
+
+    let wrong = start_store(&pg.dsn("localhost", "verify-full"), Some(&pg.other_ca)).await;
+    assert!(wrong.is_err(), "a certificate from another CA was accepted");
+    let wrong = start_store(&pg.dsn("localhost", "verify-ca"), Some(&pg.other_ca)).await;
+    assert!(
+        wrong.is_err(),
+        "verify-ca accepted a certificate from another CA"
+    );
+
+    let mismatch = start_store(&pg.dsn("127.0.0.1", "verify-full"), Some(&pg.ca)).await;
+    let err = mismatch
+        .err()
+        .expect("verify-full accepted a certificate for another name");
+    eprintln!("verify-full, name mismatch: {err:#}");
+    assert!(format!("{err:#}").contains("not valid for name"), "{err:#}");
+    start_store(&pg.dsn("127.0.0.1", "verify-ca"), Some(&pg.ca))
+        .await
+        .expect("verify-ca ignores the host name");
+
+    start_store(&pg.dsn("127.0.0.1", "require"), None)
+        .await
+        .expect("require encrypts without verifying");
+    let plain_server = std::env::var("MCP_TEST_DATABASE_URL").unwrap();
+    let require = if plain_server.starts_with("postgres") {
+        let sep = if plain_server.contains('?') { '&' } else { '?' };
+        format!("{plain_server}{sep}sslmode=require")
+    } else {
+        format!("{plain_server} sslmode=require")
+    };
+    let refused = start_store(&require, None).await;
+    assert!(
+        refused.is_err(),
+        "require connected to a server without TLS"
+    );
+
+    for mode in ["verify-ca", "verify-full"] {
+        let err = storage(&pg.dsn("localhost", mode), None).unwrap_err();
+        assert!(format!("{err:#}").contains("needs a CA"), "{err:#}");
+    }
+}

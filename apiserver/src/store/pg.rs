@@ -135,7 +135,19 @@ fn pg_err(e: tokio_postgres::Error) -> StoreError {
             StoreError::Unavailable(format!("{}: {}", db.code().code(), db.message()))
         }
         Some(db) => StoreError::Internal(format!("{}: {}", db.code().code(), db.message())),
-        None => StoreError::Unavailable(e.to_string()),
+        // tokio-postgres names only the step ("error performing TLS handshake"); the cause
+        // (e.g. the certificate is not valid for the host name) is its source. Neither
+        // carries the DSN or a password.
+        None => {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                message.push_str(": ");
+                message.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            StoreError::Unavailable(message)
+        }
     }
 }
 
