@@ -35,6 +35,8 @@ pub(super) const CHANNEL: &str = "mcp_access_changes";
 const PAGE: i64 = 1000;
 /// The application_name of the LISTEN connection (operators and tests find it by this).
 pub const FEED_APPLICATION_NAME: &str = "mcp-access-feed";
+/// The application_name of the heartbeat's connection.
+const HEARTBEAT_APPLICATION_NAME: &str = "mcp-access-feed-heartbeat";
 
 /// Watch event type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -290,7 +292,7 @@ impl Feed {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         };
-        tokio::join!(reader, self.heartbeat(), self.check_liveness());
+        tokio::join!(reader, self.heartbeat(&pg, &tls), self.check_liveness());
     }
 
     async fn listen_and_tail(&self, pg: &tokio_postgres::Config, tls: &PgTls) -> Result<()> {
@@ -359,21 +361,33 @@ impl Feed {
         }
     }
 
-    /// Confirms the database's sequence head from a pool connection, forever.
-    async fn heartbeat(&self) {
+    /// Confirms the database's sequence head, forever, over a connection of its own: a pool
+    /// drained by slow requests must not make a healthy feed look stalled. The connection
+    /// is replaced whenever a round trip fails or misses its deadline.
+    async fn heartbeat(&self, pg: &tokio_postgres::Config, tls: &PgTls) {
+        let mut pg = pg.clone();
+        pg.application_name(HEARTBEAT_APPLICATION_NAME);
         let mut ticks = tokio::time::interval(self.limits.heartbeat_interval());
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let limit = self.limits.staleness_bound / 2;
+        let mut connection: Option<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> = None;
         loop {
             ticks.tick().await;
             // Read after `asked`: everything committed before `asked` is at or below the head.
             let asked = Instant::now();
             let head = timed(limit, async {
-                let client = self
-                    .pool
-                    .get()
-                    .await
-                    .map_err(|e| unavailable(e.to_string()))?;
+                if connection.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+                    let (client, conn) = pg.connect(tls.clone()).await.map_err(unavailable)?;
+                    let driver = tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    if let Some((_, old)) = connection.replace((client, driver)) {
+                        old.abort();
+                    }
+                }
+                let Some((client, _)) = &connection else {
+                    return Err(unavailable("no heartbeat connection"));
+                };
                 let row = client
                     .query_one("SELECT epoch, seq FROM sync_state WHERE id = 1", &[])
                     .await
@@ -393,7 +407,12 @@ impl Feed {
                     pending.push_back((epoch, seq, asked));
                     state.settle();
                 }
-                Err(e) => tracing::debug!(error = %e, "change feed heartbeat failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "change feed heartbeat failed");
+                    if let Some((_, driver)) = connection.take() {
+                        driver.abort();
+                    }
+                }
             }
         }
     }

@@ -129,6 +129,10 @@ fn pg_err(e: tokio_postgres::Error) -> StoreError {
                 SqlState::CRASH_SHUTDOWN,
                 SqlState::CANNOT_CONNECT_NOW,
                 SqlState::TOO_MANY_CONNECTIONS,
+                // Only ever the echo of an earlier failure in the same transaction: a
+                // statement pipelined after the sync-state lock request (which timed out)
+                // can report first. The lock's own error is the cause.
+                SqlState::IN_FAILED_SQL_TRANSACTION,
             ]
             .contains(db.code()) =>
         {
