@@ -136,6 +136,10 @@ impl StorageArgs {
             "change-feed-staleness-bound",
             &self.change_feed_staleness_bound,
         )?;
+        // The heartbeat and the reader prove liveness about once a second.
+        if config.staleness_bound < Duration::from_secs(1) {
+            bail!("--change-feed-staleness-bound must be at least 1s");
+        }
         Ok(config)
     }
 }

@@ -260,18 +260,14 @@ async fn follow_after(
 /// The feed's LISTEN backend is stopped (SIGSTOP): a write commits through the pool but can
 /// never reach watchers. Within the staleness bound the watch ends with ERROR 410, no
 /// bookmark is sent after the bound, /readyz fails and a new watch gets 503; after SIGCONT
-/// (and the reader's reconnect) everything recovers.
+/// everything recovers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     const BOUND: Duration = Duration::from_secs(2);
-    let server = TestServer::start_with(
-        |c| c.staleness_bound = BOUND,
-        HttpConfig {
-            bookmark_interval: Duration::from_millis(200),
-            ..Default::default()
-        },
-    )
-    .await;
+    let http = HttpConfig {
+        bookmark_interval: Duration::from_millis(200),
+    };
+    let server = TestServer::start_with(|c| c.staleness_bound = BOUND, http).await;
     let ready = serve_readyz(&server.store).await;
     assert_eq!(readyz(&ready).await, 200);
     let admin = server.db.client().await;
