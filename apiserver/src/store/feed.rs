@@ -192,6 +192,8 @@ pub(super) struct Feed {
     limits: FeedLimits,
     /// Woken by the LISTEN connection.
     wake: Notify,
+    /// The epoch the reader follows, for subscriptions waiting for it to switch.
+    epochs: tokio::sync::watch::Sender<u32>,
 }
 
 struct State {
@@ -203,6 +205,8 @@ struct State {
     ring_bytes: usize,
     subscribers: Vec<Slot>,
     liveness: Liveness,
+    /// Epochs this reader has left: a subscription at one of them is expired at once.
+    retired: Vec<u32>,
 }
 
 /// What the feed can vouch for.
@@ -247,6 +251,7 @@ impl Feed {
                     confirmed_at: now,
                     pending: VecDeque::new(),
                 },
+                retired: Vec::new(),
             }),
             pool,
             limits: FeedLimits {
@@ -254,6 +259,7 @@ impl Feed {
                 ..limits
             },
             wake: Notify::new(),
+            epochs: tokio::sync::watch::Sender::new(epoch),
         })
     }
 
@@ -460,7 +466,12 @@ impl Feed {
                 "epoch rotated; ending every watch"
             );
             state.expire_all();
-            state.epoch = epoch;
+            let old = std::mem::replace(&mut state.epoch, epoch);
+            if state.retired.len() >= 16 {
+                state.retired.remove(0);
+            }
+            state.retired.push(old);
+            self.epochs.send_replace(epoch);
         }
         let mut published = 0;
         for row in rows {
@@ -688,8 +699,23 @@ impl Subscription {
                 }
                 continue;
             }
-            if self.try_attach()? {
-                continue;
+            match self.try_attach()? {
+                Attach::Attached => continue,
+                Attach::NotCovered => {}
+                Attach::EpochAhead => {
+                    let mut epochs = self.feed.epochs.subscribe();
+                    self.feed.wake.notify_one();
+                    let epoch = self.epoch;
+                    let switched = tokio::time::timeout(
+                        self.feed.limits.staleness_bound,
+                        epochs.wait_for(|e| *e == epoch),
+                    )
+                    .await;
+                    if !matches!(switched, Ok(Ok(_))) {
+                        return Err(expired_epoch());
+                    }
+                    continue;
+                }
             }
             let page = self.feed.read_log(self.cursor, self.epoch).await?;
             self.ensure_current(&self.feed.state())?;
@@ -749,11 +775,16 @@ impl Subscription {
     }
 
     /// Joins the live fan-out if the ring (or the reader's head) covers the cursor.
-    fn try_attach(&mut self) -> Result<bool> {
+    fn try_attach(&mut self) -> Result<Attach> {
         let feed = self.feed.clone();
         let mut state = feed.state();
         if state.epoch != self.epoch {
-            return Err(expired_epoch());
+            if state.retired.contains(&self.epoch) {
+                return Err(expired_epoch());
+            }
+            // An epoch this reader has not seen yet (another replica just started and
+            // rotated it): the reader is about to switch, not the subscriber behind.
+            return Ok(Attach::EpochAhead);
         }
         self.ensure_current(&state)?;
         let covered = self.cursor >= state.head
@@ -762,7 +793,7 @@ impl Subscription {
                 .front()
                 .is_some_and(|first| first.seq() <= self.cursor + 1);
         if !covered {
-            return Ok(false);
+            return Ok(Attach::NotCovered);
         }
         let cursor = self.cursor;
         self.backlog
@@ -776,6 +807,15 @@ impl Subscription {
             cut_off: cut_off.clone(),
         });
         self.live = Some((rx, cut_off));
-        Ok(true)
+        Ok(Attach::Attached)
     }
+}
+
+/// What `try_attach` found.
+enum Attach {
+    Attached,
+    /// The ring does not reach back to the cursor: replay from the log first.
+    NotCovered,
+    /// The subscription is at an epoch the reader has not switched to yet.
+    EpochAhead,
 }
