@@ -287,6 +287,7 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     let pids = feed_pids(&admin, &server.db.name).await;
     assert_eq!(pids.len(), 1, "one LISTEN connection: {pids:?}");
     let stopped = Stopped::new(pids[0]);
+    let stopped_at = Instant::now();
 
     // A committed write the feed cannot deliver.
     server
@@ -314,7 +315,10 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
         }
     };
     let (error, time_to_410) = gone;
-    eprintln!("time-to-410 after the write: {time_to_410:?} (bound {BOUND:?})");
+    eprintln!(
+        "time-to-410 after the write: {time_to_410:?}, after SIGSTOP: {:?} (bound {BOUND:?})",
+        stopped_at.elapsed()
+    );
     assert_eq!(error["object"]["code"], 410, "{error}");
     assert_eq!(error["object"]["reason"], "Expired", "{error}");
     assert!(
@@ -362,7 +366,9 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
 }
 
 /// The store's own subscription API under the same stall: `bookmark()` refuses to vouch for
-/// a cursor once the bound has passed, and the subscription ends with Expired.
+/// a cursor once the bound has passed, the subscription ends with Expired, new ones are
+/// refused; with the old backend still stopped, the reader's query timeout and reconnect
+/// heal the feed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_feed_gives_no_bookmark_and_expires_subscribers() {
     const BOUND: Duration = Duration::from_secs(2);
@@ -391,6 +397,32 @@ async fn a_stalled_feed_gives_no_bookmark_and_expires_subscribers() {
         store.subscribe(rv).await,
         Err(StoreError::Unavailable(_))
     ));
+    // Still stopped: the reader's own query times out, it reconnects on a new backend and
+    // the feed heals without waiting for the old one.
+    let deadline = Instant::now() + BOUND * 3 + Duration::from_secs(5);
+    while !store.change_feed_live() {
+        assert!(Instant::now() < deadline, "the reader never reconnected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "healed by reconnecting {:?} after the stop",
+        stopped_at.elapsed()
+    );
+    let from = store.current_version().await.unwrap();
+    let mut sub = store.subscribe(from).await.unwrap();
+    store
+        .create_session(mk_session("stall", "healed", "srv-1"), false)
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), sub.next())
+        .await
+        .expect("a write reaches the reconnected feed")
+        .unwrap();
+    assert_eq!(event.name, "healed");
+    assert!(
+        feed_pids(&admin, &db.name).await.len() >= 2,
+        "the old (stopped) backend and a new one"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
