@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 use e2e::{Database, LocalCluster, Options};
 use serde_json::Value;
 
+#[path = "cluster/delegated_auth.rs"]
+mod delegated_auth;
+
 type Scenario = fn(&mut LocalCluster) -> Result<(), String>;
 
 fn main() {
@@ -57,6 +60,22 @@ fn main() {
         (
             "client_go_informer_stays_synced_across_restart",
             client_go_informer_stays_synced_across_restart,
+        ),
+        (
+            "front_proxy_user_without_rbac_is_denied_by_mcp_access",
+            delegated_auth::front_proxy_user_without_rbac_is_denied_by_mcp_access,
+        ),
+        (
+            "front_proxy_certificate_with_disallowed_cn_is_not_trusted",
+            delegated_auth::front_proxy_certificate_with_disallowed_cn_is_not_trusted,
+        ),
+        (
+            "removed_rolebinding_takes_effect_within_the_cache_ttl",
+            delegated_auth::removed_rolebinding_takes_effect_within_the_cache_ttl,
+        ),
+        (
+            "kube_apiserver_unreachable_answers_503",
+            delegated_auth::kube_apiserver_unreachable_answers_503,
         ),
     ];
     let mut failed = Vec::new();
