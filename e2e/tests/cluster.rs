@@ -26,6 +26,7 @@ macro_rules! ensure {
     };
 }
 
+#[path = "cluster/roles.rs"]
 mod roles;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
