@@ -5,6 +5,9 @@
 //!
 //! Needs (set by `hack/test.sh`): MCP_TEST_DATABASE_URL, MCP_ACCESS_APISERVER_BIN,
 //! MCP_ACCESS_INFORMER_BIN.
+//!
+//! Arguments are libtest's (`e2e::harness`): filters, `--exact`, `--skip`, `--list`; the other
+//! harness flags and their values are accepted and ignored. A selection of zero scenarios fails.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -342,15 +342,20 @@ fn test_sh_stops_when_the_kube_build_fails() {
         .arg("755")
         .arg(fake_bin.join("cargo"))
         .status();
-    for tool in ["go", "cargo"] {
-        assert!(
-            !Path::new("/usr/bin").join(tool).exists() && !Path::new("/bin").join(tool).exists(),
-            "{tool} in /usr/bin or /bin: this test needs a PATH without it"
-        );
+    // The system directories (runuser, used for PostgreSQL as root, is in sbin), without the
+    // Go and Rust toolchains.
+    let system = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+    for dir in system {
+        for tool in ["go", "cargo"] {
+            assert!(
+                !Path::new(dir).join(tool).exists(),
+                "{dir}/{tool} exists: this test needs a PATH without {tool}"
+            );
+        }
     }
     let out = Command::new("bash")
         .arg(e2e::repo_root().join("hack/test.sh"))
-        .env("PATH", format!("{}:/usr/bin:/bin", fake_bin.display()))
+        .env("PATH", format!("{}:{}", fake_bin.display(), system.join(":")))
         .env("MCP_ACCESS_CACHE", work.join("cache"))
         .stdin(Stdio::null())
         .output()
