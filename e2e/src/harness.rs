@@ -91,7 +91,9 @@ impl Args {
             if WITH_VALUE.contains(&flag.as_str()) {
                 let value = match inline {
                     Some(v) => v.to_string(),
-                    None => args.next().ok_or_else(|| ArgsError::MissingValue(flag.clone()))?,
+                    None => args
+                        .next()
+                        .ok_or_else(|| ArgsError::MissingValue(flag.clone()))?,
                 };
                 if flag == "--skip" {
                     parsed.skip.push(value);
@@ -148,7 +150,11 @@ impl Args {
 mod tests {
     use super::*;
 
-    const NAMES: &[&str] = &["rbac_limits_users", "default_roles_matrix", "namespace_lifecycle"];
+    const NAMES: &[&str] = &[
+        "rbac_limits_users",
+        "default_roles_matrix",
+        "namespace_lifecycle",
+    ];
 
     fn parse(args: &[&str]) -> Result<Args, ArgsError> {
         Args::parse(args.iter().map(|s| s.to_string()))
@@ -165,8 +171,22 @@ mod tests {
         for argv in [
             &["--test-threads", "2"][..],
             &["--test-threads=2"],
-            &["--nocapture", "-q", "--color", "never", "--format", "pretty"],
-            &["--logfile", "/tmp/x", "--shuffle-seed", "7", "-Z", "unstable-options"],
+            &[
+                "--nocapture",
+                "-q",
+                "--color",
+                "never",
+                "--format",
+                "pretty",
+            ],
+            &[
+                "--logfile",
+                "/tmp/x",
+                "--shuffle-seed",
+                "7",
+                "-Z",
+                "unstable-options",
+            ],
             &["--show-output", "--include-ignored", "--report-time"],
         ] {
             let args = parse(argv).unwrap();
@@ -207,8 +227,16 @@ mod tests {
 
     #[test]
     fn ignored_and_bench_runs_select_nothing_without_error() {
-        assert!(parse(&["--ignored"]).unwrap().select(NAMES).unwrap().is_empty());
-        assert!(parse(&["--bench"]).unwrap().select(NAMES).unwrap().is_empty());
+        assert!(parse(&["--ignored"])
+            .unwrap()
+            .select(NAMES)
+            .unwrap()
+            .is_empty());
+        assert!(parse(&["--bench"])
+            .unwrap()
+            .select(NAMES)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

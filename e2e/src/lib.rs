@@ -386,7 +386,9 @@ impl LocalCluster {
                 Err(e) => format!("{e:#}"),
             };
             if Instant::now() > deadline {
-                bail!("MCP Access is not served through kube-apiserver after {timeout:?}: {missing}");
+                bail!(
+                    "MCP Access is not served through kube-apiserver after {timeout:?}: {missing}"
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -414,11 +416,7 @@ impl LocalCluster {
         )?;
         let group = discovery["items"]
             .as_array()
-            .and_then(|items| {
-                items
-                    .iter()
-                    .find(|g| g["metadata"]["name"] == API_GROUP)
-            });
+            .and_then(|items| items.iter().find(|g| g["metadata"]["name"] == API_GROUP));
         let version = group
             .and_then(|g| g["versions"].as_array())
             .and_then(|vs| vs.iter().find(|v| v["version"] == API_VERSION));
@@ -433,28 +431,29 @@ impl LocalCluster {
         }
         // OpenAPI v3: the root names the group's document, which holds our kinds.
         let root = self.get_json("/openapi/v3", "application/json")?;
-        let Some(url) = root["paths"][format!("apis/{API_GROUP}/{API_VERSION}")]
-            ["serverRelativeURL"]
-            .as_str()
+        let Some(url) =
+            root["paths"][format!("apis/{API_GROUP}/{API_VERSION}")]["serverRelativeURL"].as_str()
         else {
             return Ok(Some(format!(
                 "/openapi/v3 does not list apis/{API_GROUP}/{API_VERSION} yet"
             )));
         };
         let doc = self.get_json(url, "application/json")?;
-        let has_kind = doc["components"]["schemas"].as_object().is_some_and(|schemas| {
-            schemas.values().any(|schema| {
-                schema["x-kubernetes-group-version-kind"]
-                    .as_array()
-                    .is_some_and(|gvks| {
-                        gvks.iter().any(|gvk| {
-                            gvk["group"] == API_GROUP
-                                && gvk["version"] == API_VERSION
-                                && gvk["kind"] == "AccessSession"
+        let has_kind = doc["components"]["schemas"]
+            .as_object()
+            .is_some_and(|schemas| {
+                schemas.values().any(|schema| {
+                    schema["x-kubernetes-group-version-kind"]
+                        .as_array()
+                        .is_some_and(|gvks| {
+                            gvks.iter().any(|gvk| {
+                                gvk["group"] == API_GROUP
+                                    && gvk["version"] == API_VERSION
+                                    && gvk["kind"] == "AccessSession"
+                            })
                         })
-                    })
-            })
-        });
+                })
+            });
         if !has_kind {
             return Ok(Some(format!("{url} has no AccessSession schema yet")));
         }

@@ -34,14 +34,32 @@ mod roles;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
 const SCENARIOS: &[(&str, Scenario)] = &[
-    ("apiservice_available_and_discoverable", apiservice_available_and_discoverable),
-    ("crud_and_watch_through_kube_apiserver", crud_and_watch_through_kube_apiserver),
+    (
+        "apiservice_available_and_discoverable",
+        apiservice_available_and_discoverable,
+    ),
+    (
+        "crud_and_watch_through_kube_apiserver",
+        crud_and_watch_through_kube_apiserver,
+    ),
     ("rbac_limits_users", rbac_limits_users),
-    ("forged_headers_without_proxy_certificate_are_refused", forged_headers_are_refused),
+    (
+        "forged_headers_without_proxy_certificate_are_refused",
+        forged_headers_are_refused,
+    ),
     ("namespace_lifecycle", namespace_lifecycle),
-    ("revokers_and_enrollers_through_rbac", revokers_and_enrollers_through_rbac),
-    ("default_roles_matrix_through_kube_apiserver", roles::default_roles_matrix),
-    ("client_go_informer_stays_synced_across_restart", client_go_informer_stays_synced_across_restart),
+    (
+        "revokers_and_enrollers_through_rbac",
+        revokers_and_enrollers_through_rbac,
+    ),
+    (
+        "default_roles_matrix_through_kube_apiserver",
+        roles::default_roles_matrix,
+    ),
+    (
+        "client_go_informer_stays_synced_across_restart",
+        client_go_informer_stays_synced_across_restart,
+    ),
 ];
 
 fn main() {
@@ -457,7 +475,9 @@ fn rbac_limits_users(c: &mut LocalCluster) -> Result<(), String> {
     ensure!(
         !created.success
             && created.stderr.contains("Forbidden")
-            && created.stderr.contains("cannot create resource \"accesssessions\""),
+            && created
+                .stderr
+                .contains("cannot create resource \"accesssessions\""),
         "edit must not issue sessions: {created:?}"
     );
     Ok(())

@@ -40,9 +40,8 @@ fn impostor(listener: TcpListener) {
             let Ok(mut conn) = conn else { continue };
             let mut buf = [0u8; 4096];
             let _ = conn.read(&mut buf);
-            let _ = conn.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-            );
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
         }
     });
 }
@@ -126,7 +125,9 @@ impl DevScript {
     }
 
     fn ready(&self) -> bool {
-        self.seen_stdout.iter().any(|l| l.starts_with("KUBECONFIG="))
+        self.seen_stdout
+            .iter()
+            .any(|l| l.starts_with("KUBECONFIG="))
     }
 
     fn output(&self) -> String {
@@ -192,11 +193,7 @@ fn dev_sh_fails_loudly_when_the_metrics_port_is_taken() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let metrics_port = taken.local_addr().expect("addr").port();
     impostor(taken);
-    let mut dev = DevScript::start(
-        free_port(),
-        metrics_port,
-        &need("MCP_ACCESS_APISERVER_BIN"),
-    );
+    let mut dev = DevScript::start(free_port(), metrics_port, &need("MCP_ACCESS_APISERVER_BIN"));
     assert!(
         dev.exit_or_ready(Duration::from_secs(60)),
         "hack/dev.sh reported ready while another server held its metrics port: {}",
@@ -268,11 +265,7 @@ fn dev_sh_does_not_take_another_servers_answer_for_its_own() {
 
 #[test]
 fn dev_sh_reports_ready_from_its_own_apiserver_and_stops_it() {
-    let mut dev = DevScript::start(
-        free_port(),
-        free_port(),
-        &need("MCP_ACCESS_APISERVER_BIN"),
-    );
+    let mut dev = DevScript::start(free_port(), free_port(), &need("MCP_ACCESS_APISERVER_BIN"));
     assert!(
         !dev.exit_or_ready(Duration::from_secs(120)),
         "hack/dev.sh exited instead of reporting ready: {}",
@@ -355,7 +348,10 @@ fn test_sh_stops_when_the_kube_build_fails() {
     }
     let out = Command::new("bash")
         .arg(e2e::repo_root().join("hack/test.sh"))
-        .env("PATH", format!("{}:{}", fake_bin.display(), system.join(":")))
+        .env(
+            "PATH",
+            format!("{}:{}", fake_bin.display(), system.join(":")),
+        )
         .env("MCP_ACCESS_CACHE", work.join("cache"))
         .stdin(Stdio::null())
         .output()

@@ -102,7 +102,13 @@ fn revocation_yaml(name: &str, session: &str) -> String {
     )
 }
 
-fn rolebinding_yaml(name: &str, ns: &str, cluster_role: &str, subject_ns: &str, sa: &str) -> String {
+fn rolebinding_yaml(
+    name: &str,
+    ns: &str,
+    cluster_role: &str,
+    subject_ns: &str,
+    sa: &str,
+) -> String {
     format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: {name}\n  namespace: {ns}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {cluster_role}\nsubjects:\n- kind: ServiceAccount\n  name: {sa}\n  namespace: {subject_ns}\n"
     )
@@ -194,7 +200,10 @@ fn seed(c: &LocalCluster, who: &str) -> Result<(), String> {
         )
         .map(|_| ())
     };
-    apply(enrollment_yaml(&format!("pending-{who}")), "seed enrollment")?;
+    apply(
+        enrollment_yaml(&format!("pending-{who}")),
+        "seed enrollment",
+    )?;
     apply(
         session_yaml(&format!("victim-{who}"), "srv-roles"),
         "seed victim",
@@ -224,14 +233,21 @@ fn phase(c: &LocalCluster, kind: &str, name: &str) -> Result<String, String> {
         "get",
     )?)
     .map_err(|e| e.to_string())?;
-    Ok(got["status"]["phase"].as_str().unwrap_or_default().to_string())
+    Ok(got["status"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// The request's effect is visible to the cluster admin, so "allowed" means it happened.
 fn check_effect(c: &LocalCluster, who: &str, verb: Verb, allowed: bool) -> Result<(), String> {
     match verb {
         Verb::CompleteEnrollment => {
-            let want = if allowed { "Active" } else { "PendingEnrollment" };
+            let want = if allowed {
+                "Active"
+            } else {
+                "PendingEnrollment"
+            };
             let got = phase(c, "acs", &format!("pending-{who}"))?;
             ensure!(got == want, "pending-{who}: phase {got}, want {want}");
         }
