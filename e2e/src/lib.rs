@@ -190,6 +190,8 @@ impl LocalCluster {
         cluster.install()?;
         cluster.start_apiserver()?;
         cluster.wait_available(Duration::from_secs(120))?;
+        // What answered must have been the process started above, not one left behind.
+        cluster.ensure_apiserver_running()?;
         eprintln!(
             "local cluster with MCP Access ready in {:.1}s",
             started.elapsed().as_secs_f64()
@@ -353,6 +355,20 @@ impl LocalCluster {
                 bail!("mcp-access-apiserver did not listen within 30s");
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Fails if the `mcp-access-apiserver` this cluster started is not running.
+    pub fn ensure_apiserver_running(&mut self) -> Result<()> {
+        let log = self.dir.join("logs/mcp-access-apiserver.log");
+        match self.apiserver.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => Ok(()),
+            Some(Ok(Some(status))) => bail!(
+                "mcp-access-apiserver exited ({status}); see {}",
+                log.display()
+            ),
+            Some(Err(e)) => bail!("cannot check mcp-access-apiserver: {e}"),
+            None => bail!("mcp-access-apiserver was not started"),
         }
     }
 
