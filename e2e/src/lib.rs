@@ -394,13 +394,27 @@ impl LocalCluster {
     /// the aggregator downloads it in the background after the APIService turns Available).
     /// `hack/up.sh` prints `KUBECONFIG=` only after this returns.
     pub fn wait_available(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut last = String::new();
         loop {
             let missing = match self.not_yet_served() {
-                Ok(None) => return Ok(()),
+                Ok(None) => {
+                    eprintln!(
+                        "MCP Access served through kube-apiserver after {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
                 Ok(Some(missing)) => missing,
                 Err(e) => format!("{e:#}"),
             };
+            // Say what is awaited when it changes (the OpenAPI download trails availability).
+            let what = missing.split(':').next().unwrap_or_default().to_string();
+            if what != last {
+                eprintln!("waiting ({:.1}s): {what}", started.elapsed().as_secs_f64());
+                last = what;
+            }
             if Instant::now() > deadline {
                 bail!(
                     "MCP Access is not served through kube-apiserver after {timeout:?}: {missing}"
