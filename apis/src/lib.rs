@@ -4,6 +4,7 @@
 
 pub mod discovery;
 pub mod duration;
+pub mod locks;
 pub mod openapi;
 pub mod resources;
 pub mod rules;

@@ -9,8 +9,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::duration::parse_go_duration;
 use crate::types::{
-    AccessSession, AccessSessionSpec, AccessSessionStatus, Agent, AgentSpec, RevocationInfo,
-    RevocationSpec, SessionPhase,
+    AccessSession, AccessSessionSpec, AccessSessionStatus, Agent, AgentSpec, CoveringRevocation,
+    RevocationInfo, RevocationSpec, SessionPhase,
 };
 use crate::validation::{
     is_dns1123_subdomain, validate_annotations, validate_labels, validate_object_name, FieldError,
@@ -42,6 +42,10 @@ pub enum SessionRuleError {
     QuotaExceeded { name: String, active: u32, max: u32 },
     #[error("server uid {0:?} was retired; no session may be issued or restored for it")]
     ServerFenced(String),
+    /// A Revocation stands for this session's target: nothing may be issued, enrolled,
+    /// completed or restored for it until the revocation is deleted or expires.
+    #[error("revocation {name:?} ({cause}) covers this session's target; no session may be issued, enrolled or restored for it until that revocation is deleted or expires")]
+    RevocationStands { name: String, cause: String },
 }
 
 /// What issuance needs to know besides the requested spec.
@@ -55,6 +59,9 @@ pub struct IssuanceContext<'a> {
     pub server_max_ttl: SignedDuration,
     /// Whether `spec.server.uid` carries a retirement fence.
     pub server_fenced: bool,
+    /// A live Revocation that covers the new session's target, if any (see
+    /// [`crate::locks::standing_revocation`]).
+    pub standing_revocation: Option<&'a crate::types::Revocation>,
     pub now: Timestamp,
 }
 
@@ -193,6 +200,12 @@ pub fn admit_session(
     }
     if ctx.server_fenced {
         return Err(SessionRuleError::ServerFenced(spec.server.uid.clone()));
+    }
+    if let Some(revocation) = ctx.standing_revocation {
+        return Err(SessionRuleError::RevocationStands {
+            name: revocation.metadata.name.clone().unwrap_or_default(),
+            cause: revocation.spec.cause.clone(),
+        });
     }
     let requested = spec.expires_at.as_ref().map(|t| t.0).unwrap_or(ctx.now);
     if requested <= ctx.now {
@@ -341,30 +354,75 @@ pub fn counts_as_active(session: &AccessSession, now: Timestamp) -> bool {
     ) && session.spec.expires_at.as_ref().is_some_and(|t| t.0 > now)
 }
 
-/// Marks a session revoked. Returns false (and changes nothing) if it already was: the first
-/// revocation is the one on record.
+/// What recording a revocation did to a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RevokeEffect {
+    /// The session was usable and is now revoked (the one revocation event of its life).
+    Revoked,
+    /// The session already was revoked; this revocation now covers it too.
+    AlsoCovered,
+    /// This revocation already covered the session.
+    Unchanged,
+}
+
+impl RevokeEffect {
+    /// Whether the session must be written.
+    pub fn changed(self) -> bool {
+        self != Self::Unchanged
+    }
+}
+
+/// The revocations covering a revoked session. Records written before coverage was tracked
+/// carry only the first revocation: that one covers the session.
+pub fn covering(info: &RevocationInfo) -> Vec<CoveringRevocation> {
+    if info.covered_by.is_empty() {
+        vec![CoveringRevocation {
+            cause: info.cause.clone(),
+            revocation_name: info.revocation_name.clone(),
+        }]
+    } else {
+        info.covered_by.clone()
+    }
+}
+
+/// Records a revocation on a session. The first revocation is the one on record
+/// (`revokedAt`, `cause`, `revocationName`); every revocation that covers the session is
+/// listed in `coveredBy`, so withdrawing one never lifts another.
 pub fn revoke_session(
     session: &mut AccessSession,
     cause: &str,
     revocation_name: Option<&str>,
     now: Timestamp,
-) -> bool {
+) -> RevokeEffect {
+    let entry = CoveringRevocation {
+        cause: cause.to_string(),
+        revocation_name: revocation_name.map(str::to_string),
+    };
     let status = session
         .status
         .get_or_insert_with(AccessSessionStatus::default);
-    if status.revocation.is_some() {
-        return false;
+    if let Some(info) = status.revocation.as_mut() {
+        let mut covered_by = covering(info);
+        if covered_by.contains(&entry) {
+            info.covered_by = covered_by;
+            return RevokeEffect::Unchanged;
+        }
+        covered_by.push(entry);
+        info.covered_by = covered_by;
+        return RevokeEffect::AlsoCovered;
     }
     status.phase = SessionPhase::Revoked;
     status.revocation = Some(RevocationInfo {
         revoked_at: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
         cause: cause.to_string(),
         revocation_name: revocation_name.map(str::to_string),
+        covered_by: vec![entry],
     });
-    true
+    RevokeEffect::Revoked
 }
 
-/// Lifts a revocation. Refused for a fenced server; the caller checks agent state.
+/// Lifts a session's revocation (an administrative restore). Refused for a fenced server and
+/// while a Revocation object still covers the session; the caller checks agent state.
 pub fn unrevoke_session(
     session: &mut AccessSession,
     server_fenced: bool,
@@ -377,15 +435,31 @@ pub fn unrevoke_session(
     let Some(status) = session.status.as_mut() else {
         return Ok(false);
     };
-    if status.revocation.take().is_none() {
+    let Some(info) = status.revocation.as_ref() else {
         return Ok(false);
+    };
+    if let Some(standing) = covering(info)
+        .into_iter()
+        .find(|c| c.revocation_name.is_some())
+    {
+        return Err(SessionRuleError::RevocationStands {
+            name: standing.revocation_name.unwrap_or_default(),
+            cause: standing.cause,
+        });
     }
+    reinstate(status);
+    Ok(true)
+}
+
+/// Clears a revocation: the session returns to the phase it had (pending while its
+/// enrollment is). Callers have decided that nothing covers it any more.
+pub(crate) fn reinstate(status: &mut AccessSessionStatus) {
+    status.revocation = None;
     status.phase = if status.enrollment.is_some() {
         SessionPhase::PendingEnrollment
     } else {
         SessionPhase::Active
     };
-    Ok(true)
 }
 
 /// Checks a Revocation: exactly one target, a cause, and a server target for a retirement.
@@ -460,12 +534,31 @@ pub fn validate_revocation_spec(spec: &RevocationSpec) -> Vec<FieldError> {
     errors
 }
 
+/// Whether `caller` owns a pending enrollment recorded with `owner` and `owner_uid`. As for
+/// CertificateSigningRequests the uid counts: a user or ServiceAccount re-created under the
+/// same name is someone else. A record without a uid (its creator had none) compares names.
+pub fn is_enrollment_owner(
+    owner: &str,
+    owner_uid: Option<&str>,
+    caller: &str,
+    caller_uid: &str,
+) -> bool {
+    owner == caller && owner_uid.is_none_or(|uid| uid == caller_uid)
+}
+
 /// Whether a session may be activated by completing its enrollment now.
 pub fn check_completion(session: &AccessSession, now: Timestamp) -> Result<(), String> {
     if let Some(r) = session.status.as_ref().and_then(|s| s.revocation.as_ref()) {
+        let by = covering(r)
+            .iter()
+            .map(|c| match &c.revocation_name {
+                Some(name) => format!("{} by revocation {name:?}", c.cause),
+                None => c.cause.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(format!(
-            "the session was revoked ({}) and cannot be activated",
-            r.cause
+            "the session was revoked ({by}) and cannot be activated"
         ));
     }
     match session.spec.expires_at.as_ref() {
@@ -521,6 +614,7 @@ mod tests {
             agent_active_sessions: active,
             server_max_ttl: SignedDuration::from_hours(24),
             server_fenced: false,
+            standing_revocation: None,
             now: now(),
         }
     }
@@ -662,7 +756,7 @@ mod tests {
         let spec = |target: RevocationTarget, cause: &str| RevocationSpec {
             target,
             cause: cause.into(),
-            message: None,
+            ..Default::default()
         };
         let session = RevocationTarget {
             session: Some("s".into()),
@@ -688,6 +782,15 @@ mod tests {
     }
 
     #[test]
+    fn enrollment_owners_are_compared_by_name_and_uid() {
+        assert!(is_enrollment_owner("sa", Some("u1"), "sa", "u1"));
+        assert!(!is_enrollment_owner("sa", Some("u1"), "sa", "u2"));
+        assert!(!is_enrollment_owner("sa", Some("u1"), "sa", ""));
+        assert!(!is_enrollment_owner("sa", Some("u1"), "other", "u1"));
+        assert!(is_enrollment_owner("sa", None, "sa", "anything"));
+    }
+
+    #[test]
     fn completion_needs_a_live_unrevoked_session() {
         let mut s = AccessSession {
             spec: mk_spec(None, &["t"], 1),
@@ -709,13 +812,14 @@ mod tests {
             spec: mk_spec(None, &["t"], 1),
             ..Default::default()
         };
-        assert!(revoke_session(&mut s, "manual", Some("r1"), now()));
-        assert!(!revoke_session(
-            &mut s,
-            CAUSE_AGENT_DEACTIVATED,
-            None,
-            now()
-        ));
+        assert_eq!(
+            revoke_session(&mut s, "manual", Some("r1"), now()),
+            RevokeEffect::Revoked
+        );
+        assert_eq!(
+            revoke_session(&mut s, CAUSE_AGENT_DEACTIVATED, None, now()),
+            RevokeEffect::AlsoCovered
+        );
         assert_eq!(
             s.status
                 .as_ref()
@@ -732,6 +836,15 @@ mod tests {
             unrevoke_session(&mut s, true),
             Err(SessionRuleError::ServerFenced(_))
         ));
+        // Covered by Revocation r1: an administrative restore must wait for its withdrawal.
+        assert!(matches!(
+            unrevoke_session(&mut s, false),
+            Err(SessionRuleError::RevocationStands { .. })
+        ));
+        assert_eq!(
+            crate::locks::withdraw(&mut s, "r1"),
+            crate::locks::Withdrawal::StillRevoked
+        );
         assert!(unrevoke_session(&mut s, false).unwrap());
         assert_eq!(s.phase(), SessionPhase::Active);
         assert!(counts_as_active(&s, now()));

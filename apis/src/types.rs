@@ -183,6 +183,22 @@ pub struct RevocationInfo {
     /// The Revocation object that revoked it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_name: Option<String>,
+    /// Every revocation that covers the session now, the first one included. The session
+    /// stays revoked while any is left; entries without a name (an agent deactivation) are
+    /// permanent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covered_by: Vec<CoveringRevocation>,
+}
+
+/// One revocation that covers a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoveringRevocation {
+    /// Why: manual, compromised, agent_deactivated, server_retired, ...
+    pub cause: String,
+    /// The Revocation object, in the session's namespace; none for an agent deactivation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_name: Option<String>,
 }
 
 /// Pending enrollment metadata.
@@ -193,6 +209,9 @@ pub struct EnrollmentInfo {
     pub state: String,
     /// The user who created the enrollment.
     pub owner: String,
+    /// The uid of that user, when the authenticator reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<String>,
     /// When the enrollment was requested.
     pub requested_at: Time,
 }
@@ -350,6 +369,10 @@ pub struct EnrollmentStatus {
     /// The user who created the enrollment; only they may withdraw it while pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The uid of that user (as CertificateSigningRequests record it): a re-created user or
+    /// ServiceAccount of the same name is not the owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<String>,
     /// When the enrollment was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_at: Option<Time>,
@@ -391,6 +414,10 @@ pub struct RevocationSpec {
     /// Free-form explanation for the audit trail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When the revocation stops refusing new sessions for its target. Sessions it revoked
+    /// stay revoked until it is deleted. Without it, it stands until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
 }
 
 // The sessions a revocation applies to.
@@ -412,9 +439,14 @@ pub struct RevocationTarget {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationStatus {
-    /// How many sessions this revocation revoked.
+    /// How many sessions this revocation covers: those it revoked and those already revoked
+    /// by another revocation when it was created.
     #[serde(default)]
     pub revoked_sessions: u32,
+    /// Whether a `server_retired` fence applies in every namespace (its creator may create
+    /// revocations cluster-wide) rather than only in the revocation's namespace.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cluster_wide: bool,
     /// When it took effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,

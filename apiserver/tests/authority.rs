@@ -16,7 +16,8 @@ use apis::{
     SessionPhase,
 };
 use apiserver::store::{
-    EventType, ForbiddenReason, ListQuery, PgStore, ResourceVersion, Store, StoreError,
+    EventType, ForbiddenReason, ListQuery, PgStore, Requester, ResourceVersion, RevokerAuthority,
+    Store, StoreError,
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
@@ -245,6 +246,13 @@ async fn assert_not_found<K: Kind + std::fmt::Debug>(server: &TestServer, ns: &s
     }
 }
 
+fn alice() -> Requester {
+    Requester {
+        name: "alice".into(),
+        uid: "alice-uid".into(),
+    }
+}
+
 fn mk_enrollment(ns: &str, name: &str, session: AccessSession) -> Enrollment {
     let mut e = Enrollment {
         spec: session.spec,
@@ -260,7 +268,7 @@ fn mk_revocation(ns: &str, name: &str, target: RevocationTarget, cause: &str) ->
         spec: RevocationSpec {
             target,
             cause: cause.into(),
-            message: None,
+            ..Default::default()
         },
         ..Default::default()
     };
@@ -815,7 +823,8 @@ async fn single_session_revocation_and_withdrawal() {
             .status
             .unwrap()
             .revoked_sessions,
-        0
+        1,
+        "it covers s2, already revoked"
     );
     ok(&server.kubectl(&["delete", "rvk", "second"]).await);
     assert_eq!(
@@ -904,21 +913,25 @@ async fn server_and_subject_revocations() {
     ok(&out);
     assert_eq!(Table::parse(&out.stdout).rows.len(), 2, "{}", out.stdout);
 
+    // While they stand, no new session for their targets; withdrawing restores what
+    // no other revocation covers.
+    let out = create(
+        &server,
+        &server.kubeconfig,
+        "team-a",
+        &session_yaml("h5", "srv-4"),
+    )
+    .await;
+    failed_with(&out, "Conflict", "by-subject");
     for name in ["by-server", "by-subject"] {
-        let out = server
+        ok(&server
             .kubectl(&["delete", "rvk", "-n", "team-a", name])
-            .await;
-        failed_with(&out, "Conflict", "many sessions");
-        assert!(store.get::<Revocation>("team-a", name).await.is_ok());
+            .await);
+        assert_not_found::<Revocation>(&server, "team-a", name).await;
     }
-    assert_eq!(
-        revoked_by(&session(&server, "team-a", "a1").await),
-        by("compromised", Some("by-server"))
-    );
-    assert_eq!(
-        revoked_by(&session(&server, "team-a", "h1").await),
-        by("manual", Some("by-subject"))
-    );
+    for name in ["a1", "a2", "h1", "h2"] {
+        assert_eq!(revoked_by(&session(&server, "team-a", name).await), None);
+    }
 }
 
 /// `cause: server_retired` installs the fence: issuing (session or enrollment) for that uid
@@ -1055,10 +1068,10 @@ async fn invalid_revocations_are_refused() {
     assert!(out.stderr.contains("No resources found"), "{out:#?}");
 }
 
-/// Withdrawing a single-session revocation is refused (409) while the session's agent is
-/// inactive; the session stays revoked by that revocation.
+/// Withdrawing a single-session revocation while the session's agent is inactive lifts only
+/// that revocation's cover: the deactivation still covers the session, which stays revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn withdrawal_is_refused_while_the_agent_is_inactive() {
+async fn withdrawal_while_the_agent_is_inactive_keeps_the_session_revoked() {
     let server = TestServer::start().await;
     server
         .store
@@ -1095,13 +1108,22 @@ async fn withdrawal_is_refused_while_the_agent_is_inactive() {
         revoked_by(&session(&server, "default", "g1").await),
         by("manual", Some("r-g1"))
     );
-    let out = server.kubectl(&["delete", "rvk", "r-g1"]).await;
-    failed_with(&out, "Conflict", "no longer active");
-    assert!(server
-        .store
-        .get::<Revocation>("default", "r-g1")
-        .await
-        .is_ok());
+    // The deactivation covers g1 too: withdrawing r-g1 lifts only r-g1's cover.
+    ok(&server.kubectl(&["delete", "rvk", "r-g1"]).await);
+    assert_eq!(
+        revoked_by(&session(&server, "default", "g1").await),
+        by("manual", Some("r-g1"))
+    );
+    // Revoked for the deactivation alone, g1 cannot be restored while the agent is inactive.
+    ok(&create(
+        &server,
+        &server.kubeconfig,
+        "default",
+        &revocation_yaml("r-g1-again", "{session: g1}", "manual"),
+    )
+    .await);
+    let out = server.kubectl(&["delete", "rvk", "r-g1-again"]).await;
+    ok(&out);
     assert_eq!(
         revoked_by(&session(&server, "default", "g1").await),
         by("manual", Some("r-g1"))
@@ -1217,11 +1239,16 @@ async fn agent_deactivation_and_recreation() {
         revoked_by(&session(&server, "default", "m2").await),
         by("agent_deactivated", None)
     );
-    let out = server.kubectl(&["delete", "rvk", "r-m1"]).await;
-    failed_with(&out, "Conflict", "re-created");
+    // Withdrawing r-m1 lifts only its own cover: the agent's deletion still covers m1.
+    ok(&server.kubectl(&["delete", "rvk", "r-m1"]).await);
+    let m1 = session(&server, "default", "m1").await;
+    assert_eq!(revoked_by(&m1), by("manual", Some("r-m1")));
     assert_eq!(
-        revoked_by(&session(&server, "default", "m1").await),
-        by("manual", Some("r-m1"))
+        m1.status.unwrap().revocation.unwrap().covered_by,
+        vec![apis::CoveringRevocation {
+            cause: "agent_deactivated".into(),
+            revocation_name: None
+        }]
     );
     // The re-created agent issues new sessions bound to its new uid.
     let out = create(
@@ -1382,6 +1409,102 @@ async fn clamp_warning_tables_and_explain() {
 // replicas would: only the sync-state row lock orders them.
 // ---------------------------------------------------------------------------------------------
 
+/// Records the change feed while a race runs, then checks that revocation is final in the
+/// event stream: per session, strictly increasing resourceVersions, at most one event that
+/// turns it Revoked, and no Active or PendingEnrollment event after that.
+struct FinalityRecorder {
+    events: Arc<std::sync::Mutex<Vec<Arc<apiserver::store::Event>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FinalityRecorder {
+    async fn start(store: &PgStore) -> Self {
+        let from = store.current_version().await.unwrap();
+        let mut sub = store.subscribe(from).await.unwrap();
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match sub.next().await {
+                    Ok(event) => sink.lock().unwrap().push(event),
+                    Err(e) => panic!("the recording watch lost events: {e}"),
+                }
+            }
+        });
+        Self { events, task }
+    }
+
+    /// Waits until every committed change was recorded, checks the stream and returns how
+    /// many sessions were revoked in it.
+    async fn finish(self, store: &PgStore) -> usize {
+        let head = store.current_version().await.unwrap().seq;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let last = self.events.lock().unwrap().last().map(|e| e.seq());
+            if last >= Some(head) {
+                break;
+            }
+            assert!(!self.task.is_finished(), "the recording watch ended early");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the recording watch stalled at {last:?} of {head}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.task.abort();
+        let events = self.events.lock().unwrap().clone();
+        let mut last_seq = 0;
+        let mut sessions: BTreeMap<(String, String), (bool, usize)> = BTreeMap::new();
+        for e in &events {
+            assert!(
+                e.seq() > last_seq,
+                "versions go back: {} after {last_seq}",
+                e.seq()
+            );
+            last_seq = e.seq();
+            if e.resource != AccessSession::PLURAL || e.event_type == EventType::Deleted {
+                continue;
+            }
+            let phase = e.object["status"]["phase"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let before = e
+                .before
+                .as_ref()
+                .and_then(|b| b["status"]["phase"].as_str())
+                .unwrap_or("")
+                .to_string();
+            let (revoked, transitions) = sessions
+                .entry((e.namespace.clone(), e.name.clone()))
+                .or_default();
+            if *revoked {
+                assert_eq!(
+                    phase,
+                    "Revoked",
+                    "{}/{} came back as {phase} after it was revoked (seq {})",
+                    e.namespace,
+                    e.name,
+                    e.seq()
+                );
+            }
+            if phase == "Revoked" {
+                if before != "Revoked" {
+                    *transitions += 1;
+                }
+                *revoked = true;
+            }
+        }
+        for ((ns, name), (_, transitions)) in &sessions {
+            assert!(
+                *transitions <= 1,
+                "{ns}/{name} was revoked {transitions} times in the stream"
+            );
+        }
+        sessions.values().filter(|(revoked, _)| *revoked).count()
+    }
+}
+
 /// Waits for every racer, then yields `yields` times: varying the yields between racers
 /// and rounds varies which one reaches the database first.
 async fn start_line(barrier: &tokio::sync::Barrier, yields: usize) {
@@ -1402,13 +1525,14 @@ async fn race_completion_vs_revocation() {
     // A second store on the same database, as a second apiserver replica: the racers do
     // not share the in-process write queue, only PostgreSQL orders them.
     let replica = db.store().await;
+    let recorder = FinalityRecorder::start(&store).await;
     let (mut completed_first, mut revoked_first) = (0, 0);
     for i in 0..ROUNDS {
         let name = format!("e-{i}");
         store
             .create_enrollment(
                 mk_enrollment("race", &name, mk_session("race", &name, "srv-1")),
-                "alice",
+                &alice(),
                 false,
             )
             .await
@@ -1433,6 +1557,7 @@ async fn race_completion_vs_revocation() {
                             session_target(&name),
                             "compromised",
                         ),
+                        RevokerAuthority::Namespace,
                         false,
                     )
                     .await
@@ -1468,6 +1593,7 @@ async fn race_completion_vs_revocation() {
             Err(other) => panic!("round {i}: completion failed unexpectedly: {other:?}"),
         }
     }
+    assert_eq!(recorder.finish(&store).await, ROUNDS);
     eprintln!("completion first: {completed_first}, revocation first: {revoked_first}");
     assert_eq!(completed_first + revoked_first, ROUNDS);
     assert!(
@@ -1487,6 +1613,7 @@ async fn race_enrollment_vs_agent_deactivation() {
     // A second store on the same database, as a second apiserver replica: the racers do
     // not share the in-process write queue, only PostgreSQL orders them.
     let replica = db.store().await;
+    let recorder = FinalityRecorder::start(&store).await;
     let (mut issued, mut refused) = (0, 0);
     for i in 0..ROUNDS {
         let agent_name = format!("bot-{i}");
@@ -1504,7 +1631,7 @@ async fn race_enrollment_vs_agent_deactivation() {
                 let session = mk_agent_session("race", &name, "srv-1", &agent_name, &["payments"]);
                 start_line(&barrier, (i + j) % 4).await;
                 store
-                    .create_enrollment(mk_enrollment("race", &name, session), "alice", false)
+                    .create_enrollment(mk_enrollment("race", &name, session), &alice(), false)
                     .await
             }));
         }
@@ -1571,6 +1698,7 @@ async fn race_enrollment_vs_agent_deactivation() {
             ));
         }
     }
+    assert_eq!(recorder.finish(&store).await, issued);
     eprintln!("enrollments issued before deactivation: {issued}, refused after: {refused}");
     assert_eq!(issued + refused, ROUNDS * PER_ROUND);
     assert!(
@@ -1588,6 +1716,7 @@ async fn race_revocation_vs_update() {
     // A second store on the same database, as a second apiserver replica: the racers do
     // not share the in-process write queue, only PostgreSQL orders them.
     let replica = db.store().await;
+    let recorder = FinalityRecorder::start(&store).await;
     let (mut update_first, mut revocation_first) = (0, 0);
     for i in 0..ROUNDS {
         let name = format!("u-{i}");
@@ -1614,6 +1743,7 @@ async fn race_revocation_vs_update() {
                 store
                     .create_revocation(
                         mk_revocation("race", &format!("r-{i}"), session_target(&name), "manual"),
+                        RevokerAuthority::Namespace,
                         false,
                     )
                     .await
@@ -1643,6 +1773,7 @@ async fn race_revocation_vs_update() {
         );
         assert_eq!(s.spec, created.spec);
     }
+    assert_eq!(recorder.finish(&store).await, ROUNDS);
     eprintln!("update first: {update_first}, revocation first: {revocation_first}");
     assert!(
         update_first > 0 && revocation_first > 0,
@@ -1676,6 +1807,10 @@ impl RawWatch {
             }
         }
     }
+}
+
+fn rv_of_value(v: &Value) -> ResourceVersion {
+    ResourceVersion::parse(v["metadata"]["resourceVersion"].as_str().unwrap()).unwrap()
 }
 
 fn event_rv(e: &Value) -> ResourceVersion {
@@ -1757,9 +1892,10 @@ async fn revocations_appear_once_per_session_in_commit_order() {
     assert_eq!(ra["status"]["revokedSessions"], 7);
     let rb = post_revocation(revocation("one", json!({"session": "w8"}))).await;
     assert_eq!(rb["status"]["revokedSessions"], 1);
-    // Already revoked: no change, no event.
+    // Already revoked: it covers w0 too (one MODIFIED that lists it, still Revoked, the
+    // first revocation still on record), and counts it.
     let rc = post_revocation(revocation("again", json!({"session": "w0"}))).await;
-    assert_eq!(rc["status"]["revokedSessions"], 0);
+    assert_eq!(rc["status"]["revokedSessions"], 1);
     // A sentinel: everything the revocations emitted precedes its ADDED.
     server
         .store
@@ -1781,9 +1917,26 @@ async fn revocations_appear_once_per_session_in_commit_order() {
         rvs.windows(2).all(|w| w[0] < w[1]),
         "resourceVersions not strictly increasing: {rvs:?}"
     );
-    let modified = &events[..events.len() - 1];
+    let (coverage, modified): (Vec<Value>, Vec<Value>) =
+        events[..events.len() - 1].iter().cloned().partition(|e| {
+            e["object"]["metadata"]["name"] == "w0"
+                && e["object"]["status"]["revocation"]["coveredBy"]
+                    .as_array()
+                    .is_some_and(|c| c.len() == 2)
+        });
+    assert_eq!(coverage.len(), 1, "{events:#?}");
+    assert_eq!(
+        coverage[0]["object"]["status"]["revocation"]["coveredBy"][1]["revocationName"],
+        "again"
+    );
+    assert_eq!(
+        coverage[0]["object"]["status"]["revocation"]["revocationName"],
+        "by-server"
+    );
+    assert!(event_rv(&coverage[0]) > rv_of_value(&rb));
+    let rvs: Vec<ResourceVersion> = modified.iter().map(event_rv).collect();
     let mut seen = BTreeSet::new();
-    for e in modified {
+    for e in &modified {
         assert_eq!(e["type"], "MODIFIED", "{e}");
         let name = e["object"]["metadata"]["name"]
             .as_str()
@@ -1840,7 +1993,7 @@ async fn completed_enrollments_are_collected() {
         store
             .create_enrollment(
                 mk_enrollment("gc", name, mk_session("gc", name, "srv-1")),
-                "alice",
+                &alice(),
                 false,
             )
             .await
@@ -1924,7 +2077,7 @@ async fn completed_enrollments_are_collected() {
         store
             .create_enrollment(
                 mk_enrollment("gc", "g1", mk_session("gc", "g1", "srv-1")),
-                "alice",
+                &alice(),
                 false,
             )
             .await,

@@ -21,10 +21,14 @@ async fn migrations_are_recorded_and_idempotent() {
     let mut client = db.client().await;
     assert_eq!(apply_migrations(&mut client).await.unwrap(), 0);
     let rows = client
-        .query("SELECT version FROM schema_migrations", &[])
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
         .await
         .unwrap();
-    assert_eq!(rows.len(), 1);
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, [1, 2], "each migration recorded once");
 }
 
 #[allow(non_snake_case)]

@@ -291,6 +291,7 @@ impl<S: Store + Clone> AppState<S> {
                     body,
                     user: &user,
                     namespace_terminating: false,
+                    cluster_authority: false,
                 };
                 let result = match plural.as_str() {
                     p if p == AccessSession::INFO.plural => {
@@ -369,6 +370,23 @@ impl<S: Store + Clone> AppState<S> {
                                 )
                             }
                         })?;
+                }
+                let mut req = req;
+                if K::ASKS_CLUSTER_AUTHORITY {
+                    // As RBAC sees "create this kind in every namespace": only a
+                    // cluster-wide grant makes a revocation's fence reach beyond its namespace.
+                    let everywhere = Attributes {
+                        verb: "create".into(),
+                        resource_request: true,
+                        api_group: apis::GROUP.to_string(),
+                        api_version: apis::VERSION.to_string(),
+                        resource: K::INFO.plural.to_string(),
+                        ..Default::default()
+                    };
+                    req.cluster_authority = matches!(
+                        self.authorizer.authorize(req.user, &everywhere).await,
+                        Decision::Allow
+                    );
                 }
                 resource::create::<K, S>(&self.store, req).await
             }

@@ -19,14 +19,34 @@ use crate::store::{
     self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written,
 };
 
+/// Who creates an object, and how far their authority reaches.
+pub struct Caller<'a> {
+    pub user: &'a UserInfo,
+    /// Whether RBAC lets them create this kind in every namespace (asked only for kinds
+    /// with [`Served::ASKS_CLUSTER_AUTHORITY`]).
+    pub cluster_authority: bool,
+}
+
+impl Caller<'_> {
+    fn requester(&self) -> store::Requester {
+        store::Requester {
+            name: self.user.name.clone(),
+            uid: self.user.uid.clone(),
+        }
+    }
+}
+
 /// A kind served over HTTP, with its kind-specific writes.
 #[async_trait]
 pub trait Served: Renderable {
     const INFO: ResourceInfo;
+    /// Whether a create needs to know if the caller may create this kind cluster-wide
+    /// (a revocation's fence reaches every namespace only then).
+    const ASKS_CLUSTER_AUTHORITY: bool = false;
     async fn create<S: Store>(
         store: &S,
         object: Self,
-        user: &UserInfo,
+        caller: &Caller<'_>,
         dry_run: bool,
     ) -> store::Result<Written<Self>>;
     /// Update through the main resource (only kinds that serve `update`).
@@ -80,7 +100,7 @@ impl Served for AccessSession {
     async fn create<S: Store>(
         store: &S,
         object: Self,
-        _user: &UserInfo,
+        _caller: &Caller<'_>,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
         store.create_session(object, dry_run).await
@@ -100,7 +120,7 @@ impl Served for Agent {
     async fn create<S: Store>(
         store: &S,
         object: Self,
-        _user: &UserInfo,
+        _caller: &Caller<'_>,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
         store.create_agent(object, dry_run).await
@@ -120,10 +140,12 @@ impl Served for Enrollment {
     async fn create<S: Store>(
         store: &S,
         object: Self,
-        user: &UserInfo,
+        caller: &Caller<'_>,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
-        store.create_enrollment(object, &user.name, dry_run).await
+        store
+            .create_enrollment(object, &caller.requester(), dry_run)
+            .await
     }
     async fn update<S: Store>(
         store: &S,
@@ -140,14 +162,12 @@ impl Served for Enrollment {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
+        let caller = user.map(|u| store::Requester {
+            name: u.name.clone(),
+            uid: u.uid.clone(),
+        });
         store
-            .delete_enrollment(
-                namespace,
-                name,
-                user.map(|u| u.name.as_str()),
-                preconditions,
-                dry_run,
-            )
+            .delete_enrollment(namespace, name, caller.as_ref(), preconditions, dry_run)
             .await
     }
     /// Completion: the only change allowed is `status.phase` to `Completed`; a
@@ -242,13 +262,19 @@ impl Served for Enrollment {
 #[async_trait]
 impl Served for Revocation {
     const INFO: ResourceInfo = REVOCATIONS;
+    const ASKS_CLUSTER_AUTHORITY: bool = true;
     async fn create<S: Store>(
         store: &S,
         object: Self,
-        _user: &UserInfo,
+        caller: &Caller<'_>,
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
-        store.create_revocation(object, dry_run).await
+        let authority = if caller.cluster_authority {
+            store::RevokerAuthority::Cluster
+        } else {
+            store::RevokerAuthority::Namespace
+        };
+        store.create_revocation(object, authority, dry_run).await
     }
     async fn update<S: Store>(
         store: &S,
@@ -261,12 +287,14 @@ impl Served for Revocation {
         store: &S,
         namespace: &str,
         name: &str,
-        _user: Option<&UserInfo>,
+        user: Option<&UserInfo>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
+        // Without a caller the namespace is being torn down: its sessions go too, so none
+        // is restored on the way.
         store
-            .delete_revocation(namespace, name, preconditions, dry_run)
+            .delete_revocation(namespace, name, user.is_some(), preconditions, dry_run)
             .await
     }
 }
@@ -307,6 +335,9 @@ pub struct ResourceRequest<'a> {
     pub user: &'a UserInfo,
     /// The request's namespace is terminating (set for deletecollection).
     pub namespace_terminating: bool,
+    /// The caller may create this kind in every namespace (set for creates of kinds that
+    /// ask, see [`Served::ASKS_CLUSTER_AUTHORITY`]).
+    pub cluster_authority: bool,
 }
 
 impl ResourceRequest<'_> {
@@ -549,7 +580,11 @@ pub async fn create<K: Served, S: Store>(
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let written = K::create(store, object, req.user, dry_run)
+    let caller = Caller {
+        user: req.user,
+        cluster_authority: req.cluster_authority,
+    };
+    let written = K::create(store, object, &caller, dry_run)
         .await
         .map_err(store_err::<K>(&name))?;
     warnings.extend(written.warnings);

@@ -6,11 +6,18 @@ use tokio_postgres::Client;
 use super::{Result, StoreError};
 
 /// Every migration, in order. Files are never edited once released; add a new one instead.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "initial",
-    include_str!("../../../migrations/0001_initial.sql"),
-)];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "initial",
+        include_str!("../../../migrations/0001_initial.sql"),
+    ),
+    (
+        2,
+        "scoped_fences",
+        include_str!("../../../migrations/0002_scoped_fences.sql"),
+    ),
+];
 
 /// Advisory lock key: "mcpacces" in ASCII.
 const MIGRATION_LOCK: i64 = 0x6d63_7061_6363_6573;

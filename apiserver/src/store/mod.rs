@@ -98,9 +98,9 @@ impl From<SessionRuleError> for StoreError {
                 reason: ForbiddenReason::QuotaExceeded,
                 message,
             },
-            SessionRuleError::AgentUidMismatch { .. } | SessionRuleError::ServerFenced(_) => {
-                Self::Conflict(message)
-            }
+            SessionRuleError::AgentUidMismatch { .. }
+            | SessionRuleError::ServerFenced(_)
+            | SessionRuleError::RevocationStands { .. } => Self::Conflict(message),
         }
     }
 }
@@ -173,7 +173,20 @@ pub struct Written<K> {
 pub struct RevocationOutcome {
     /// `namespace/name` of every session this call revoked.
     pub revoked: Vec<String>,
+    /// `namespace/name` of every selected session that was already revoked (and is now
+    /// covered by this revocation too).
+    pub already_revoked: Vec<String>,
 }
+
+/// The authenticated user a write is made for, as storage records and compares it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Requester {
+    pub name: String,
+    /// Empty when the authenticator reported none.
+    pub uid: String,
+}
+
+pub use apis::locks::RevokerAuthority;
 
 /// The storage port. The HTTP layer is generic over it; [`PgStore`] implements it.
 #[async_trait]
@@ -230,11 +243,12 @@ pub trait Store: Send + Sync + 'static {
     /// Updates only the metadata (labels, annotations, owner references, finalizers) of an
     /// object whose spec is fixed at creation; a changed spec is refused, status is kept.
     async fn update_metadata<K: Kind>(&self, object: K, dry_run: bool) -> Result<Written<K>>;
-    /// Creates an Enrollment and its AccessSession in `PendingEnrollment`, owned by `owner`.
+    /// Creates an Enrollment and its AccessSession in `PendingEnrollment`, owned by `owner`
+    /// (name and uid recorded).
     async fn create_enrollment(
         &self,
         enrollment: Enrollment,
-        owner: &str,
+        owner: &Requester,
         dry_run: bool,
     ) -> Result<Written<Enrollment>>;
     /// Completes an enrollment: under the session lock checks the uid (when given), expiry,
@@ -246,31 +260,38 @@ pub trait Store: Send + Sync + 'static {
         uid: Option<&str>,
         dry_run: bool,
     ) -> Result<Enrollment>;
-    /// Withdraws a pending enrollment (its owner only: the session is deleted and its name
-    /// reserved) or removes a completed enrollment's record. `caller` is `None` when the
-    /// namespace is being torn down: the namespace controller withdraws everything.
+    /// Withdraws a pending enrollment (its owner only, by name and uid: the session is
+    /// deleted and its name reserved) or removes a completed enrollment's record. `caller` is
+    /// `None` when the namespace is being torn down: the namespace controller withdraws
+    /// everything.
     async fn delete_enrollment(
         &self,
         namespace: &str,
         name: &str,
-        caller: Option<&str>,
+        caller: Option<&Requester>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Enrollment>;
     /// Garbage-collects completed enrollments older than `retention`. Returns how many.
     async fn collect_completed_enrollments(&self, retention: std::time::Duration) -> Result<usize>;
-    /// Creates a Revocation and revokes its targets in one transaction.
+    /// Creates a Revocation and revokes its targets in one transaction; from then on it
+    /// refuses new sessions for its target until deleted or expired. A `server_retired`
+    /// fence applies in every namespace only for a creator with cluster-wide `authority`.
     async fn create_revocation(
         &self,
         revocation: Revocation,
+        authority: RevokerAuthority,
         dry_run: bool,
     ) -> Result<Written<Revocation>>;
-    /// Withdraws a single-session revocation (restoring the session when its agent and server
-    /// are still usable); fences and multi-session revocations stay (409).
+    /// Withdraws a revocation: every session it covers loses that cover, and those no other
+    /// revocation covers are restored when their agent and server are still usable. With
+    /// `restore` false (the namespace is being torn down) no session is touched. Fences stay
+    /// (409).
     async fn delete_revocation(
         &self,
         namespace: &str,
         name: &str,
+        restore: bool,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Revocation>;

@@ -4,9 +4,10 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apis::locks::{self, RevokerAuthority, SessionSelector, Withdrawal};
 use apis::rules::{
     self, admit_session, admit_session_update, validate_agent_spec, validate_metadata,
-    IssuanceContext, CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED,
+    IssuanceContext, RevokeEffect, CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED,
 };
 use apis::selector::FieldRequirement;
 use apis::validation::FieldError;
@@ -27,8 +28,8 @@ use uuid::Uuid;
 use super::feed::{set_resource_version, Feed, CHANNEL};
 use super::rv::{ContinueToken, ResourceVersion, EPOCH_LIMIT};
 use super::{
-    apply_migrations, ForbiddenReason, ListAt, ListQuery, ObjectList, Preconditions, Result,
-    RevocationOutcome, Store, StoreError, Subscription, Written,
+    apply_migrations, ForbiddenReason, ListAt, ListQuery, ObjectList, Preconditions, Requester,
+    Result, RevocationOutcome, Store, StoreError, Subscription, Written,
 };
 
 const SESSIONS: &str = AccessSession::PLURAL;
@@ -544,7 +545,7 @@ impl<'a> WriteTx<'a> {
             .lock_with(
                 "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3),
                         EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3),
-                        EXISTS (SELECT 1 FROM server_fences WHERE server_uid = $4)",
+                        EXISTS (SELECT 1 FROM server_fences WHERE server_uid = $4 AND (cluster_wide OR namespace = $2))",
                 &[&SESSIONS, &ns, &name, &server_uid],
             )
             .await?;
@@ -569,11 +570,14 @@ impl<'a> WriteTx<'a> {
     /// transaction's sync-state lock) and the agent's current session count.
     async fn admit(
         &self,
+        (ns, name): (&str, &str),
         spec: &AccessSessionSpec,
         server_fenced: bool,
         server_max_ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<rules::Admission> {
+        let revocations = self.revocations_for(ns, name, spec).await?;
+        let standing = locks::standing_revocation(&revocations, ns, name, spec, now);
         let agent = match &spec.agent {
             Some(agent_ref) => self.load_typed::<Agent>("", &agent_ref.name).await?,
             None => None,
@@ -592,6 +596,7 @@ impl<'a> WriteTx<'a> {
                 agent_active_sessions,
                 server_max_ttl,
                 server_fenced,
+                standing_revocation: standing,
                 now,
             },
         )?)
@@ -617,14 +622,110 @@ impl<'a> WriteTx<'a> {
         })
     }
 
-    async fn is_fenced(&self, server_uid: &str) -> Result<bool> {
+    /// Whether a fence covers the server uid in `ns`: one installed there, or a cluster-wide one.
+    async fn is_fenced(&self, server_uid: &str, ns: &str) -> Result<bool> {
         let rows = self
             .query(
-                "SELECT 1 FROM server_fences WHERE server_uid = $1",
-                &[&server_uid],
+                "SELECT 1 FROM server_fences WHERE server_uid = $1 AND (cluster_wide OR namespace = $2)",
+                &[&server_uid, &ns],
             )
             .await?;
         Ok(!rows.is_empty())
+    }
+
+    /// The Revocations of namespace `ns` whose target could select a session `name` with
+    /// `spec`. A prefilter only: [`locks::standing_revocation`] decides. Cluster-wide reach
+    /// exists only for fences, which `server_fences` carries.
+    async fn revocations_for(
+        &self,
+        ns: &str,
+        name: &str,
+        spec: &AccessSessionSpec,
+    ) -> Result<Vec<Revocation>> {
+        let subject = spec.subject.as_ref().map(|s| s.user.as_str());
+        let rows = self
+            .query(
+                "SELECT seq, uid, body FROM objects WHERE resource = 'revocations' AND namespace = $1
+                    AND (body #>> '{spec,target,session}' = $2
+                         OR body #>> '{spec,target,subject}' = $3
+                         OR body #>> '{spec,target,server,uid}' = $4)",
+                &[&ns, &name, &subject, &spec.server.uid],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let row = stored_row(r);
+                decode(row.body, self.rv(row.seq))
+            })
+            .collect()
+    }
+
+    /// The sessions a selector selects, with their stored rows, in key order. The SQL is
+    /// generated from the typed selector (to use an index) and the pure rule re-checks
+    /// every row, so the two can never disagree on what is revoked.
+    async fn sessions_selected(
+        &self,
+        selector: &SessionSelector,
+    ) -> Result<Vec<(String, String, AccessSession, StoredRow)>> {
+        const COLUMNS: &str =
+            "SELECT namespace, name, seq, uid, body FROM objects WHERE resource = 'accesssessions'";
+        let rows = match selector {
+            SessionSelector::One { namespace, name } => {
+                self.query(
+                    &format!("{COLUMNS} AND namespace = $1 AND name = $2"),
+                    &[namespace, name],
+                )
+                .await?
+            }
+            SessionSelector::Server {
+                namespace: Some(ns),
+                uid,
+            } => {
+                self.query(
+                    &format!("{COLUMNS} AND namespace = $1 AND body #>> '{{spec,server,uid}}' = $2 ORDER BY namespace, name"),
+                    &[ns, uid],
+                )
+                .await?
+            }
+            SessionSelector::Server {
+                namespace: None,
+                uid,
+            } => {
+                self.query(
+                    &format!("{COLUMNS} AND body #>> '{{spec,server,uid}}' = $1 ORDER BY namespace, name"),
+                    &[uid],
+                )
+                .await?
+            }
+            SessionSelector::Subject { namespace, user } => {
+                self.query(
+                    &format!("{COLUMNS} AND namespace = $1 AND body #>> '{{spec,subject,user}}' = $2 ORDER BY namespace, name"),
+                    &[namespace, user],
+                )
+                .await?
+            }
+            SessionSelector::Agent { uid } => {
+                self.query(
+                    &format!("{COLUMNS} AND body #>> '{{spec,agent,uid}}' = $1 ORDER BY namespace, name"),
+                    &[uid],
+                )
+                .await?
+            }
+        };
+        let mut selected = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (ns, name): (String, String) = (row.get(0), row.get(1));
+            let stored = StoredRow {
+                seq: row.get::<_, i64>(2) as u64,
+                uid: row.get(3),
+                body: row.get(4),
+            };
+            let session: AccessSession = decode(stored.body.clone(), self.rv(stored.seq))?;
+            if selector.matches(&ns, &name, &session.spec) {
+                selected.push((ns, name, session, stored));
+            }
+        }
+        Ok(selected)
     }
 
     async fn active_sessions_of_agent(&self, agent_uid: &str, now: Timestamp) -> Result<u32> {
@@ -774,41 +875,26 @@ impl<'a> WriteTx<'a> {
         Ok(seq as u64)
     }
 
-    /// Revokes every matching, not yet revoked session. `filter` is a SQL condition on
-    /// `objects` with `$1` bound to `value`.
-    async fn revoke_sessions_where(
+    /// Records a revocation on every selected session: usable ones are revoked, revoked ones
+    /// are covered by it too (so withdrawing another revocation cannot lift them).
+    async fn revoke_sessions(
         &mut self,
-        filter: &str,
-        values: &[&str],
+        selector: &SessionSelector,
         cause: &str,
         revocation_name: Option<&str>,
         now: Timestamp,
     ) -> Result<RevocationOutcome> {
-        let rows = self
-            .query(
-                &format!(
-                    "SELECT namespace, name, seq, uid, body FROM objects
-                      WHERE resource = 'accesssessions' AND {filter}
-                      ORDER BY namespace, name"
-                ),
-                &values
-                    .iter()
-                    .map(|v| v as &(dyn ToSql + Sync))
-                    .collect::<Vec<_>>(),
-            )
-            .await?;
         let mut changes = Vec::new();
         let mut outcome = RevocationOutcome::default();
-        for row in rows {
-            let (ns, name): (String, String) = (row.get(0), row.get(1));
-            let stored = StoredRow {
-                seq: row.get::<_, i64>(2) as u64,
-                uid: row.get(3),
-                body: row.get(4),
-            };
-            let mut session: AccessSession = decode(stored.body.clone(), self.rv(stored.seq))?;
-            if rules::revoke_session(&mut session, cause, revocation_name, now) {
-                outcome.revoked.push(display_name(&ns, &name));
+        for (ns, name, mut session, stored) in self.sessions_selected(selector).await? {
+            let effect = rules::revoke_session(&mut session, cause, revocation_name, now);
+            match effect {
+                RevokeEffect::Revoked => outcome.revoked.push(display_name(&ns, &name)),
+                RevokeEffect::AlsoCovered | RevokeEffect::Unchanged => {
+                    outcome.already_revoked.push(display_name(&ns, &name))
+                }
+            }
+            if effect.changed() {
                 changes.push((ns, name, encode(&session)?, stored));
             }
         }
@@ -1072,9 +1158,10 @@ impl Store for PgStore {
             return Ok(object);
         }
         if K::PLURAL == AGENTS {
-            tx.revoke_sessions_where(
-                "body #>> '{spec,agent,uid}' = $1",
-                &[&stored.uid.to_string()],
+            tx.revoke_sessions(
+                &SessionSelector::Agent {
+                    uid: stored.uid.to_string(),
+                },
                 CAUSE_AGENT_DEACTIVATED,
                 None,
                 now(),
@@ -1110,6 +1197,7 @@ impl Store for PgStore {
             .await?;
         let admission = tx
             .admit(
+                (&ns, &name),
                 &session.spec,
                 server_fenced,
                 self.inner.config.max_session_ttl,
@@ -1198,7 +1286,7 @@ impl Store for PgStore {
         else {
             return Err(not_found::<AccessSession>(name));
         };
-        if !rules::revoke_session(&mut session, cause, revocation_name, now()) {
+        if !rules::revoke_session(&mut session, cause, revocation_name, now()).changed() {
             return Ok(session);
         }
         let seq = tx
@@ -1218,11 +1306,21 @@ impl Store for PgStore {
         else {
             return Err(not_found::<AccessSession>(name));
         };
-        let fenced = tx.is_fenced(&session.spec.server.uid).await?;
+        let fenced = tx.is_fenced(&session.spec.server.uid, namespace).await?;
         if let Err(why) = tx.check_session_agent(&session).await? {
             return Err(StoreError::Conflict(format!(
                 "cannot restore session {name:?}: {why}"
             )));
+        }
+        let revocations = tx.revocations_for(namespace, name, &session.spec).await?;
+        if let Some(r) =
+            locks::standing_revocation(&revocations, namespace, name, &session.spec, now())
+        {
+            return Err(rules::SessionRuleError::RevocationStands {
+                name: r.metadata.name.clone().unwrap_or_default(),
+                cause: r.spec.cause.clone(),
+            }
+            .into());
         }
         if !rules::unrevoke_session(&mut session, fenced)? {
             return Ok(session);
@@ -1250,15 +1348,18 @@ impl Store for PgStore {
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
         tx.lock_with(
-            "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name)
-             VALUES ($1, $2, $3, $4) ON CONFLICT (server_uid) DO NOTHING",
+            "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name, cluster_wide)
+             VALUES ($1, $2, $3, $4, true)
+             ON CONFLICT (server_uid, namespace) DO UPDATE SET cluster_wide = true",
             &[&server.uid, &server.name, &namespace, &revocation_name],
         )
         .await?;
         let outcome = tx
-            .revoke_sessions_where(
-                "body #>> '{spec,server,uid}' = $1",
-                &[&server.uid],
+            .revoke_sessions(
+                &SessionSelector::Server {
+                    namespace: None,
+                    uid: server.uid.clone(),
+                },
                 CAUSE_SERVER_RETIRED,
                 revocation_name,
                 now(),
@@ -1338,9 +1439,10 @@ impl Store for PgStore {
             });
         }
         if deactivating {
-            tx.revoke_sessions_where(
-                "body #>> '{spec,agent,uid}' = $1",
-                &[&stored.uid.to_string()],
+            tx.revoke_sessions(
+                &SessionSelector::Agent {
+                    uid: stored.uid.to_string(),
+                },
                 CAUSE_AGENT_DEACTIVATED,
                 None,
                 now,
@@ -1407,7 +1509,7 @@ impl Store for PgStore {
     async fn create_enrollment(
         &self,
         mut enrollment: Enrollment,
-        owner: &str,
+        owner: &Requester,
         dry_run: bool,
     ) -> Result<Written<Enrollment>> {
         let now = now();
@@ -1427,6 +1529,7 @@ impl Store for PgStore {
         }
         let admission = tx
             .admit(
+                (&ns, &name),
                 &enrollment.spec,
                 server_fenced,
                 self.inner.config.max_session_ttl,
@@ -1436,7 +1539,8 @@ impl Store for PgStore {
         enrollment.spec = admission.spec;
         enrollment.status = Some(EnrollmentStatus {
             phase: EnrollmentPhase::Pending,
-            owner: Some(owner.to_string()),
+            owner: Some(owner.name.clone()),
+            owner_uid: (!owner.uid.is_empty()).then(|| owner.uid.clone()),
             requested_at: Some(Time(now)),
             completed_at: None,
         });
@@ -1457,7 +1561,8 @@ impl Store for PgStore {
                 phase: SessionPhase::PendingEnrollment,
                 enrollment: Some(EnrollmentInfo {
                     state: "Pending".into(),
-                    owner: owner.to_string(),
+                    owner: owner.name.clone(),
+                    owner_uid: (!owner.uid.is_empty()).then(|| owner.uid.clone()),
                     requested_at: Time(now),
                 }),
                 ..Default::default()
@@ -1514,7 +1619,7 @@ impl Store for PgStore {
             return Err(refuse("its session was replaced".into()));
         }
         rules::check_completion(&session, now).map_err(refuse)?;
-        if tx.is_fenced(&session.spec.server.uid).await? {
+        if tx.is_fenced(&session.spec.server.uid, namespace).await? {
             return Err(refuse(format!(
                 "server uid {:?} was retired",
                 session.spec.server.uid
@@ -1556,7 +1661,7 @@ impl Store for PgStore {
         &self,
         namespace: &str,
         name: &str,
-        caller: Option<&str>,
+        caller: Option<&Requester>,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Enrollment> {
@@ -1572,15 +1677,14 @@ impl Store for PgStore {
             .await?;
         let pending = enrollment.phase() == EnrollmentPhase::Pending;
         if pending {
-            let owner = enrollment
-                .status
-                .as_ref()
-                .and_then(|s| s.owner.clone())
-                .unwrap_or_default();
-            if caller.is_some_and(|c| c != owner) {
+            let status = enrollment.status.clone().unwrap_or_default();
+            let owner = status.owner.unwrap_or_default();
+            if caller.is_some_and(|c| {
+                !rules::is_enrollment_owner(&owner, status.owner_uid.as_deref(), &c.name, &c.uid)
+            }) {
                 return Err(StoreError::Forbidden {
                     reason: ForbiddenReason::NotOwner,
-                    message: format!("only the owner {owner:?} may withdraw a pending enrollment"),
+                    message: format!("only the owner {owner:?} (the same user, by name and uid) may withdraw a pending enrollment"),
                 });
             }
         }
@@ -1654,12 +1758,15 @@ impl Store for PgStore {
     async fn create_revocation(
         &self,
         mut revocation: Revocation,
+        authority: RevokerAuthority,
         dry_run: bool,
     ) -> Result<Written<Revocation>> {
         let now = now();
         let (ns, name) = prepare_new(&mut revocation, now, |o| {
             rules::validate_revocation_spec(&o.spec)
         })?;
+        let plan = locks::plan_revocation(&ns, &revocation.spec, authority, now)
+            .map_err(StoreError::Invalid)?;
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
         if tx.lock_and_load(REVOCATIONS, &ns, &name).await?.is_some() {
@@ -1668,54 +1775,30 @@ impl Store for PgStore {
                 name: display_name(&ns, &name),
             });
         }
-        let target = revocation.spec.target.clone();
-        let cause = revocation.spec.cause.clone();
-        let outcome = if let Some(session) = &target.session {
+        if let Some(session) = &revocation.spec.target.session {
             if tx.load(SESSIONS, &ns, session).await?.is_none() {
                 return Err(StoreError::Invalid(vec![FieldError::invalid(
                     "spec.target.session",
                     format!("session {session:?} not found in namespace {ns:?}"),
                 )]));
             }
-            tx.revoke_sessions_where(
-                "namespace = $1 AND name = $2",
-                &[&ns, session],
-                &cause,
-                Some(&name),
-                now,
+        }
+        if let Some(fence) = &plan.fence {
+            tx.execute(
+                "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name, cluster_wide)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (server_uid, namespace) DO UPDATE
+                   SET cluster_wide = server_fences.cluster_wide OR EXCLUDED.cluster_wide",
+                &[&fence.server_uid, &fence.server_name, &fence.namespace, &name, &fence.cluster_wide],
             )
-            .await?
-        } else if let Some(server) = &target.server {
-            if cause == CAUSE_SERVER_RETIRED {
-                tx.execute(
-                    "INSERT INTO server_fences (server_uid, server_name, namespace, revocation_name)
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (server_uid) DO NOTHING",
-                    &[&server.uid, &server.name, &ns, &name],
-                )
-                .await?;
-            }
-            tx.revoke_sessions_where(
-                "namespace = $1 AND body #>> '{spec,server,uid}' = $2",
-                &[&ns, &server.uid],
-                &cause,
-                Some(&name),
-                now,
-            )
-            .await?
-        } else if let Some(subject) = &target.subject {
-            tx.revoke_sessions_where(
-                "namespace = $1 AND body #>> '{spec,subject,user}' = $2",
-                &[&ns, subject],
-                &cause,
-                Some(&name),
-                now,
-            )
-            .await?
-        } else {
-            RevocationOutcome::default()
-        };
+            .await?;
+        }
+        let outcome = tx
+            .revoke_sessions(&plan.sessions, &revocation.spec.cause, Some(&name), now)
+            .await?;
         revocation.status = Some(RevocationStatus {
-            revoked_sessions: outcome.revoked.len() as u32,
+            revoked_sessions: (outcome.revoked.len() + outcome.already_revoked.len()) as u32,
+            cluster_wide: plan.fence.as_ref().is_some_and(|f| f.cluster_wide),
             completed_at: Some(Time(now)),
         });
         revocation.set_type_meta();
@@ -1732,9 +1815,16 @@ impl Store for PgStore {
             .await?;
         revocation.metadata.resource_version = Some(tx.rv(seq).to_string());
         tx.commit().await?;
+        let mut warnings = Vec::new();
+        if !outcome.already_revoked.is_empty() {
+            warnings.push(format!(
+                "{} of the sessions it covers were already revoked; they now stay revoked until every revocation covering them is deleted",
+                outcome.already_revoked.len()
+            ));
+        }
         Ok(Written {
             object: revocation,
-            warnings: Vec::new(),
+            warnings,
         })
     }
 
@@ -1742,6 +1832,7 @@ impl Store for PgStore {
         &self,
         namespace: &str,
         name: &str,
+        restore: bool,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Revocation> {
@@ -1755,52 +1846,50 @@ impl Store for PgStore {
                 preconditions.resource_version.as_deref(),
             )
             .await?;
-        let target = &revocation.spec.target;
         if revocation.spec.cause == CAUSE_SERVER_RETIRED {
             return Err(StoreError::Conflict(format!(
                 "revocation {name:?} fences a retired server generation; fences are permanent"
             )));
         }
-        let Some(session_name) = target.session.as_deref() else {
-            return Err(StoreError::Conflict(format!(
-                "revocation {name:?} covers many sessions; only single-session revocations can be withdrawn"
-            )));
+        let refuse = |why: String| {
+            StoreError::Conflict(format!("cannot withdraw revocation {name:?}: {why}"))
         };
-        // Restore the session if this revocation is the one on record.
-        if let Some((mut session, session_row)) = tx
-            .load_typed::<AccessSession>(namespace, session_name)
-            .await?
-        {
-            let ours = session
-                .status
-                .as_ref()
-                .and_then(|s| s.revocation.as_ref())
-                .is_some_and(|r| r.revocation_name.as_deref() == Some(name));
-            if ours {
-                let fenced = tx.is_fenced(&session.spec.server.uid).await?;
-                if let Err(why) = tx.check_session_agent(&session).await? {
-                    return Err(StoreError::Conflict(format!(
-                        "cannot withdraw revocation {name:?}: {why}"
-                    )));
+        let single = revocation.spec.target.session.is_some();
+        let selector = locks::revocation_selector(namespace, &revocation.spec, false);
+        let mut changes = Vec::new();
+        if let (true, Some(selector)) = (restore, selector) {
+            for (ns, session_name, mut session, stored) in tx.sessions_selected(&selector).await? {
+                match locks::withdraw(&mut session, name) {
+                    Withdrawal::NotCovered => continue,
+                    Withdrawal::StillRevoked => {}
+                    Withdrawal::Restore => {
+                        let fenced = tx.is_fenced(&session.spec.server.uid, &ns).await?;
+                        let agent = tx.check_session_agent(&session).await?;
+                        match (fenced, agent) {
+                            (false, Ok(())) => locks::restore(&mut session),
+                            // A single-session withdrawal says why it cannot restore.
+                            (true, _) if single => {
+                                return Err(refuse(format!(
+                                    "server uid {:?} was retired",
+                                    session.spec.server.uid
+                                )))
+                            }
+                            (_, Err(why)) if single => return Err(refuse(why)),
+                            // Among many, the unusable ones stay revoked for their reason.
+                            (true, _) => locks::keep_revoked(&mut session, CAUSE_SERVER_RETIRED),
+                            (_, Err(_)) => {
+                                locks::keep_revoked(&mut session, CAUSE_AGENT_DEACTIVATED)
+                            }
+                        }
+                    }
                 }
-                rules::unrevoke_session(&mut session, fenced).map_err(|e| {
-                    StoreError::Conflict(format!("cannot withdraw revocation {name:?}: {e}"))
-                })?;
-                if !dry_run {
-                    tx.replace(
-                        SESSIONS,
-                        namespace,
-                        session_name,
-                        &encode(&session)?,
-                        &session_row,
-                    )
-                    .await?;
-                }
+                changes.push((ns, session_name, encode(&session)?, stored));
             }
         }
         if dry_run {
             return Ok(revocation);
         }
+        tx.replace_many(SESSIONS, changes).await?;
         let seq = tx.remove(REVOCATIONS, namespace, name, &row).await?;
         let rv = tx.rv(seq);
         tx.commit().await?;

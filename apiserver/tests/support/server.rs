@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::auth::{AllowAuthenticated, TokenFile};
+use apiserver::auth::{AllowAuthenticated, Authorizer, TokenFile};
 use apiserver::http::{AppState, HttpConfig, HttpMetrics};
 use apiserver::store::{PgStore, StoreConfig};
 use apiserver::tls::{self, ReloadingCert};
@@ -43,7 +43,20 @@ impl TestServer {
         Self::start_with(|_| {}, HttpConfig::default()).await
     }
 
+    /// A server whose authorizer is `authorizer` instead of allow-all-authenticated.
+    pub async fn start_with_authorizer(authorizer: Arc<dyn Authorizer>) -> Self {
+        Self::start_full(|_| {}, HttpConfig::default(), authorizer).await
+    }
+
     pub async fn start_with(tweak: impl FnOnce(&mut StoreConfig), http: HttpConfig) -> Self {
+        Self::start_full(tweak, http, Arc::new(AllowAuthenticated)).await
+    }
+
+    async fn start_full(
+        tweak: impl FnOnce(&mut StoreConfig),
+        http: HttpConfig,
+        authorizer: Arc<dyn Authorizer>,
+    ) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let db = TestDb::new().await;
         let mut config = db.store_config();
@@ -67,7 +80,7 @@ impl TestServer {
         let app = AppState::new(
             store.clone(),
             Arc::new(tokens),
-            Arc::new(AllowAuthenticated),
+            authorizer,
             http,
             HttpMetrics::register(&mut registry),
             shutdown_rx.clone(),
