@@ -366,3 +366,73 @@ fn test_sh_stops_when_the_kube_build_fails() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("go is not on PATH"), "{stderr}");
 }
+
+/// What `hack/up.sh` runs: `KUBECONFIG=` comes only once kube-apiserver serves MCP Access's
+/// discovery and OpenAPI, so `kubectl explain` works at the first attempt right after it, and
+/// SIGTERM stops the whole control plane.
+#[test]
+fn up_prints_kubeconfig_only_when_explain_works() {
+    let dir = temp_dir("up");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-access-local"))
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--apiserver-bin")
+        .arg(need("MCP_ACCESS_APISERVER_BIN"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("mcp-access-local starts");
+    let stdout = lines(child.stdout.take().expect("stdout"));
+    let kubeconfig = loop {
+        match stdout.recv_timeout(Duration::from_secs(300)) {
+            Ok(line) => {
+                if let Some(path) = line.strip_prefix("KUBECONFIG=") {
+                    break PathBuf::from(path);
+                }
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("mcp-access-local printed no KUBECONFIG=: {e}");
+            }
+        }
+    };
+    let explain = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["explain", "accesssession.spec"])
+        .env("KUBECACHEDIR", dir.join("fresh-kube-cache"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("kubectl runs");
+    let pids: Vec<String> = std::fs::read_dir(dir.join("run"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .map(|pid| pid.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let status = child.wait().expect("exit status");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        explain.status.success() && String::from_utf8_lossy(&explain.stdout).contains("expiresAt"),
+        "kubectl explain right after KUBECONFIG=: {}",
+        String::from_utf8_lossy(&explain.stderr)
+    );
+    assert!(status.success(), "mcp-access-local on SIGTERM: {status}");
+    assert!(
+        pids.len() == 3,
+        "pid files of etcd, kube-apiserver, controller-manager: {pids:?}"
+    );
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z"),
+            "pid {pid} outlived mcp-access-local: {stat}"
+        );
+    }
+}
