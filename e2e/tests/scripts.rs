@@ -373,6 +373,8 @@ fn test_sh_stops_when_the_kube_build_fails() {
 #[test]
 fn up_prints_kubeconfig_only_when_explain_works() {
     let dir = temp_dir("up");
+    let log_path = dir.join("mcp-access-local.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-access-local"))
         .arg("--dir")
         .arg(&dir)
@@ -380,7 +382,7 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         .arg(need("MCP_ACCESS_APISERVER_BIN"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(log)
         .spawn()
         .expect("mcp-access-local starts");
     let stdout = lines(child.stdout.take().expect("stdout"));
@@ -394,7 +396,8 @@ fn up_prints_kubeconfig_only_when_explain_works() {
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("mcp-access-local printed no KUBECONFIG=: {e}");
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("mcp-access-local printed no KUBECONFIG=: {e}\n{log}");
             }
         }
     };
@@ -417,13 +420,17 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         .unwrap_or_default();
     let _ = Command::new("kill").arg(child.id().to_string()).status();
     let status = child.wait().expect("exit status");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         explain.status.success() && String::from_utf8_lossy(&explain.stdout).contains("expiresAt"),
-        "kubectl explain right after KUBECONFIG=: {}",
+        "kubectl explain right after KUBECONFIG=: {}\n{log}",
         String::from_utf8_lossy(&explain.stderr)
     );
-    assert!(status.success(), "mcp-access-local on SIGTERM: {status}");
+    assert!(
+        status.success(),
+        "mcp-access-local on SIGTERM: {status}\n{log}"
+    );
     assert!(
         pids.len() == 3,
         "pid files of etcd, kube-apiserver, controller-manager: {pids:?}"
