@@ -13,8 +13,8 @@ use prometheus_client::registry::Registry;
 
 use crate::admission::NamespaceLifecycle;
 use crate::auth::{
-    AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, SubjectAccessReviewer,
-    TokenFile,
+    AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, DelegatedOptions,
+    SubjectAccessReviewer, TokenFile,
 };
 use crate::http::{AppState, HttpConfig, HttpMetrics};
 use crate::server::{self, Health};
@@ -122,6 +122,11 @@ pub struct AuthArgs {
     /// How long a denied SubjectAccessReview is reused (Go duration).
     #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_DENY_TTL", default_value = "10s")]
     pub authorization_deny_ttl: String,
+    /// Refuse to start (and ignore ConfigMap changes) when kube-apiserver's
+    /// requestheader-allowed-names is empty, which trusts any certificate the request-header
+    /// CA signed as the front proxy. Without this flag that is only a loud warning.
+    #[arg(long, env = "MCP_ACCESS_REQUESTHEADER_REQUIRE_ALLOWED_NAMES")]
+    pub requestheader_require_allowed_names: bool,
     /// Serve the API directly with a static token file and allow every authenticated user
     /// (development only).
     #[arg(long, env = "MCP_ACCESS_STANDALONE")]
@@ -214,7 +219,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         let deny_ttl: Duration =
             go_duration("authorization-deny-ttl", &cli.auth.authorization_deny_ttl)?.try_into()?;
         let client = kube_client(cli.auth.kubeconfig.as_deref()).await?;
-        let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone())
+        let options = DelegatedOptions {
+            require_allowed_names: cli.auth.requestheader_require_allowed_names,
+        };
+        let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone(), options)
             .await
             .context("delegated authentication")?;
         background.push(tokio::spawn(

@@ -19,6 +19,9 @@ use e2e::harness::Args;
 use e2e::{Database, LocalCluster, Options};
 use serde_json::Value;
 
+#[path = "cluster/delegated_auth.rs"]
+mod delegated_auth;
+
 type Scenario = fn(&mut LocalCluster) -> Result<(), String>;
 
 macro_rules! ensure {
@@ -59,6 +62,22 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "client_go_informer_stays_synced_across_restart",
         client_go_informer_stays_synced_across_restart,
+    ),
+    (
+        "front_proxy_user_without_rbac_is_denied_by_mcp_access",
+        delegated_auth::front_proxy_user_without_rbac_is_denied_by_mcp_access,
+    ),
+    (
+        "front_proxy_certificate_with_disallowed_cn_is_not_trusted",
+        delegated_auth::front_proxy_certificate_with_disallowed_cn_is_not_trusted,
+    ),
+    (
+        "removed_rolebinding_takes_effect_within_the_cache_ttl",
+        delegated_auth::removed_rolebinding_takes_effect_within_the_cache_ttl,
+    ),
+    (
+        "kube_apiserver_unreachable_answers_503",
+        delegated_auth::kube_apiserver_unreachable_answers_503,
     ),
 ];
 

@@ -1,44 +1,106 @@
 //! A small bounded cache whose entries expire, for authentication and authorization results.
+//!
+//! Every entry lives for the same `ttl`, so insertion order is expiry order: at capacity the
+//! expired entries are dropped from the old end, then the oldest live ones, one per insert.
+//! A flood of new keys therefore pushes out old entries gradually instead of emptying the
+//! cache, and memory stays bounded by `capacity`. Callers keep results of different kinds
+//! (successes, failures) in separate caches so one kind cannot evict the other.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Entries live for `ttl`; at `capacity` expired entries are dropped first, then everything.
+struct Entry<V> {
+    /// Position in `Inner::order`.
+    seq: u64,
+    at: Instant,
+    value: V,
+}
+
+struct Inner<K, V> {
+    entries: HashMap<K, Entry<V>>,
+    /// Insertion sequence → key, oldest first.
+    order: BTreeMap<u64, K>,
+    next_seq: u64,
+}
+
+/// Entries live for `ttl`; at most `capacity` are kept (the oldest go first).
 pub struct TtlCache<K, V> {
     ttl: Duration,
     capacity: usize,
-    entries: Mutex<HashMap<K, (Instant, V)>>,
+    inner: Mutex<Inner<K, V>>,
 }
 
-impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
+impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     pub fn new(ttl: Duration, capacity: usize) -> Self {
         Self {
             ttl,
             capacity: capacity.max(1),
-            entries: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                order: BTreeMap::new(),
+                next_seq: 0,
+            }),
         }
     }
 
     pub fn get(&self, key: &K) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .entries
             .get(key)
-            .filter(|(at, _)| at.elapsed() < self.ttl)
-            .map(|(_, v)| v.clone())
+            .filter(|e| e.at.elapsed() < self.ttl)
+            .map(|e| e.value.clone())
     }
 
     pub fn insert(&self, key: K, value: V) {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= self.capacity {
-            let ttl = self.ttl;
-            entries.retain(|_, (at, _)| at.elapsed() < ttl);
-            if entries.len() >= self.capacity {
-                entries.clear();
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = &mut *inner;
+        if let Some(old) = inner.entries.remove(&key) {
+            inner.order.remove(&old.seq);
+        }
+        // Expired entries sit at the old end; drop them all while we are here.
+        while let Some((&seq, oldest)) = inner.order.first_key_value() {
+            let expired = inner
+                .entries
+                .get(oldest)
+                .is_none_or(|e| e.at.elapsed() >= self.ttl);
+            if !expired {
+                break;
+            }
+            if let Some(k) = inner.order.remove(&seq) {
+                inner.entries.remove(&k);
             }
         }
-        entries.insert(key, (Instant::now(), value));
+        // Still full: make room by dropping the oldest live entries, never all of them.
+        while inner.entries.len() >= self.capacity {
+            match inner.order.pop_first() {
+                Some((_, k)) => {
+                    inner.entries.remove(&k);
+                }
+                None => break,
+            }
+        }
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        inner.order.insert(seq, key.clone());
+        inner.entries.insert(
+            key,
+            Entry {
+                seq,
+                at: Instant::now(),
+                value,
+            },
+        );
+    }
+
+    /// Number of entries held, expired ones included until they are pushed out.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert_eq!(inner.entries.len(), inner.order.len());
+        inner.entries.len()
     }
 }
 
@@ -47,16 +109,81 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_expire_and_capacity_is_bounded() {
+    fn entries_expire() {
         let cache = TtlCache::new(Duration::from_millis(50), 2);
         cache.insert("a", 1);
         assert_eq!(cache.get(&"a"), Some(1));
         std::thread::sleep(Duration::from_millis(60));
         assert_eq!(cache.get(&"a"), None);
+    }
+
+    #[test]
+    fn at_capacity_only_the_oldest_entry_goes() {
+        let cache = TtlCache::new(Duration::from_secs(60), 3);
+        cache.insert("a", 1);
         cache.insert("b", 2);
         cache.insert("c", 3);
         cache.insert("d", 4);
-        assert!(cache.entries.lock().unwrap().len() <= 2);
+        assert_eq!(cache.len(), 3);
+        assert_eq!(cache.get(&"a"), None, "the oldest entry is evicted");
+        assert_eq!(cache.get(&"b"), Some(2));
+        assert_eq!(cache.get(&"c"), Some(3));
         assert_eq!(cache.get(&"d"), Some(4));
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_empties_the_cache_at_once() {
+        let capacity = 100;
+        let cache = TtlCache::new(Duration::from_secs(60), capacity);
+        for i in 0..capacity {
+            cache.insert(format!("good-{i}"), i);
+        }
+        // Each new key costs exactly one old entry: after k flooding inserts the
+        // newest capacity-k good entries are still there.
+        for k in 1..capacity {
+            cache.insert(format!("flood-{k}"), 0);
+            assert_eq!(cache.len(), capacity);
+            assert_eq!(
+                cache.get(&format!("good-{}", capacity - 1)),
+                Some(capacity - 1)
+            );
+            assert_eq!(cache.get(&format!("good-{k}")), Some(k));
+            assert_eq!(cache.get(&format!("good-{}", k - 1)), None);
+        }
+        // Memory stays bounded however long the flood lasts.
+        for k in 0..10 * capacity {
+            cache.insert(format!("more-{k}"), 0);
+        }
+        assert_eq!(cache.len(), capacity);
+    }
+
+    #[test]
+    fn expired_entries_go_before_live_ones() {
+        let cache = TtlCache::new(Duration::from_millis(80), 3);
+        cache.insert("old1", 1);
+        cache.insert("old2", 2);
+        std::thread::sleep(Duration::from_millis(100));
+        cache.insert("live", 3);
+        cache.insert("new", 4);
+        // old1 and old2 expired and were dropped as soon as an insert saw them.
+        assert_eq!(cache.len(), 2);
+        cache.insert("newer", 5);
+        assert_eq!(cache.get(&"live"), Some(3));
+        assert_eq!(cache.get(&"new"), Some(4));
+        assert_eq!(cache.get(&"newer"), Some(5));
+    }
+
+    #[test]
+    fn reinserting_a_key_refreshes_it_without_growing() {
+        let cache = TtlCache::new(Duration::from_secs(60), 2);
+        cache.insert("a", 1);
+        cache.insert("b", 2);
+        cache.insert("a", 3);
+        assert_eq!(cache.len(), 2);
+        // "a" is now the newest, so "b" goes first.
+        cache.insert("c", 4);
+        assert_eq!(cache.get(&"a"), Some(3));
+        assert_eq!(cache.get(&"b"), None);
+        assert_eq!(cache.get(&"c"), Some(4));
     }
 }

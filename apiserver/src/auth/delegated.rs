@@ -2,7 +2,8 @@
 //! - front-proxy request headers, trusted only on a connection whose client certificate
 //!   verifies against the request-header CA with an allowed name, configured from
 //!   `kube-system/extension-apiserver-authentication` and re-read when it changes;
-//! - bearer tokens through TokenReview, cached briefly.
+//! - bearer tokens through TokenReview, cached briefly under the token's SHA-256, successes
+//!   and failures apart; a review that cannot be made is `Unavailable` (503), never cached.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -22,7 +23,8 @@ use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::cache::TtlCache;
 use super::{
-    bearer_token, AuthenticationError, Authenticator, ConnectionInfo, UserInfo, AUTHENTICATED_GROUP,
+    bearer_token, sha256, AuthenticationError, Authenticator, ConnectionInfo, Digest, UserInfo,
+    AUTHENTICATED_GROUP, REVIEW_TIMEOUT,
 };
 
 /// Namespace and name of the ConfigMap kube-apiserver publishes for extension servers.
@@ -109,6 +111,12 @@ impl RequestHeaderConfig {
         }))
     }
 
+    /// True when any certificate the request-header CA signed may act as the front proxy
+    /// (kube's meaning of an empty `requestheader-allowed-names`).
+    pub fn allows_any_name(&self) -> bool {
+        self.allowed_names.is_empty()
+    }
+
     /// Whether the connection's client certificate is a trusted front proxy.
     fn trusts(&self, connection: &ConnectionInfo) -> bool {
         let Some((leaf, intermediates)) = connection.peer_certificates.split_first() else {
@@ -185,17 +193,41 @@ impl RequestHeaderConfig {
     }
 }
 
-/// The common name of a DER certificate's subject.
+/// The common name of a DER certificate's subject, as kube-apiserver reads it: Go's
+/// `pkix.Name.FillFromRDNSequence` assigns `CommonName` for every string-valued CN attribute
+/// in order, so when a subject carries several the *last* one counts. Taking another one
+/// would let a certificate named `CN=front-proxy-client, CN=other` be judged differently
+/// here and in kube.
 pub fn common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let cn = cert
         .subject()
         .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
+        .filter_map(|attr| attr.as_str().ok())
+        .last()?
         .to_string();
     Some(cn)
+}
+
+/// An empty allowed-names list lets any certificate the request-header CA signed assert any
+/// user. kube accepts that, so by default it is only a loud warning (at startup and on every
+/// ConfigMap change); with `require_allowed_names` the configuration is refused.
+fn check_allowed_names(
+    config: &RequestHeaderConfig,
+    options: &DelegatedOptions,
+) -> Result<(), AuthConfigError> {
+    if !config.allows_any_name() {
+        return Ok(());
+    }
+    if options.require_allowed_names {
+        return Err(AuthConfigError::Invalid(
+            "requestheader-allowed-names is empty (any certificate signed by the request-header CA could assert any user) and --requestheader-require-allowed-names is set".into(),
+        ));
+    }
+    tracing::warn!(
+        "SECURITY: requestheader-allowed-names is empty: ANY client certificate signed by the request-header CA may act as the front proxy and assert any user in X-Remote-* headers; set --requestheader-allowed-names on kube-apiserver, and --requestheader-require-allowed-names here to refuse such a configuration"
+    );
+    Ok(())
 }
 
 /// Percent-decoding of header-name escapes (`%2F` → `/`); `+` stays as it is.
@@ -313,40 +345,72 @@ impl ClientCertVerifier for SwappableClientVerifier {
 /// How long TokenReview results are reused (kube's default for delegated servers).
 const TOKEN_CACHE_TTL: Duration = Duration::from_secs(10);
 
+/// Entries of each token cache: bounds memory whatever tokens clients send.
+const TOKEN_CACHE_CAPACITY: usize = 10_000;
+
+/// Policy of delegated authentication.
+#[derive(Clone, Debug, Default)]
+pub struct DelegatedOptions {
+    /// Refuse a request-header configuration whose allowed-names list is empty (which means
+    /// "any certificate the request-header CA signed") instead of only warning about it.
+    pub require_allowed_names: bool,
+}
+
 /// Authentication by the front proxy's headers, then by TokenReview.
 pub struct DelegatedAuthenticator {
     request_header: RwLock<Option<RequestHeaderConfig>>,
     handshake: Arc<SwappableClientVerifier>,
     token_reviews: Api<TokenReview>,
-    /// Successful and failed reviews (errors are not cached).
-    tokens: TtlCache<String, Option<UserInfo>>,
+    options: DelegatedOptions,
+    /// Tokens TokenReview accepted, by SHA-256 of the token.
+    authenticated: TtlCache<Digest, UserInfo>,
+    /// Tokens TokenReview rejected, by SHA-256 of the token. Kept apart from `authenticated`
+    /// so a flood of random tokens only ever pushes out other rejections.
+    rejected: TtlCache<Digest, ()>,
 }
 
 impl DelegatedAuthenticator {
-    /// Reads the ConfigMap once (startup fails if it cannot) and returns the authenticator
-    /// with the handshake verifier to install in the TLS configuration.
+    /// Reads the ConfigMap once (startup fails if it cannot, or if it is refused by
+    /// `options`) and returns the authenticator with the handshake verifier to install in
+    /// the TLS configuration.
     pub async fn start(
         client: kube::Client,
+        options: DelegatedOptions,
     ) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), AUTH_CONFIGMAP.0);
         let cm = configmaps
             .get(AUTH_CONFIGMAP.1)
             .await
             .map_err(|e| AuthConfigError::Unavailable(e.to_string()))?;
+        let (me, handshake) = Self::tokens_only(client, options);
+        me.apply(&cm)?;
+        Ok((me, handshake))
+    }
+
+    /// An authenticator that trusts no front proxy until a ConfigMap is applied: bearer
+    /// tokens only, through TokenReview.
+    pub fn tokens_only(
+        client: kube::Client,
+        options: DelegatedOptions,
+    ) -> (Arc<Self>, Arc<SwappableClientVerifier>) {
         let handshake = SwappableClientVerifier::new();
         let me = Arc::new(Self {
             request_header: RwLock::new(None),
             handshake: handshake.clone(),
             token_reviews: Api::all(client),
-            tokens: TtlCache::new(TOKEN_CACHE_TTL, 10_000),
+            options,
+            authenticated: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
+            rejected: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
         });
-        me.apply(&cm)?;
-        Ok((me, handshake))
+        (me, handshake)
     }
 
     fn apply(&self, cm: &ConfigMap) -> Result<(), AuthConfigError> {
         let data = cm.data.clone().unwrap_or_default();
         let config = RequestHeaderConfig::from_configmap(&data)?;
+        if let Some(config) = &config {
+            check_allowed_names(config, &self.options)?;
+        }
         self.handshake
             .set(config.as_ref().map(|c| c.verifier.clone()));
         *self
@@ -385,8 +449,12 @@ impl DelegatedAuthenticator {
     }
 
     async fn review(&self, token: &str) -> Result<Option<UserInfo>, AuthenticationError> {
-        if let Some(cached) = self.tokens.get(&token.to_string()) {
-            return Ok(cached);
+        let key = sha256(token.as_bytes());
+        if let Some(user) = self.authenticated.get(&key) {
+            return Ok(Some(user));
+        }
+        if self.rejected.get(&key).is_some() {
+            return Ok(None);
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -395,11 +463,14 @@ impl DelegatedAuthenticator {
             },
             ..Default::default()
         };
-        let result = self
-            .token_reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthenticationError::Unavailable(format!("TokenReview failed: {e}")))?;
+        // Errors and timeouts are not cached: the next request asks again.
+        let result = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            self.token_reviews.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| AuthenticationError::Unavailable("TokenReview timed out".into()))?
+        .map_err(|e| AuthenticationError::Unavailable(format!("TokenReview failed: {e}")))?;
         let status = result.status.unwrap_or_default();
         let user = if status.authenticated == Some(true) {
             status.user.map(|u| {
@@ -417,7 +488,10 @@ impl DelegatedAuthenticator {
         } else {
             None
         };
-        self.tokens.insert(token.to_string(), user.clone());
+        match &user {
+            Some(user) => self.authenticated.insert(key, user.clone()),
+            None => self.rejected.insert(key, ()),
+        }
         Ok(user)
     }
 }
@@ -510,5 +584,118 @@ mod tests {
             .unwrap()
             .is_none());
         assert_eq!(percent_decode("a%2fb%2Fc%zz%"), "a/b/c%zz%");
+    }
+
+    /// A request-header CA, as `hack/cluster.sh` makes one.
+    fn request_header_ca() -> (rcgen::Issuer<'static, rcgen::KeyPair>, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "front-proxy-ca");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        (rcgen::Issuer::new(params, key), pem)
+    }
+
+    /// A client certificate whose subject carries two CN attributes, `first` then `last`
+    /// (rcgen keeps one value per attribute type, so the second one goes in under the CN
+    /// OID spelled as a custom type).
+    fn two_cn_client_cert(
+        issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+        first: &str,
+        last: &str,
+    ) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, first);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CustomDnType(vec![2, 5, 4, 3]), last);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = params.signed_by(&key, issuer).unwrap().der().to_vec();
+        // The test means nothing unless the subject really carries both, in this order.
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let cns: Vec<&str> = cert
+            .subject()
+            .iter_common_name()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(cns, [first, last]);
+        der
+    }
+
+    fn config_with(ca_pem: &str, allowed_names: &str) -> RequestHeaderConfig {
+        let mut data = std::collections::BTreeMap::new();
+        data.insert(
+            "requestheader-client-ca-file".to_string(),
+            ca_pem.to_string(),
+        );
+        data.insert(
+            "requestheader-username-headers".to_string(),
+            "[\"X-Remote-User\"]".to_string(),
+        );
+        data.insert(
+            "requestheader-allowed-names".to_string(),
+            allowed_names.to_string(),
+        );
+        RequestHeaderConfig::from_configmap(&data).unwrap().unwrap()
+    }
+
+    #[test]
+    fn the_last_common_name_counts_as_in_go_pkix() {
+        let (ca, _) = request_header_ca();
+        let der = two_cn_client_cert(&ca, "front-proxy-client", "intruder");
+        assert_eq!(common_name(&der).as_deref(), Some("intruder"));
+        let der = two_cn_client_cert(&ca, "intruder", "front-proxy-client");
+        assert_eq!(common_name(&der).as_deref(), Some("front-proxy-client"));
+    }
+
+    #[test]
+    fn allowed_names_are_matched_against_the_cn_kube_sees() {
+        let (ca, ca_pem) = request_header_ca();
+        let config = config_with(&ca_pem, "[\"front-proxy-client\"]");
+        let connection = |der: Vec<u8>| ConnectionInfo {
+            peer_certificates: vec![der],
+        };
+        // kube-apiserver reads CN=intruder here: not an allowed proxy.
+        let smuggled = two_cn_client_cert(&ca, "front-proxy-client", "intruder");
+        assert!(!config.trusts(&connection(smuggled)));
+        // kube-apiserver reads CN=front-proxy-client here: the same verdict as kube's.
+        let allowed = two_cn_client_cert(&ca, "intruder", "front-proxy-client");
+        assert!(config.trusts(&connection(allowed)));
+        // A certificate from another CA is never trusted, whatever its name.
+        let (other_ca, _) = request_header_ca();
+        let foreign = two_cn_client_cert(&other_ca, "intruder", "front-proxy-client");
+        assert!(!config.trusts(&connection(foreign)));
+    }
+
+    #[test]
+    fn empty_allowed_names_warn_or_are_refused_on_request() {
+        let (ca, ca_pem) = request_header_ca();
+        let any = config_with(&ca_pem, "[]");
+        assert!(any.allows_any_name());
+        // Empty means any name signed by the CA, as in kube.
+        let der = two_cn_client_cert(&ca, "anyone", "at-all");
+        assert!(any.trusts(&ConnectionInfo {
+            peer_certificates: vec![der],
+        }));
+        assert!(check_allowed_names(&any, &DelegatedOptions::default()).is_ok());
+        let strict = DelegatedOptions {
+            require_allowed_names: true,
+        };
+        let refused = check_allowed_names(&any, &strict).unwrap_err();
+        assert!(refused
+            .to_string()
+            .contains("requestheader-allowed-names is empty"));
+        let named = config_with(&ca_pem, "[\"front-proxy-client\"]");
+        assert!(check_allowed_names(&named, &strict).is_ok());
     }
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 pub use delegated::{
-    common_name, AuthConfigError, DelegatedAuthenticator, RequestHeaderConfig,
+    common_name, AuthConfigError, DelegatedAuthenticator, DelegatedOptions, RequestHeaderConfig,
     SwappableClientVerifier,
 };
 pub use sar::{SubjectAccessReviewer, MASTERS_GROUP};
@@ -27,6 +27,10 @@ pub struct UserInfo {
     pub groups: Vec<String>,
     pub extra: BTreeMap<String, Vec<String>>,
 }
+
+/// How long a TokenReview or SubjectAccessReview may take before the request is answered
+/// 503 (the default client timeout of kube's delegated authentication and authorization).
+pub const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Group every authenticated user belongs to.
 pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
@@ -119,6 +123,9 @@ pub enum Decision {
     Allow,
     /// Denied, with the reason the authorizer gave (may be empty).
     Deny(String),
+    /// No decision could be made (the authority is unreachable, failed or timed out). Never
+    /// cached, and answered 503: a 401/403 would tell callers to drop their authority.
+    Unavailable(String),
 }
 
 /// Decides whether a user may perform a request.
@@ -139,6 +146,15 @@ impl Authorizer for AllowAuthenticated {
             Decision::Deny("not authenticated".into())
         }
     }
+}
+
+/// SHA-256 of a credential, used as a cache key so no credential is kept in memory as one.
+pub(crate) type Digest = [u8; 32];
+
+pub(crate) fn sha256(data: &[u8]) -> Digest {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, data).as_ref());
+    out
 }
 
 /// The bearer token of a request, if any.

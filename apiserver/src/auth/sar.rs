@@ -1,5 +1,7 @@
 //! Delegated authorization: a SubjectAccessReview per decision, allowed and denied results
-//! cached separately, `system:masters` short-circuited (DESIGN §4).
+//! cached separately, `system:masters` short-circuited (DESIGN §4). A review that cannot be
+//! made (kube-apiserver unreachable, an error status, a timeout) is `Unavailable`, never a
+//! denial, and is not cached.
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 
 use super::cache::TtlCache;
-use super::{Attributes, Authorizer, Decision, UserInfo};
+use super::{sha256, Attributes, Authorizer, Decision, Digest, UserInfo, REVIEW_TIMEOUT};
 
 /// Group that is always allowed, as in kube-apiserver.
 pub const MASTERS_GROUP: &str = "system:masters";
@@ -18,8 +20,10 @@ pub const MASTERS_GROUP: &str = "system:masters";
 /// Authorizes through the cluster's SubjectAccessReview API.
 pub struct SubjectAccessReviewer {
     reviews: Api<SubjectAccessReview>,
-    allowed: TtlCache<String, ()>,
-    denied: TtlCache<String, String>,
+    /// Keyed by the SHA-256 of the review's spec. Kept apart so that a burst of denials
+    /// (one per distinct request of a user with no rights) cannot push out allowed entries.
+    allowed: TtlCache<Digest, ()>,
+    denied: TtlCache<Digest, String>,
 }
 
 impl SubjectAccessReviewer {
@@ -67,33 +71,50 @@ impl Authorizer for SubjectAccessReviewer {
             return Decision::Allow;
         }
         let spec = Self::spec(user, attributes);
-        let key = serde_json::to_string(&spec).unwrap_or_default();
-        if self.allowed.get(&key).is_some() {
-            return Decision::Allow;
-        }
-        if let Some(reason) = self.denied.get(&key) {
-            return Decision::Deny(reason);
+        // Serializing a plain struct does not fail; if it ever did, skip the cache rather
+        // than share one key between different requests.
+        let key = serde_json::to_vec(&spec).ok().map(|json| sha256(&json));
+        if let Some(key) = &key {
+            if self.allowed.get(key).is_some() {
+                return Decision::Allow;
+            }
+            if let Some(reason) = self.denied.get(key) {
+                return Decision::Deny(reason);
+            }
         }
         let review = SubjectAccessReview {
             spec,
             ..Default::default()
         };
-        match self.reviews.create(&PostParams::default(), &review).await {
-            Ok(result) => {
+        let created = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            self.reviews.create(&PostParams::default(), &review),
+        )
+        .await;
+        match created {
+            Ok(Ok(result)) => {
                 let status = result.status.unwrap_or_default();
                 if status.allowed && status.denied != Some(true) {
-                    self.allowed.insert(key, ());
+                    if let Some(key) = key {
+                        self.allowed.insert(key, ());
+                    }
                     Decision::Allow
                 } else {
                     let reason = status.reason.unwrap_or_default();
-                    self.denied.insert(key, reason.clone());
+                    if let Some(key) = key {
+                        self.denied.insert(key, reason.clone());
+                    }
                     Decision::Deny(reason)
                 }
             }
-            // Errors are not cached, and fail closed.
-            Err(e) => {
+            // No decision: not cached, and not a denial (callers would drop their authority).
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "SubjectAccessReview failed");
-                Decision::Deny("authorization check failed".into())
+                Decision::Unavailable(format!("SubjectAccessReview failed: {e}"))
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?REVIEW_TIMEOUT, "SubjectAccessReview timed out");
+                Decision::Unavailable("SubjectAccessReview timed out".into())
             }
         }
     }

@@ -253,9 +253,12 @@ impl<S: Store + Clone> AppState<S> {
             Ok(None) | Err(AuthenticationError::InvalidToken) => {
                 return Err(fail("", "")(ApiError::unauthorized()))
             }
+            // Not a verdict on the credentials: 401 would make callers drop them.
             Err(AuthenticationError::Unavailable(m)) => {
                 tracing::warn!(error = %m, "authentication unavailable");
-                return Err(fail("", "")(ApiError::unauthorized()));
+                return Err(fail("", "")(ApiError::unavailable(
+                    "authentication is unavailable; retry later",
+                )));
             }
         };
         let params = Params::parse(parts.uri.query()).map_err(fail("", ""))?;
@@ -266,10 +269,20 @@ impl<S: Store + Clone> AppState<S> {
         let verb = attributes.verb.clone();
         let resource_label = attributes.resource.clone();
         let fail = fail(&verb, &resource_label);
-        if let Decision::Deny(reason) = self.authorizer.authorize(&user, &attributes).await {
-            return Err(fail(ApiError::forbidden(
-                attributes.forbidden_message(&user, &reason),
-            )));
+        match self.authorizer.authorize(&user, &attributes).await {
+            Decision::Allow => {}
+            Decision::Deny(reason) => {
+                return Err(fail(ApiError::forbidden(
+                    attributes.forbidden_message(&user, &reason),
+                )))
+            }
+            // Not a denial: 403 would make callers drop their authority.
+            Decision::Unavailable(m) => {
+                tracing::warn!(error = %m, "authorization unavailable");
+                return Err(fail(ApiError::unavailable(
+                    "authorization is unavailable; retry later",
+                )));
+            }
         }
         tracing::debug!(user = %user.name, verb = %verb, path = %path, "request");
 
