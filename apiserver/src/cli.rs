@@ -2,7 +2,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use crate::auth::{
 };
 use crate::http::{AppState, HttpConfig, HttpMetrics};
 use crate::server::{self, Health};
-use crate::store::{PgStore, Store, StoreConfig};
+use crate::store::{parse_dsn, PgStore, PgTls, SessionLimits, Store, StoreConfig};
 use crate::tls::{self, ReloadingCert};
 
 /// The MCP Access aggregated API server.
@@ -63,6 +62,86 @@ pub struct StorageArgs {
     /// Interval between watch bookmarks (Go duration).
     #[arg(long, env = "MCP_ACCESS_WATCH_BOOKMARK_INTERVAL", default_value = "5s")]
     pub watch_bookmark_interval: String,
+    /// CA bundle (PEM) the PostgreSQL server certificate must chain to; used by
+    /// sslmode=verify-ca and verify-full (and require, which then verifies the chain). Wins
+    /// over the DSN's sslrootcert.
+    #[arg(long, env = "MCP_ACCESS_DATABASE_CA_FILE")]
+    pub database_ca_file: Option<PathBuf>,
+    /// How long a request waits for a database connection or its turn to write before it is
+    /// answered 503 (Go duration).
+    #[arg(long, env = "MCP_ACCESS_DATABASE_POOL_TIMEOUT", default_value = "5s")]
+    pub database_pool_timeout: String,
+    /// Server-side statement timeout of every store connection (Go duration).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_DATABASE_STATEMENT_TIMEOUT",
+        default_value = "30s"
+    )]
+    pub database_statement_timeout: String,
+    /// How long a write waits for a row lock (e.g. the sync-state lock) before it is
+    /// answered 503 (Go duration).
+    #[arg(long, env = "MCP_ACCESS_DATABASE_LOCK_TIMEOUT", default_value = "5s")]
+    pub database_lock_timeout: String,
+    /// How long a transaction may sit idle before the server ends it (Go duration).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT",
+        default_value = "30s"
+    )]
+    pub database_idle_in_transaction_timeout: String,
+    /// How long the change feed may go without confirming the database head before every
+    /// watch ends with 410 Gone, new watches get 503 and /readyz fails (Go duration).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_CHANGE_FEED_STALENESS_BOUND",
+        default_value = "5s"
+    )]
+    pub change_feed_staleness_bound: String,
+}
+
+impl StorageArgs {
+    /// The store settings these flags describe: DSN (with its sslmode), TLS, limits.
+    pub fn store_config(&self) -> anyhow::Result<StoreConfig> {
+        let std_duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
+            go_duration(flag, value)?
+                .try_into()
+                .with_context(|| format!("--{flag}"))
+        };
+        // The DSN may carry a password: errors never include it.
+        let dsn = parse_dsn(&self.database_url).context("--database-url")?;
+        let ca = self
+            .database_ca_file
+            .as_ref()
+            .or(dsn.ssl_root_cert.as_ref());
+        let tls = PgTls::new(dsn.ssl_mode, ca.map(PathBuf::as_path)).context("--database-url")?;
+        let mut config = StoreConfig::new(dsn.pg);
+        config.tls = Some(tls);
+        config.pool_size = self.database_pool_size.max(2);
+        config.retained_events = self.retained_events;
+        config.max_session_ttl = go_duration("max-session-ttl", &self.max_session_ttl)?;
+        config.pool_timeout = std_duration("database-pool-timeout", &self.database_pool_timeout)?;
+        config.session = SessionLimits {
+            statement_timeout: std_duration(
+                "database-statement-timeout",
+                &self.database_statement_timeout,
+            )?,
+            lock_timeout: std_duration("database-lock-timeout", &self.database_lock_timeout)?,
+            idle_in_transaction_timeout: std_duration(
+                "database-idle-in-transaction-timeout",
+                &self.database_idle_in_transaction_timeout,
+            )?,
+            connect_timeout: config.pool_timeout,
+        };
+        config.staleness_bound = std_duration(
+            "change-feed-staleness-bound",
+            &self.change_feed_staleness_bound,
+        )?;
+        // The heartbeat and the reader prove liveness about once a second.
+        if config.staleness_bound < Duration::from_secs(1) {
+            bail!("--change-feed-staleness-bound must be at least 1s");
+        }
+        Ok(config)
+    }
 }
 
 /// Listeners and certificates.
@@ -257,14 +336,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     };
     let tls_config = tls::server_config(cert.clone(), client_verifier)?;
-    // The DSN may carry a password: report only that it is malformed.
-    let pg = tokio_postgres::Config::from_str(&cli.storage.database_url).map_err(|_| {
-        anyhow::anyhow!("--database-url is not a valid PostgreSQL connection string")
-    })?;
-    let mut store_config = StoreConfig::new(pg);
-    store_config.pool_size = cli.storage.database_pool_size.max(2);
-    store_config.retained_events = cli.storage.retained_events;
-    store_config.max_session_ttl = go_duration("max-session-ttl", &cli.storage.max_session_ttl)?;
+    let store_config = cli.storage.store_config()?;
     let bookmark_interval: Duration = go_duration(
         "watch-bookmark-interval",
         &cli.storage.watch_bookmark_interval,
@@ -292,6 +364,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let metrics = HttpMetrics::register(&mut registry);
     let registry = Arc::new(Mutex::new(registry));
     let health = Arc::new(Health::default());
+    // Not ready while the change feed cannot vouch for being current: watches would end.
+    health.add_check("change-feed", {
+        let store = store.clone();
+        move || store.change_feed_live()
+    });
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let app = AppState::new(
         store.clone(),

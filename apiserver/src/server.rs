@@ -82,18 +82,47 @@ pub async fn serve_api<S: Store + Clone>(
     }
 }
 
-/// Readiness as the probes see it.
+/// A readiness condition beyond the process's own state (e.g. the change feed is current).
+type ReadinessCheck = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// Readiness as the probes see it: the process is serving and every check passes.
 #[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    checks: Mutex<Vec<(&'static str, ReadinessCheck)>>,
 }
 
 impl Health {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
+
+    /// Adds a named condition `/readyz` requires.
+    pub fn add_check(&self, name: &'static str, check: impl Fn() -> bool + Send + Sync + 'static) {
+        self.checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name, Box::new(check)));
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.failing().is_empty()
+    }
+
+    /// What keeps the process from being ready (empty when ready).
+    pub fn failing(&self) -> Vec<&'static str> {
+        let mut failing = Vec::new();
+        if !self.ready.load(Ordering::SeqCst) {
+            failing.push("serving");
+        }
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        failing.extend(
+            checks
+                .iter()
+                .filter(|(_, check)| !check())
+                .map(|(name, _)| *name),
+        );
+        failing
     }
 }
 
@@ -136,10 +165,14 @@ pub async fn serve_metrics(
             axum::routing::get(move || {
                 let health = health.clone();
                 async move {
-                    if health.is_ready() {
-                        (StatusCode::OK, "ok")
+                    let failing = health.failing();
+                    if failing.is_empty() {
+                        (StatusCode::OK, "ok".to_string())
                     } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {}", failing.join(", ")),
+                        )
                     }
                 }
             }),

@@ -455,7 +455,7 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
             let store = store.clone();
             let agent_name = agent_name.clone();
             tasks.push(tokio::spawn(async move {
-                let mut issued = 0;
+                let mut issued = Vec::new();
                 for i in 0.. {
                     let s = mk_agent_session(
                         "ns",
@@ -465,7 +465,7 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
                         &["t"],
                     );
                     match store.create_session(s, false).await {
-                        Ok(_) => issued += 1,
+                        Ok(written) => issued.push(key(&written.object)),
                         Err(StoreError::Forbidden {
                             reason: ForbiddenReason::AgentInactive,
                             ..
@@ -481,8 +481,11 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
         off.spec.active = false;
         off.metadata.resource_version = None;
         store.update_agent(off, false).await.unwrap();
+        let mut issued = HashSet::new();
         for t in tasks {
-            t.await.unwrap();
+            for name in t.await.unwrap() {
+                assert!(issued.insert(name.clone()), "{name} issued twice");
+            }
         }
         let fields = FieldSelector::parse(
             &format!("spec.agent.name={agent_name}"),
@@ -505,6 +508,17 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
         assert!(
             active.is_empty(),
             "round {round}: active sessions of a deactivated agent: {active:?}"
+        );
+        // Every session a caller was told was issued exists, and nothing else does.
+        let listed: HashSet<String> = sessions.items.iter().map(key).collect();
+        assert_eq!(
+            listed.len(),
+            sessions.items.len(),
+            "round {round}: a session listed twice"
+        );
+        assert_eq!(
+            listed, issued,
+            "round {round}: issued sessions differ from listed ones"
         );
     }
 }

@@ -242,18 +242,22 @@ impl WatchTask {
                         }
                     }
                     Err(e) => {
-                        let err = match e {
-                            StoreError::Expired(m) => ApiError::expired(m),
-                            e => ApiError::from_store(e, &K::INFO, ""),
-                        };
-                        let _ = self.tx.send(error_line(&err)).await;
+                        let _ = self.tx.send(error_line(&store_error::<K>(e))).await;
                         return;
                     }
                 },
                 _ = bookmarks.tick(), if self.selection.options.allow_bookmarks => {
-                    self.subscription.advance_if_idle();
-                    // Sent every interval, changed or not: it tells the client the stream is alive.
-                    match bookmark_line::<K>(self.subscription.cursor(), self.rendering, false) {
+                    // Sent every interval, changed or not: it tells the client the stream is
+                    // alive, so a feed that cannot vouch for being current ends the watch
+                    // (410) instead.
+                    let rv = match self.subscription.bookmark() {
+                        Ok(rv) => rv,
+                        Err(e) => {
+                            let _ = self.tx.send(error_line(&store_error::<K>(e))).await;
+                            return;
+                        }
+                    };
+                    match bookmark_line::<K>(rv, self.rendering, false) {
                         Ok(line) => if self.tx.send(line).await.is_err() { return },
                         Err(_) => return,
                     }
@@ -263,6 +267,13 @@ impl WatchTask {
                 _ = self.shutdown.changed() => return,
             }
         }
+    }
+}
+
+fn store_error<K: Served>(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Expired(m) => ApiError::expired(m),
+        e => ApiError::from_store(e, &K::INFO, ""),
     }
 }
 

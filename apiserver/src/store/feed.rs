@@ -5,16 +5,27 @@
 //! A subscriber that starts behind replays from the log page by page, then attaches to the
 //! live fan-out once the ring covers its cursor. A subscriber whose queue fills up is cut off
 //! and sees `Expired`: events are never skipped silently. An epoch rotation expires everyone.
+//! The ring and every page are bounded by bytes as well as by count.
+//!
+//! The feed proves it is alive. A heartbeat reads the database's sequence head from a pool
+//! connection at least every second; the head counts as confirmed once the reader has fanned
+//! out everything up to it. The reader's own queries carry timeouts and it must complete a
+//! round trip regularly. If either proof is older than the staleness bound (a stopped or
+//! half-open LISTEN connection, an unreachable database), every subscriber is cut off with
+//! `Expired`, no bookmark is given at a cursor that can no longer be vouched for, and new
+//! subscriptions are refused (`Unavailable`) until both proofs are fresh again: a watcher
+//! never mistakes a silent feed for a quiet one.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, Notify};
 use tokio_postgres::{AsyncMessage, Row};
 
+use super::connect::PgTls;
 use super::rv::ResourceVersion;
 use super::{Result, StoreError};
 
@@ -22,8 +33,10 @@ use super::{Result, StoreError};
 pub(super) const CHANNEL: &str = "mcp_access_changes";
 /// Rows read from the log per query.
 const PAGE: i64 = 1000;
-/// How often the reader looks at the log without a notification.
-const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// The application_name of the LISTEN connection (operators and tests find it by this).
+pub const FEED_APPLICATION_NAME: &str = "mcp-access-feed";
+/// The application_name of the heartbeat's connection.
+const HEARTBEAT_APPLICATION_NAME: &str = "mcp-access-feed-heartbeat";
 
 /// Watch event type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +85,8 @@ pub struct Event {
     pub before: Option<serde_json::Value>,
     /// Encoded renderings of this event, made once and shared by every watcher.
     pub rendered: EventRenderings,
+    /// Encoded size of `object` and `before` in bytes, what the ring and pages are bounded by.
+    pub size: usize,
 }
 
 /// Lazily encoded forms of one event, keyed by rendering.
@@ -107,6 +122,7 @@ impl Event {
             object,
             before: row.get("before"),
             rendered: EventRenderings::default(),
+            size: row.get::<_, i64>("size").max(0) as usize,
         })
     }
 }
@@ -121,18 +137,63 @@ pub(super) fn set_resource_version(object: &mut serde_json::Value, rv: ResourceV
     }
 }
 
-const LOG_COLUMNS: &str = "seq, resource, namespace, name, event, object, before";
+/// One page of the log after `$1`: at most `$2` rows and, past the first row, at most `$3`
+/// bytes. Always carries the current epoch (one row with NULL columns when the page is empty).
+const PAGE_SQL: &str = "SELECT s.epoch, c.* FROM sync_state s LEFT JOIN LATERAL (
+    SELECT seq, resource, namespace, name, event, object, before, size FROM (
+        SELECT l.*, sum(l.size) OVER (ORDER BY l.seq) AS running,
+               row_number() OVER (ORDER BY l.seq) AS n
+          FROM (SELECT seq, resource, namespace, name, event, object, before,
+                       octet_length(object::text)::bigint
+                         + coalesce(octet_length(before::text), 0)::bigint AS size
+                  FROM change_log WHERE seq > $1 ORDER BY seq LIMIT $2) l
+    ) w WHERE w.running <= $3::bigint OR w.n = 1 ORDER BY seq
+) c ON true WHERE s.id = 1";
+
+/// Sizes and the liveness bound of the feed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FeedLimits {
+    /// Queue length of each live subscriber.
+    pub buffer: usize,
+    /// Events kept in memory for subscribers that attach slightly behind.
+    pub ring_capacity: usize,
+    /// Total encoded bytes the ring may hold (it always holds the newest event).
+    pub ring_bytes: usize,
+    /// Encoded bytes per page read from the log (a page always holds at least one row).
+    pub page_bytes: usize,
+    /// How long the feed may go without proving it is current before every subscriber is
+    /// cut off.
+    pub staleness_bound: Duration,
+}
+
+impl FeedLimits {
+    /// The reader looks at the log at least this often, notified or not.
+    fn poll_interval(&self) -> Duration {
+        (self.staleness_bound / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+    /// The heartbeat confirms the database head at least this often.
+    fn heartbeat_interval(&self) -> Duration {
+        self.poll_interval()
+    }
+    /// The reader's own queries and reconnects. Longer than the bound on purpose: a stalled
+    /// reader is reported as stale (everyone cut off) before it quietly heals, never after.
+    fn reader_timeout(&self) -> Duration {
+        self.staleness_bound * 2
+    }
+    fn check_interval(&self) -> Duration {
+        (self.staleness_bound / 20).clamp(Duration::from_millis(20), Duration::from_millis(250))
+    }
+}
 
 /// Shared state of the feed.
 pub(super) struct Feed {
     state: Mutex<State>,
     pool: deadpool_postgres::Pool,
-    /// Queue length of each live subscriber.
-    buffer: usize,
-    /// Events kept in memory for subscribers that attach slightly behind.
-    ring_capacity: usize,
+    limits: FeedLimits,
     /// Woken by the LISTEN connection.
     wake: Notify,
+    /// The epoch the reader follows, for subscriptions waiting for it to switch.
+    epochs: tokio::sync::watch::Sender<u32>,
 }
 
 struct State {
@@ -140,7 +201,26 @@ struct State {
     /// Last sequence fanned out.
     head: u64,
     ring: VecDeque<Arc<Event>>,
+    /// Sum of `size` over the ring.
+    ring_bytes: usize,
     subscribers: Vec<Slot>,
+    liveness: Liveness,
+    /// Epochs this reader has left: a subscription at one of them is expired at once.
+    retired: Vec<u32>,
+}
+
+/// What the feed can vouch for.
+struct Liveness {
+    /// Set while a proof is older than the bound; cleared once both are fresh again.
+    stale: bool,
+    /// How many times the feed went stale: a subscription made before a cut is expired.
+    cuts: u64,
+    /// When the reader last sent a query that completed.
+    reader_ok_at: Instant,
+    /// The latest moment up to which everything committed is known to be fanned out.
+    confirmed_at: Instant,
+    /// Heads read by the heartbeat that the reader has not reached yet: (epoch, seq, when).
+    pending: VecDeque<(u32, u64, Instant)>,
 }
 
 struct Slot {
@@ -154,20 +234,32 @@ impl Feed {
         pool: deadpool_postgres::Pool,
         epoch: u32,
         head: u64,
-        buffer: usize,
-        ring_capacity: usize,
+        limits: FeedLimits,
     ) -> Arc<Self> {
+        let now = Instant::now();
         Arc::new(Self {
             state: Mutex::new(State {
                 epoch,
                 head,
-                ring: VecDeque::with_capacity(ring_capacity.min(4096)),
+                ring: VecDeque::with_capacity(limits.ring_capacity.min(4096)),
+                ring_bytes: 0,
                 subscribers: Vec::new(),
+                liveness: Liveness {
+                    stale: false,
+                    cuts: 0,
+                    reader_ok_at: now,
+                    confirmed_at: now,
+                    pending: VecDeque::new(),
+                },
+                retired: Vec::new(),
             }),
             pool,
-            buffer: buffer.max(1),
-            ring_capacity,
+            limits: FeedLimits {
+                buffer: limits.buffer.max(1),
+                ..limits
+            },
             wake: Notify::new(),
+            epochs: tokio::sync::watch::Sender::new(epoch),
         })
     }
 
@@ -181,80 +273,189 @@ impl Feed {
         self.state().subscribers.len()
     }
 
-    /// Runs the reader until the process ends: keeps a LISTEN connection, reconnecting
-    /// after failures, and tails the log.
-    pub(super) async fn run(self: Arc<Self>, pg: tokio_postgres::Config) {
-        loop {
-            if let Err(e) = self.clone().listen_and_tail(&pg).await {
-                tracing::warn!(error = %e, "change feed connection lost; reconnecting");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    /// Events and bytes in the ring.
+    pub(super) fn ring_usage(&self) -> (usize, usize) {
+        let state = self.state();
+        (state.ring.len(), state.ring_bytes)
     }
 
-    async fn listen_and_tail(self: Arc<Self>, pg: &tokio_postgres::Config) -> Result<()> {
-        let unavailable = |e: tokio_postgres::Error| StoreError::Unavailable(e.to_string());
-        let (client, mut connection) = pg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(unavailable)?;
-        let me = self.clone();
+    /// Whether the feed can currently vouch that it delivers every committed change within
+    /// the staleness bound (readiness).
+    pub(super) fn is_live(&self) -> bool {
+        self.state()
+            .is_live(Instant::now(), self.limits.staleness_bound)
+    }
+
+    /// Runs the reader, the heartbeat and the liveness check until the process ends.
+    pub(super) async fn run(self: Arc<Self>, pg: tokio_postgres::Config, tls: PgTls) {
+        let mut pg = pg;
+        pg.application_name(FEED_APPLICATION_NAME);
+        let reader = async {
+            loop {
+                if let Err(e) = self.listen_and_tail(&pg, &tls).await {
+                    tracing::warn!(error = %e, "change feed connection lost; reconnecting");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::join!(reader, self.heartbeat(&pg, &tls), self.check_liveness());
+    }
+
+    async fn listen_and_tail(&self, pg: &tokio_postgres::Config, tls: &PgTls) -> Result<()> {
+        let limit = self.limits.reader_timeout();
+        let (client, mut connection) = timed(limit, async {
+            pg.connect(tls.clone()).await.map_err(unavailable)
+        })
+        .await?;
         let (closed_tx, mut closed_rx) = tokio::sync::oneshot::channel::<String>();
-        let driver = tokio::spawn(async move {
+        let driver = async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(message) = messages.next().await {
                 match message {
-                    Ok(AsyncMessage::Notification(_)) => me.wake.notify_one(),
+                    Ok(AsyncMessage::Notification(_)) => self.wake.notify_one(),
                     Ok(_) => {}
-                    Err(e) => {
-                        let _ = closed_tx.send(e.to_string());
-                        return;
-                    }
+                    Err(e) => return e.to_string(),
                 }
             }
-            let _ = closed_tx.send("connection closed".into());
-        });
-        let result = async {
-            client
-                .batch_execute(&format!("LISTEN {CHANNEL}"))
-                .await
-                .map_err(unavailable)?;
-            let statement = client
-                .prepare(&format!(
-                    "SELECT s.epoch, c.* FROM sync_state s LEFT JOIN LATERAL (
-                         SELECT {LOG_COLUMNS} FROM change_log WHERE seq > $1 ORDER BY seq LIMIT $2
-                     ) c ON true"
-                ))
-                .await
-                .map_err(unavailable)?;
-            loop {
-                let head = self.state().head as i64;
-                let rows = client
-                    .query(&statement, &[&head, &PAGE])
+            "connection closed".to_string()
+        };
+        let tail = async {
+            timed(limit, async {
+                client
+                    .batch_execute(&format!("LISTEN {CHANNEL}"))
                     .await
-                    .map_err(unavailable)?;
-                let full = rows.len() as i64 == PAGE;
-                self.publish(&rows)?;
-                if full {
+                    .map_err(unavailable)
+            })
+            .await?;
+            let statement = timed(limit, async {
+                client.prepare(PAGE_SQL).await.map_err(unavailable)
+            })
+            .await?;
+            loop {
+                let started = Instant::now();
+                let head = self.state().head as i64;
+                let page_bytes = self.limits.page_bytes as i64;
+                let rows = timed(limit, async {
+                    client
+                        .query(&statement, &[&head, &PAGE, &page_bytes])
+                        .await
+                        .map_err(unavailable)
+                })
+                .await?;
+                if self.publish(&rows, started)? > 0 {
                     continue;
                 }
                 tokio::select! {
                     _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(SAFETY_POLL) => {}
+                    _ = tokio::time::sleep(self.limits.poll_interval()) => {}
                     reason = &mut closed_rx => {
                         return Err(StoreError::Unavailable(reason.unwrap_or_default()));
                     }
                 }
             }
+        };
+        // The connection is driven here, not in a detached task: when the reader gives up,
+        // dropping both closes the socket.
+        let driven = async {
+            let reason = driver.await;
+            let _ = closed_tx.send(reason);
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            result = tail => result,
+            _ = driven => Ok(()),
         }
-        .await;
-        driver.abort();
-        result
     }
 
-    fn publish(&self, rows: &[Row]) -> Result<()> {
+    /// Confirms the database's sequence head, forever, over a connection of its own: a pool
+    /// drained by slow requests must not make a healthy feed look stalled. The connection
+    /// is replaced whenever a round trip fails or misses its deadline.
+    async fn heartbeat(&self, pg: &tokio_postgres::Config, tls: &PgTls) {
+        let mut pg = pg.clone();
+        pg.application_name(HEARTBEAT_APPLICATION_NAME);
+        let mut ticks = tokio::time::interval(self.limits.heartbeat_interval());
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let limit = self.limits.staleness_bound / 2;
+        let mut connection: Option<(tokio_postgres::Client, tokio::task::JoinHandle<()>)> = None;
+        loop {
+            ticks.tick().await;
+            // Read after `asked`: everything committed before `asked` is at or below the head.
+            let asked = Instant::now();
+            let head = timed(limit, async {
+                if connection.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+                    let (client, conn) = pg.connect(tls.clone()).await.map_err(unavailable)?;
+                    let driver = tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    if let Some((_, old)) = connection.replace((client, driver)) {
+                        old.abort();
+                    }
+                }
+                let Some((client, _)) = &connection else {
+                    return Err(unavailable("no heartbeat connection"));
+                };
+                let row = client
+                    .query_one("SELECT epoch, seq FROM sync_state WHERE id = 1", &[])
+                    .await
+                    .map_err(unavailable)?;
+                Ok((row.get::<_, i32>(0) as u32, row.get::<_, i64>(1) as u64))
+            })
+            .await;
+            match head {
+                Ok((epoch, seq)) => {
+                    let mut state = self.state();
+                    let pending = &mut state.liveness.pending;
+                    // A long stall must not grow this without bound; newer heads confirm
+                    // later moments anyway.
+                    if pending.len() >= 256 {
+                        pending.pop_front();
+                    }
+                    pending.push_back((epoch, seq, asked));
+                    state.settle();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "change feed heartbeat failed");
+                    if let Some((_, driver)) = connection.take() {
+                        driver.abort();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cuts everyone off when a proof is older than the bound, and reports recovery.
+    async fn check_liveness(&self) {
+        let bound = self.limits.staleness_bound;
+        loop {
+            tokio::time::sleep(self.limits.check_interval()).await;
+            let now = Instant::now();
+            let mut state = self.state();
+            let fresh = state.fresh(now, bound);
+            if state.liveness.stale && fresh {
+                state.liveness.stale = false;
+                tracing::info!("change feed recovered: the database head is confirmed again");
+            } else if !state.liveness.stale && !fresh {
+                state.liveness.stale = true;
+                state.liveness.cuts += 1;
+                let subscribers = state.subscribers.len();
+                for slot in state.subscribers.drain(..) {
+                    slot.cut_off.store(true, Ordering::Release);
+                }
+                tracing::warn!(
+                    bound_ms = bound.as_millis() as u64,
+                    subscribers,
+                    reader_silent_ms = now.duration_since(state.liveness.reader_ok_at).as_millis() as u64,
+                    unconfirmed_ms = now.duration_since(state.liveness.confirmed_at).as_millis() as u64,
+                    "change feed stalled: ending every watch and refusing new ones until it recovers"
+                );
+            }
+        }
+    }
+
+    /// Fans out one page read at `started`. Returns the number of events in it.
+    fn publish(&self, rows: &[Row], started: Instant) -> Result<usize> {
         let Some(first) = rows.first() else {
-            return Ok(());
+            return Err(StoreError::Internal("sync_state row is missing".into()));
         };
         let epoch = first.get::<_, i32>("epoch") as u32;
         let mut state = self.state();
@@ -265,8 +466,14 @@ impl Feed {
                 "epoch rotated; ending every watch"
             );
             state.expire_all();
-            state.epoch = epoch;
+            let old = std::mem::replace(&mut state.epoch, epoch);
+            if state.retired.len() >= 16 {
+                state.retired.remove(0);
+            }
+            state.retired.push(old);
+            self.epochs.send_replace(epoch);
         }
+        let mut published = 0;
         for row in rows {
             let Some(seq) = row.get::<_, Option<i64>>("seq") else {
                 continue;
@@ -282,13 +489,9 @@ impl Feed {
                 state.expire_all();
             }
             let event = Arc::new(Event::from_row(epoch, row)?);
+            published += 1;
             state.head = seq;
-            if state.ring.len() >= self.ring_capacity {
-                state.ring.pop_front();
-            }
-            if self.ring_capacity > 0 {
-                state.ring.push_back(event.clone());
-            }
+            state.remember(event.clone(), &self.limits);
             state.subscribers.retain(|slot| {
                 if seq <= slot.after {
                     return !slot.tx.is_closed();
@@ -303,38 +506,47 @@ impl Feed {
                 }
             });
         }
-        Ok(())
+        // A page shorter than asked ends at the head as of `started`; a full one does not,
+        // but the reader reads again at once and the next page settles it.
+        state.liveness.reader_ok_at = state.liveness.reader_ok_at.max(started);
+        state.settle();
+        Ok(published)
     }
 
-    /// A subscription starting just after `from`, which the caller has validated.
-    pub(super) fn subscription(self: &Arc<Self>, from: ResourceVersion) -> Subscription {
-        Subscription {
+    /// A subscription starting just after `from`, which the caller has validated. Refused
+    /// while the feed cannot vouch for being current.
+    pub(super) fn subscription(self: &Arc<Self>, from: ResourceVersion) -> Result<Subscription> {
+        let state = self.state();
+        if !state.is_live(Instant::now(), self.limits.staleness_bound) {
+            return Err(stalled());
+        }
+        Ok(Subscription {
             feed: self.clone(),
             epoch: from.epoch,
             cursor: from.seq,
+            cuts: state.liveness.cuts,
             backlog: VecDeque::new(),
             live: None,
-        }
+        })
     }
 
     async fn read_log(&self, after: u64, epoch: u32) -> Result<Vec<Arc<Event>>> {
-        let client = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT s.epoch, c.* FROM sync_state s LEFT JOIN LATERAL (
-                     SELECT {LOG_COLUMNS} FROM change_log WHERE seq > $1 ORDER BY seq LIMIT $2
-                 ) c ON true"
-            ))
-            .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let rows = client
-            .query(&statement, &[&(after as i64), &PAGE])
-            .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let rows = timed(self.limits.staleness_bound, async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            let statement = client.prepare_cached(PAGE_SQL).await.map_err(unavailable)?;
+            client
+                .query(
+                    &statement,
+                    &[&(after as i64), &PAGE, &(self.limits.page_bytes as i64)],
+                )
+                .await
+                .map_err(unavailable)
+        })
+        .await?;
         let mut events = Vec::with_capacity(rows.len());
         for row in &rows {
             if row.get::<_, i32>("epoch") as u32 != epoch {
@@ -348,12 +560,72 @@ impl Feed {
     }
 }
 
+/// Runs a database step with a deadline; a missed deadline is `Unavailable`.
+async fn timed<T>(
+    limit: Duration,
+    step: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(StoreError::Unavailable(format!(
+            "no answer within {limit:?}"
+        )))
+    })
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
 impl State {
     fn expire_all(&mut self) {
         for slot in self.subscribers.drain(..) {
             slot.cut_off.store(true, Ordering::Release);
         }
         self.ring.clear();
+        self.ring_bytes = 0;
+    }
+
+    /// Keeps `event` in the ring, evicting the oldest events beyond the count or byte bound
+    /// (the newest event stays even if it alone is over the byte bound).
+    fn remember(&mut self, event: Arc<Event>, limits: &FeedLimits) {
+        if limits.ring_capacity == 0 {
+            return;
+        }
+        self.ring_bytes += event.size;
+        self.ring.push_back(event);
+        while self.ring.len() > 1
+            && (self.ring.len() > limits.ring_capacity || self.ring_bytes > limits.ring_bytes)
+        {
+            if let Some(old) = self.ring.pop_front() {
+                self.ring_bytes -= old.size;
+            }
+        }
+    }
+
+    /// Confirms every heartbeat head the reader has reached.
+    fn settle(&mut self) {
+        let (epoch, head) = (self.epoch, self.head);
+        let liveness = &mut self.liveness;
+        // The newest reached observation confirms everything asked before it.
+        let reached = liveness
+            .pending
+            .iter()
+            .rposition(|&(e, seq, _)| e == epoch && seq <= head);
+        if let Some(i) = reached {
+            let (_, _, asked) = liveness.pending[i];
+            liveness.confirmed_at = liveness.confirmed_at.max(asked);
+            liveness.pending.drain(..=i);
+        }
+    }
+
+    /// Both proofs are younger than the bound.
+    fn fresh(&self, now: Instant, bound: Duration) -> bool {
+        now.saturating_duration_since(self.liveness.confirmed_at) <= bound
+            && now.saturating_duration_since(self.liveness.reader_ok_at) <= bound
+    }
+
+    fn is_live(&self, now: Instant, bound: Duration) -> bool {
+        !self.liveness.stale && self.fresh(now, bound)
     }
 }
 
@@ -363,11 +635,20 @@ fn expired_epoch() -> StoreError {
     )
 }
 
+fn stalled() -> StoreError {
+    StoreError::Unavailable(
+        "the change feed cannot confirm it is current (database unreachable or stalled); retry"
+            .into(),
+    )
+}
+
 /// A position in the change feed that yields every later event exactly once, in order.
 pub struct Subscription {
     feed: Arc<Feed>,
     epoch: u32,
     cursor: u64,
+    /// The feed's stall count when this subscription started.
+    cuts: u64,
     backlog: VecDeque<Arc<Event>>,
     live: Option<(mpsc::Receiver<Arc<Event>>, Arc<AtomicBool>)>,
 }
@@ -378,8 +659,23 @@ impl Subscription {
         ResourceVersion::new(self.epoch, self.cursor)
     }
 
+    /// `Expired` once the feed stalled after this subscription started, or while it cannot
+    /// vouch for being current: what was delivered may no longer be the latest.
+    fn ensure_current(&self, state: &State) -> Result<()> {
+        if state.liveness.cuts != self.cuts
+            || !state.is_live(Instant::now(), self.feed.limits.staleness_bound)
+        {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {}: the change feed stalled and cannot vouch for \
+                 later changes; relist",
+                self.cursor()
+            )));
+        }
+        Ok(())
+    }
+
     /// The next event. `Expired` when this subscriber was cut off (too slow, log trimmed
-    /// past it, or epoch rotated): the client must relist.
+    /// past it, epoch rotated, or the feed stalled): the client must relist.
     pub async fn next(&mut self) -> Result<Arc<Event>> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
@@ -393,19 +689,36 @@ impl Subscription {
                 match rx.recv().await {
                     Some(event) => self.backlog.push_back(event),
                     None if cut_off.load(Ordering::Acquire) => {
+                        self.ensure_current(&self.feed.state())?;
                         return Err(StoreError::Expired(format!(
                             "too old resource version: {}: the watcher fell behind and must relist",
                             self.cursor()
-                        )))
+                        )));
                     }
                     None => return Err(StoreError::Unavailable("change feed stopped".into())),
                 }
                 continue;
             }
-            if self.try_attach()? {
-                continue;
+            match self.try_attach()? {
+                Attach::Attached => continue,
+                Attach::NotCovered => {}
+                Attach::EpochAhead => {
+                    let mut epochs = self.feed.epochs.subscribe();
+                    self.feed.wake.notify_one();
+                    let epoch = self.epoch;
+                    let switched = tokio::time::timeout(
+                        self.feed.limits.staleness_bound,
+                        epochs.wait_for(|e| *e == epoch),
+                    )
+                    .await;
+                    if !matches!(switched, Ok(Ok(_))) {
+                        return Err(expired_epoch());
+                    }
+                    continue;
+                }
             }
             let page = self.feed.read_log(self.cursor, self.epoch).await?;
+            self.ensure_current(&self.feed.state())?;
             match page.first() {
                 Some(first) if first.seq() == self.cursor + 1 => self.backlog.extend(page),
                 // The next change after the cursor is gone from the log.
@@ -429,8 +742,14 @@ impl Subscription {
 
     /// When every event up to the reader's head has reached this subscriber, moves the
     /// cursor to that head: a bookmark can then say how far the stream is known complete,
-    /// even if none of those events were for this watcher.
+    /// even if none of those events were for this watcher. Does nothing while the feed
+    /// cannot vouch for its head.
     pub fn advance_if_idle(&mut self) {
+        let feed = self.feed.clone();
+        let state = feed.state();
+        if self.ensure_current(&state).is_err() {
+            return;
+        }
         let Some((rx, cut_off)) = &self.live else {
             return;
         };
@@ -441,37 +760,46 @@ impl Subscription {
         }
         // The reader sends and moves its head under this lock, so an empty queue seen under
         // it means nothing up to the head is still in flight.
-        let state = self.feed.state();
         if state.epoch == self.epoch && rx.is_empty() && state.head > self.cursor {
             self.cursor = state.head;
         }
     }
 
+    /// The position a bookmark may carry now: `advance_if_idle`, then the cursor. `Expired`
+    /// while the feed cannot vouch for being current, so a stalled feed never sends a
+    /// bookmark (which clients read as "nothing changed up to here").
+    pub fn bookmark(&mut self) -> Result<ResourceVersion> {
+        self.ensure_current(&self.feed.state())?;
+        self.advance_if_idle();
+        Ok(self.cursor())
+    }
+
     /// Joins the live fan-out if the ring (or the reader's head) covers the cursor.
-    fn try_attach(&mut self) -> Result<bool> {
+    fn try_attach(&mut self) -> Result<Attach> {
         let feed = self.feed.clone();
         let mut state = feed.state();
         if state.epoch != self.epoch {
-            return Err(expired_epoch());
+            if state.retired.contains(&self.epoch) {
+                return Err(expired_epoch());
+            }
+            // An epoch this reader has not seen yet (another replica just started and
+            // rotated it): the reader is about to switch, not the subscriber behind.
+            return Ok(Attach::EpochAhead);
         }
+        self.ensure_current(&state)?;
         let covered = self.cursor >= state.head
             || state
                 .ring
                 .front()
                 .is_some_and(|first| first.seq() <= self.cursor + 1);
         if !covered {
-            return Ok(false);
+            return Ok(Attach::NotCovered);
         }
         let cursor = self.cursor;
         self.backlog
             .extend(state.ring.iter().filter(|e| e.seq() > cursor).cloned());
         let after = cursor.max(state.head);
-        self.register(&mut state, after);
-        Ok(true)
-    }
-
-    fn register(&mut self, state: &mut State, after: u64) {
-        let (tx, rx) = mpsc::channel(self.feed.buffer);
+        let (tx, rx) = mpsc::channel(feed.limits.buffer);
         let cut_off = Arc::new(AtomicBool::new(false));
         state.subscribers.push(Slot {
             tx,
@@ -479,5 +807,15 @@ impl Subscription {
             cut_off: cut_off.clone(),
         });
         self.live = Some((rx, cut_off));
+        Ok(Attach::Attached)
     }
+}
+
+/// What `try_attach` found.
+enum Attach {
+    Attached,
+    /// The ring does not reach back to the cursor: replay from the log first.
+    NotCovered,
+    /// The subscription is at an epoch the reader has not switched to yet.
+    EpochAhead,
 }

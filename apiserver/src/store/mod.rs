@@ -2,6 +2,7 @@
 //!
 //! All SQL of the apiserver lives under this module.
 
+pub mod connect;
 mod feed;
 mod migrate;
 mod pg;
@@ -13,7 +14,8 @@ use apis::validation::{join_errors, FieldError};
 use apis::{AccessSession, Agent, Enrollment, Kind, Revocation, ServerRef};
 use async_trait::async_trait;
 
-pub use feed::{Event, EventRenderings, EventType, Subscription};
+pub use connect::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode};
+pub use feed::{Event, EventRenderings, EventType, Subscription, FEED_APPLICATION_NAME};
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
 pub use rv::{ContinueToken, ResourceVersion};

@@ -25,7 +25,8 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::feed::{set_resource_version, Feed, CHANNEL};
+use super::connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
+use super::feed::{set_resource_version, Feed, FeedLimits, CHANNEL};
 use super::rv::{ContinueToken, ResourceVersion, EPOCH_LIMIT};
 use super::{
     apply_migrations, ForbiddenReason, ListAt, ListQuery, ObjectList, Preconditions, Requester,
@@ -43,8 +44,16 @@ const LIST_CHUNK: usize = 1000;
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     pub pg: tokio_postgres::Config,
+    /// The TLS connector for `sslmode` prefer/require/verify-*; `None`: unverified TLS when
+    /// the server offers it (libpq's `prefer`), plain when `pg` disables TLS.
+    pub tls: Option<PgTls>,
     /// Connections in the pool.
     pub pool_size: usize,
+    /// How long a request waits for a pool connection (or to create or recycle one) and a
+    /// writer for its turn, before it is answered 503.
+    pub pool_timeout: Duration,
+    /// Server-side statement, lock and idle-transaction timeouts of every store connection.
+    pub session: SessionLimits,
     /// Change-log events kept for watches and continue tokens.
     pub retained_events: u64,
     /// Server-wide maximum session lifetime.
@@ -53,6 +62,13 @@ pub struct StoreConfig {
     pub watcher_buffer: usize,
     /// Recent events kept in memory for watchers that start slightly behind.
     pub ring_capacity: usize,
+    /// Total encoded bytes of those events.
+    pub ring_bytes: usize,
+    /// Encoded bytes read from the change log per page (at least one row per page).
+    pub page_bytes: usize,
+    /// How long the change feed may go without confirming the database head before every
+    /// watch is ended with 410 and readiness fails.
+    pub staleness_bound: Duration,
     /// How often the change log is trimmed.
     pub trim_interval: Duration,
 }
@@ -61,11 +77,17 @@ impl StoreConfig {
     pub fn new(pg: tokio_postgres::Config) -> Self {
         Self {
             pg,
+            tls: None,
             pool_size: 16,
+            pool_timeout: Duration::from_secs(5),
+            session: SessionLimits::default(),
             retained_events: 100_000,
             max_session_ttl: SignedDuration::from_hours(24),
             watcher_buffer: 1024,
             ring_capacity: 8192,
+            ring_bytes: 64 << 20,
+            page_bytes: 8 << 20,
+            staleness_bound: Duration::from_secs(5),
             trim_interval: Duration::from_secs(10),
         }
     }
@@ -95,14 +117,51 @@ impl Drop for Inner {
 }
 
 fn pg_err(e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
     match e.as_db_error() {
+        // A statement, lock or idle-transaction timeout, a cancel, or a server going away:
+        // the request may succeed when retried, so 503 with Retry-After, never 500.
+        Some(db)
+            if [
+                SqlState::QUERY_CANCELED,
+                SqlState::LOCK_NOT_AVAILABLE,
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::TOO_MANY_CONNECTIONS,
+                // Only ever the echo of an earlier failure in the same transaction: a
+                // statement pipelined after the sync-state lock request (which timed out)
+                // can report first. The lock's own error is the cause.
+                SqlState::IN_FAILED_SQL_TRANSACTION,
+            ]
+            .contains(db.code()) =>
+        {
+            StoreError::Unavailable(format!("{}: {}", db.code().code(), db.message()))
+        }
         Some(db) => StoreError::Internal(format!("{}: {}", db.code().code(), db.message())),
-        None => StoreError::Unavailable(e.to_string()),
+        // tokio-postgres names only the step ("error performing TLS handshake"); the cause
+        // (e.g. the certificate is not valid for the host name) is its source. Neither
+        // carries the DSN or a password.
+        None => {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                message.push_str(": ");
+                message.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            StoreError::Unavailable(message)
+        }
     }
 }
 
 fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
+        // Timeouts (wait, create, recycle) and a closed pool: retry later.
+        e => StoreError::Unavailable(e.to_string()),
+    }
 }
 
 fn now() -> Timestamp {
@@ -115,11 +174,15 @@ impl PgStore {
     /// Applies migrations, rotates the epoch (expiring every resourceVersion handed out
     /// before), and starts the change feed and the log trimmer.
     pub async fn start(config: StoreConfig) -> Result<Self> {
-        let (mut client, connection) = config
-            .pg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(pg_err)?;
+        let tls = match &config.tls {
+            Some(tls) => tls.clone(),
+            None => PgTls::new(SslMode::Prefer, None)
+                .map_err(|e| StoreError::Internal(e.to_string()))?,
+        };
+        // Migrations may legitimately run long: no statement timeout, but keepalives and a
+        // connect timeout so a dead database fails startup instead of hanging it.
+        let setup = with_transport_limits(&config.pg, &config.session);
+        let (mut client, connection) = setup.connect(tls.clone()).await.map_err(pg_err)?;
         let driver = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "setup connection ended");
@@ -129,27 +192,45 @@ impl PgStore {
         let (epoch, head) = rotate_epoch(&client).await?;
         drop(client);
         driver.abort();
-        tracing::info!(epoch, head, "storage ready; epoch rotated");
+        tracing::info!(
+            epoch,
+            head,
+            sslmode = tls.mode().as_str(),
+            "storage ready; epoch rotated"
+        );
 
+        let mut session = with_session_limits(&config.pg, &config.session);
+        if session.get_application_name().is_none() {
+            session.application_name("mcp-access");
+        }
         let manager = Manager::from_config(
-            config.pg.clone(),
-            tokio_postgres::NoTls,
+            session.clone(),
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(config.pool_timeout))
+            .create_timeout(Some(config.pool_timeout))
+            .recycle_timeout(Some(config.pool_timeout))
             .build()
             .map_err(|e| StoreError::Internal(e.to_string()))?;
         let feed = Feed::new(
             pool.clone(),
             epoch,
             head,
-            config.watcher_buffer,
-            config.ring_capacity,
+            FeedLimits {
+                buffer: config.watcher_buffer,
+                ring_capacity: config.ring_capacity,
+                ring_bytes: config.ring_bytes,
+                page_bytes: config.page_bytes.max(1),
+                staleness_bound: config.staleness_bound,
+            },
         );
-        let mut tasks = vec![tokio::spawn(feed.clone().run(config.pg.clone()))];
+        let mut tasks = vec![tokio::spawn(feed.clone().run(session, tls))];
         let trimmer = Trimmer {
             pool: pool.clone(),
             retained: config.retained_events,
@@ -190,6 +271,17 @@ impl PgStore {
         self.inner.feed.subscriber_count()
     }
 
+    /// Whether the change feed currently vouches for delivering every committed change
+    /// within its staleness bound (part of readiness).
+    pub fn change_feed_live(&self) -> bool {
+        self.inner.feed.is_live()
+    }
+
+    /// Events and encoded bytes held in the change feed's in-memory ring.
+    pub fn change_feed_ring(&self) -> (usize, usize) {
+        self.inner.feed.ring_usage()
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object> {
         self.inner.pool.get().await.map_err(pool_err)
     }
@@ -198,7 +290,14 @@ impl PgStore {
     /// serialized by the sync-state row lock anyway; queueing them here first keeps that
     /// lock uncontended (cheap to take) and leaves pool connections to readers.
     async fn writer(&self) -> Result<(tokio::sync::MutexGuard<'_, ()>, deadpool_postgres::Object)> {
-        let gate = self.inner.write_gate.lock().await;
+        // Bounded like a pool wait: a writer stuck behind the sync-state lock must not queue
+        // every later writer of this process indefinitely.
+        let wait = self.inner.config.pool_timeout;
+        let gate = tokio::time::timeout(wait, self.inner.write_gate.lock())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("no turn to write within {wait:?}; retry"))
+            })?;
         Ok((gate, self.client().await?))
     }
 }
@@ -448,9 +547,11 @@ impl<'a> WriteTx<'a> {
             .await
             .map_err(pg_err)?;
         let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
-        let (row, rows) =
-            tokio::try_join!(self.tx.query_one(&lock, &[]), self.tx.query(&stmt, params))
-                .map_err(pg_err)?;
+        // Both run to completion and the lock's own error wins: after a lock timeout the
+        // second statement only reports the aborted transaction (25P02).
+        let (row, rows) = tokio::join!(self.tx.query_one(&lock, &[]), self.tx.query(&stmt, params));
+        let row = row.map_err(pg_err)?;
+        let rows = rows.map_err(pg_err)?;
         self.epoch = row.get::<_, i32>(0) as u32;
         self.start = row.get::<_, i64>(1) as u64;
         self.seq = self.start;
@@ -1940,6 +2041,6 @@ impl Store for PgStore {
                 ResourceVersion::new(epoch, horizon)
             )));
         }
-        Ok(self.inner.feed.subscription(from))
+        self.inner.feed.subscription(from)
     }
 }
