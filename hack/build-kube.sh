@@ -11,7 +11,9 @@
 #   KUBE_APISERVER=/abs/path
 #   KUBE_CONTROLLER_MANAGER=/abs/path
 #   ETCD=/abs/path
-# so callers can `eval "$(hack/build-kube.sh)"`; everything else goes to stderr.
+# so callers can `env=$(hack/build-kube.sh); eval "$env"`; everything else goes to stderr. (Not
+# `eval "$(hack/build-kube.sh)"`: eval of the empty output of a failed build succeeds, and
+# `set -e` never sees the failure.)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)

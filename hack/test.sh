@@ -8,6 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh
 
+# What the end-to-end tests run, built before anything is started. A command substitution's
+# status is lost inside `eval "$(...)"` (eval of an empty string succeeds), so the output is
+# captured first: under `set -e` a failed build ends the script here.
+kube_env=$(hack/build-kube.sh)
+eval "$kube_env"
+export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
+MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
+export MCP_ACCESS_INFORMER_BIN
+cargo build -p apiserver --bin mcp-access-apiserver
+export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
+
 work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
 cleanup() { postgres_stop "$work/pg"; rm -rf "$work"; }
 trap cleanup EXIT
@@ -16,13 +27,5 @@ chmod 755 "$work"
 postgres_start "$work/pg"
 echo "test PostgreSQL on 127.0.0.1:$PGPORT_STARTED" >&2
 export MCP_TEST_DATABASE_URL=$PG_DSN
-
-# What the end-to-end tests run.
-eval "$(hack/build-kube.sh)"
-export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
-export MCP_ACCESS_INFORMER_BIN
-MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
-cargo build -p apiserver --bin mcp-access-apiserver
-export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 
 cargo test --workspace --all-targets "$@"

@@ -2,14 +2,22 @@
 // and prints one JSON line per event on stdout, plus the full cache state every second, so
 // the end-to-end tests can check that a real client-go informer (WatchList on) stays in sync
 // with MCP Access through kube-apiserver.
+//
+// It also prints one REQUEST line per list or watch request the informer sends for
+// accesssessions, classified from the wire ("watchlist": a watch with sendInitialEvents=true,
+// i.e. a streaming list; "list"; "watch"), with the HTTP status. That is how the tests prove
+// which protocol client-go used and how many times it relisted, instead of trusting a flag.
+// klog flags (e.g. -v=4) are accepted; klog writes to stderr.
 package main
 
 import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +27,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 )
 
 var out = struct {
@@ -43,9 +52,38 @@ func describe(obj any) (string, string) {
 	return u.GetName(), u.GetResourceVersion()
 }
 
+// requestReporter reports every list/watch of accesssessions the informer sends.
+type requestReporter struct {
+	next http.RoundTripper
+}
+
+func (r requestReporter) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/accesssessions") {
+		return r.next.RoundTrip(req)
+	}
+	q := req.URL.Query()
+	mode := "list"
+	if w := q.Get("watch"); w == "1" || w == "true" {
+		mode = "watch"
+		if q.Get("sendInitialEvents") == "true" {
+			mode = "watchlist"
+		}
+	}
+	resp, err := r.next.RoundTrip(req)
+	line := map[string]any{"type": "REQUEST", "mode": mode, "resourceVersion": q.Get("resourceVersion")}
+	if err != nil {
+		line["error"] = err.Error()
+	} else {
+		line["code"] = resp.StatusCode
+	}
+	emit(line)
+	return resp, err
+}
+
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
 	namespace := flag.String("namespace", "", "namespace to watch")
+	klog.InitFlags(nil)
 	flag.Parse()
 
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
@@ -53,6 +91,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { return requestReporter{next: next} })
 	client, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -8,6 +8,8 @@
 //! runs `mcp-access-apiserver` in delegated mode.
 #![forbid(unsafe_code)]
 
+pub mod harness;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
+
+/// The API group and version MCP Access serves.
+const API_GROUP: &str = "access.mcp-runtime.dev";
+const API_VERSION: &str = "v1alpha1";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -131,8 +137,8 @@ fn create_database(admin_dsn: &str) -> Result<String> {
 }
 
 impl LocalCluster {
-    /// Starts everything and waits until the APIService is Available and discovery lists
-    /// our resources.
+    /// Starts everything and waits until MCP Access is served through kube-apiserver (see
+    /// [`LocalCluster::wait_available`]).
     pub fn start(options: Options) -> Result<Self> {
         let dir = options.dir;
         std::fs::create_dir_all(&dir)?;
@@ -184,6 +190,8 @@ impl LocalCluster {
         cluster.install()?;
         cluster.start_apiserver()?;
         cluster.wait_available(Duration::from_secs(120))?;
+        // What answered must have been the process started above, not one left behind.
+        cluster.ensure_apiserver_running()?;
         eprintln!(
             "local cluster with MCP Access ready in {:.1}s",
             started.elapsed().as_secs_f64()
@@ -350,6 +358,20 @@ impl LocalCluster {
         }
     }
 
+    /// Fails if the `mcp-access-apiserver` this cluster started is not running.
+    pub fn ensure_apiserver_running(&mut self) -> Result<()> {
+        let log = self.dir.join("logs/mcp-access-apiserver.log");
+        match self.apiserver.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => Ok(()),
+            Some(Ok(Some(status))) => bail!(
+                "mcp-access-apiserver exited ({status}); see {}",
+                log.display()
+            ),
+            Some(Err(e)) => bail!("cannot check mcp-access-apiserver: {e}"),
+            None => bail!("mcp-access-apiserver was not started"),
+        }
+    }
+
     /// Stops `mcp-access-apiserver` (SIGTERM via kill, then wait).
     pub fn stop_apiserver(&mut self) {
         if let Some(mut child) = self.apiserver.take() {
@@ -366,39 +388,129 @@ impl LocalCluster {
         }
     }
 
-    /// Waits until the APIService is Available and discovery through kube-apiserver lists
-    /// our resources.
+    /// Waits until MCP Access is served through kube-apiserver as clients need it: the
+    /// APIService is Available, aggregated discovery lists our resources, and kube-apiserver
+    /// serves our OpenAPI v3 document (which `kubectl explain` and kubectl's validation read;
+    /// the aggregator downloads it in the background after the APIService turns Available).
+    /// `hack/up.sh` prints `KUBECONFIG=` only after this returns.
     pub fn wait_available(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut last = String::new();
         loop {
-            let status = self.kubectl(&[
-                "get",
-                "apiservice",
-                "v1alpha1.access.mcp-runtime.dev",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ]);
-            let resources = self.kubectl(&[
-                "api-resources",
-                "--api-group=access.mcp-runtime.dev",
-                "-o",
-                "name",
-            ]);
-            if status.stdout.trim() == "True" && resources.stdout.contains("accesssessions") {
-                return Ok(());
+            let missing = match self.not_yet_served() {
+                Ok(None) => {
+                    eprintln!(
+                        "MCP Access served through kube-apiserver after {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
+                Ok(Some(missing)) => missing,
+                Err(e) => format!("{e:#}"),
+            };
+            // Say what is awaited when it changes (the OpenAPI download trails availability).
+            let what = missing.split(':').next().unwrap_or_default().to_string();
+            if what != last {
+                eprintln!("waiting ({:.1}s): {what}", started.elapsed().as_secs_f64());
+                last = what;
             }
             if Instant::now() > deadline {
-                let detail = self.kubectl(&[
-                    "get",
-                    "apiservice",
-                    "v1alpha1.access.mcp-runtime.dev",
-                    "-o",
-                    "yaml",
-                ]);
-                bail!("the APIService did not become Available: {}", detail.stdout);
+                bail!(
+                    "MCP Access is not served through kube-apiserver after {timeout:?}: {missing}"
+                );
             }
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// What is not served yet, or `None` when everything is.
+    fn not_yet_served(&self) -> Result<Option<String>> {
+        let status = self.kubectl(&[
+            "get",
+            "apiservice",
+            &format!("{API_VERSION}.{API_GROUP}"),
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Available\")]}",
+        ]);
+        if !status.stdout.contains(r#""status":"True""#) {
+            return Ok(Some(format!(
+                "the APIService is not Available: {}{}",
+                status.stdout, status.stderr
+            )));
+        }
+        // Aggregated discovery (what kubectl and client-go read first).
+        let discovery = self.get_json(
+            "/apis",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        )?;
+        let group = discovery["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|g| g["metadata"]["name"] == API_GROUP));
+        let version = group
+            .and_then(|g| g["versions"].as_array())
+            .and_then(|vs| vs.iter().find(|v| v["version"] == API_VERSION));
+        let listed = version
+            .and_then(|v| v["resources"].as_array())
+            .is_some_and(|rs| rs.iter().any(|r| r["resource"] == "accesssessions"));
+        if !listed || version.is_some_and(|v| v["freshness"] == "Stale") {
+            return Ok(Some(format!(
+                "aggregated discovery does not list {API_GROUP}/{API_VERSION} accesssessions: {}",
+                version.map(|v| v.to_string()).unwrap_or_default()
+            )));
+        }
+        // OpenAPI v3: the root names the group's document, which holds our kinds.
+        let root = self.get_json("/openapi/v3", "application/json")?;
+        let Some(url) =
+            root["paths"][format!("apis/{API_GROUP}/{API_VERSION}")]["serverRelativeURL"].as_str()
+        else {
+            return Ok(Some(format!(
+                "/openapi/v3 does not list apis/{API_GROUP}/{API_VERSION} yet"
+            )));
+        };
+        let doc = self.get_json(url, "application/json")?;
+        let has_kind = doc["components"]["schemas"]
+            .as_object()
+            .is_some_and(|schemas| {
+                schemas.values().any(|schema| {
+                    schema["x-kubernetes-group-version-kind"]
+                        .as_array()
+                        .is_some_and(|gvks| {
+                            gvks.iter().any(|gvk| {
+                                gvk["group"] == API_GROUP
+                                    && gvk["version"] == API_VERSION
+                                    && gvk["kind"] == "AccessSession"
+                            })
+                        })
+                })
+            });
+        if !has_kind {
+            return Ok(Some(format!("{url} has no AccessSession schema yet")));
+        }
+        Ok(None)
+    }
+
+    /// GET `path` from kube-apiserver as the admin, with `accept`; the body as JSON.
+    fn get_json(&self, path: &str, accept: &str) -> Result<serde_json::Value> {
+        let get = |k: &str| {
+            self.env
+                .get(k)
+                .cloned()
+                .with_context(|| format!("{k} missing from env"))
+        };
+        let body = checked(
+            Command::new("curl")
+                .args(["-fsS", "--max-time", "10", "-H"])
+                .arg(format!("Accept: {accept}"))
+                .arg("--cacert")
+                .arg(get("CLUSTER_CA_FILE")?)
+                .arg("--cert")
+                .arg(get("ADMIN_CERT_FILE")?)
+                .arg("--key")
+                .arg(get("ADMIN_KEY_FILE")?)
+                .arg(format!("{}{path}", get("KUBE_APISERVER_URL")?)),
+        )?;
+        serde_json::from_str(&body).with_context(|| format!("{path} is not JSON"))
     }
 
     /// Stops everything this cluster started.

@@ -5,6 +5,9 @@
 //!
 //! Needs (set by `hack/test.sh`): MCP_TEST_DATABASE_URL, MCP_ACCESS_APISERVER_BIN,
 //! MCP_ACCESS_INFORMER_BIN.
+//!
+//! Arguments are libtest's (`e2e::harness`): filters, `--exact`, `--skip`, `--list`; the other
+//! harness flags and their values are accepted and ignored. A selection of zero scenarios fails.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -12,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use e2e::harness::Args;
 use e2e::{Database, LocalCluster, Options};
 use serde_json::Value;
 
@@ -20,11 +24,90 @@ mod delegated_auth;
 
 type Scenario = fn(&mut LocalCluster) -> Result<(), String>;
 
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+#[path = "cluster/roles.rs"]
+mod roles;
+
+/// Every scenario, in the order they run: a plain array, so additions merge cleanly.
+const SCENARIOS: &[(&str, Scenario)] = &[
+    (
+        "apiservice_available_and_discoverable",
+        apiservice_available_and_discoverable,
+    ),
+    (
+        "crud_and_watch_through_kube_apiserver",
+        crud_and_watch_through_kube_apiserver,
+    ),
+    ("rbac_limits_users", rbac_limits_users),
+    (
+        "forged_headers_without_proxy_certificate_are_refused",
+        forged_headers_are_refused,
+    ),
+    ("namespace_lifecycle", namespace_lifecycle),
+    (
+        "revokers_and_enrollers_through_rbac",
+        revokers_and_enrollers_through_rbac,
+    ),
+    (
+        "default_roles_matrix_through_kube_apiserver",
+        roles::default_roles_matrix,
+    ),
+    (
+        "client_go_informer_stays_synced_across_restart",
+        client_go_informer_stays_synced_across_restart,
+    ),
+    (
+        "front_proxy_user_without_rbac_is_denied_by_mcp_access",
+        delegated_auth::front_proxy_user_without_rbac_is_denied_by_mcp_access,
+    ),
+    (
+        "front_proxy_certificate_with_disallowed_cn_is_not_trusted",
+        delegated_auth::front_proxy_certificate_with_disallowed_cn_is_not_trusted,
+    ),
+    (
+        "removed_rolebinding_takes_effect_within_the_cache_ttl",
+        delegated_auth::removed_rolebinding_takes_effect_within_the_cache_ttl,
+    ),
+    (
+        "kube_apiserver_unreachable_answers_503",
+        delegated_auth::kube_apiserver_unreachable_answers_503,
+    ),
+];
+
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let names: Vec<&str> = SCENARIOS.iter().map(|(name, _)| *name).collect();
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("e2e: {e}");
+            std::process::exit(2);
+        }
+    };
+    if args.list {
+        for name in &names {
+            println!("{name}: test");
+        }
+        return;
+    }
+    // Decided before anything starts: a filter that matches nothing fails at once.
+    let selected = match args.select(&names) {
+        Ok(selected) => selected,
+        Err(e) => {
+            eprintln!("e2e: {e}");
+            std::process::exit(1);
+        }
+    };
+    if selected.is_empty() {
+        println!("e2e: asked for ignored tests or benchmarks only; the scenarios are neither");
+        return;
+    }
     let need = |name: &str| {
         std::env::var(name)
             .unwrap_or_else(|_| panic!("{name} is not set: run through hack/test.sh"))
@@ -38,51 +121,14 @@ fn main() {
     })
     .expect("local cluster starts");
 
-    let scenarios: &[(&str, Scenario)] = &[
-        (
-            "apiservice_available_and_discoverable",
-            apiservice_available_and_discoverable,
-        ),
-        (
-            "crud_and_watch_through_kube_apiserver",
-            crud_and_watch_through_kube_apiserver,
-        ),
-        ("rbac_limits_users", rbac_limits_users),
-        (
-            "forged_headers_without_proxy_certificate_are_refused",
-            forged_headers_are_refused,
-        ),
-        ("namespace_lifecycle", namespace_lifecycle),
-        (
-            "revokers_and_enrollers_through_rbac",
-            revokers_and_enrollers_through_rbac,
-        ),
-        (
-            "client_go_informer_stays_synced_across_restart",
-            client_go_informer_stays_synced_across_restart,
-        ),
-        (
-            "front_proxy_user_without_rbac_is_denied_by_mcp_access",
-            delegated_auth::front_proxy_user_without_rbac_is_denied_by_mcp_access,
-        ),
-        (
-            "front_proxy_certificate_with_disallowed_cn_is_not_trusted",
-            delegated_auth::front_proxy_certificate_with_disallowed_cn_is_not_trusted,
-        ),
-        (
-            "removed_rolebinding_takes_effect_within_the_cache_ttl",
-            delegated_auth::removed_rolebinding_takes_effect_within_the_cache_ttl,
-        ),
-        (
-            "kube_apiserver_unreachable_answers_503",
-            delegated_auth::kube_apiserver_unreachable_answers_503,
-        ),
-    ];
+    println!(
+        "running {} of {} scenarios",
+        selected.len(),
+        SCENARIOS.len()
+    );
     let mut failed = Vec::new();
-    for (name, scenario) in scenarios {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
+    let mut passed = 0usize;
+    for (name, scenario) in SCENARIOS.iter().filter(|(n, _)| selected.contains(n)) {
         let started = Instant::now();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut cluster)))
@@ -94,10 +140,13 @@ fn main() {
                         .unwrap_or_default())
                 });
         match result {
-            Ok(()) => println!(
-                "test {name} ... ok ({:.1}s)",
-                started.elapsed().as_secs_f64()
-            ),
+            Ok(()) => {
+                passed += 1;
+                println!(
+                    "test {name} ... ok ({:.1}s)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
             Err(e) => {
                 println!(
                     "test {name} ... FAILED ({:.1}s)\n    {e}",
@@ -118,20 +167,16 @@ fn main() {
     }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
-    if failed.is_empty() {
-        println!("e2e: all scenarios passed");
+    let filtered_out = SCENARIOS.len() - selected.len();
+    if failed.is_empty() && passed == selected.len() {
+        println!("e2e: ok. {passed} passed; 0 failed; {filtered_out} filtered out");
     } else {
-        println!("e2e: FAILED: {failed:?}");
+        println!(
+            "e2e: FAILED. {passed} passed; {} failed {failed:?}; {filtered_out} filtered out",
+            failed.len()
+        );
         std::process::exit(1);
     }
-}
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
-        }
-    };
 }
 
 fn ok(out: &e2e::Output, what: &str) -> Result<String, String> {
@@ -202,17 +247,24 @@ fn apiservice_available_and_discoverable(c: &mut LocalCluster) -> Result<(), Str
             && resources.contains("agents"),
         "{resources}"
     );
-    // The aggregator downloads our OpenAPI in the background after the APIService turns
-    // Available; explain works once it has.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let explain = loop {
-        let out = c.kubectl(&["explain", "accesssession.spec"]);
-        if out.success {
-            break out.stdout;
-        }
-        ensure!(Instant::now() < deadline, "explain never worked: {out:?}");
-        std::thread::sleep(Duration::from_secs(1));
-    };
+    // This scenario runs first, right after LocalCluster::start returned, which is when
+    // hack/up.sh prints KUBECONFIG=: explain must work at the first attempt, with a
+    // discovery cache of its own (as a user's first kubectl has).
+    let fresh_cache = c.dir.join("fresh-kube-cache");
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["explain", "accesssession.spec"])
+        .env("KUBECACHEDIR", &fresh_cache)
+        .env_remove("KUBECONFIG")
+        .output()
+        .map_err(|e| e.to_string())?;
+    ensure!(
+        out.status.success(),
+        "kubectl explain failed right after start: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let explain = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(
         explain.contains("expiresAt") && explain.contains("server"),
         "{explain}"
@@ -432,22 +484,21 @@ fn rbac_limits_users(c: &mut LocalCluster) -> Result<(), String> {
         can.stdout.trim() == "no",
         "edit must not grant revocations: {can:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let created = c.kubectl_as(
-            &editor,
-            &["create", "-n", mine, "-f", "-"],
-            Some(&session_yaml("s3", "srv-rbac")),
-        );
-        if created.success {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "edit should create sessions: {created:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // Nor an issuer: a session names its subject and teams, which edit must not choose.
+    eventually(c, &editor, &["get", "acs", "-n", mine], None)?;
+    let created = c.kubectl_as(
+        &editor,
+        &["create", "-n", mine, "-f", "-"],
+        Some(&session_yaml("s3", "srv-rbac")),
+    );
+    ensure!(
+        !created.success
+            && created.stderr.contains("Forbidden")
+            && created
+                .stderr
+                .contains("cannot create resource \"accesssessions\""),
+        "edit must not issue sessions: {created:?}"
+    );
     Ok(())
 }
 
@@ -682,7 +733,8 @@ fn revokers_and_enrollers_through_rbac(c: &mut LocalCluster) -> Result<(), Strin
         "{audit}"
     );
 
-    // An enroller creates, completes and withdraws enrollments, but cannot touch sessions.
+    // An enroller requests and withdraws enrollments, but neither completes them (an
+    // enrollment approver does) nor touches sessions.
     let enroller = service_account_kubeconfig(c, ns, "enroller")?;
     ok(
         &c.kubectl(&[
@@ -715,24 +767,38 @@ fn revokers_and_enrollers_through_rbac(c: &mut LocalCluster) -> Result<(), Strin
         pending["status"]["enrollment"]["owner"] == format!("system:serviceaccount:{ns}:enroller"),
         "owner is the authenticated creator: {pending}"
     );
+    let complete = [
+        "patch",
+        "enrollment",
+        "adapter-1",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Completed"}}"#,
+    ];
+    let own = c.kubectl_as(&enroller, &complete, None);
+    ensure!(
+        !own.success
+            && own.stderr.contains("Forbidden")
+            && own.stderr.contains("resource \"enrollments/status\""),
+        "an enroller must not complete enrollments: {own:?}"
+    );
+    let approver = service_account_kubeconfig(c, ns, "approver")?;
     ok(
-        &c.kubectl_as(
-            &enroller,
-            &[
-                "patch",
-                "enrollment",
-                "adapter-1",
-                "-n",
-                ns,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"phase":"Completed"}}"#,
-            ],
-            None,
-        ),
-        "complete",
+        &c.kubectl(&[
+            "create",
+            "rolebinding",
+            "approver",
+            "-n",
+            ns,
+            "--clusterrole=mcp-access-enrollment-approver",
+            &format!("--serviceaccount={ns}:approver"),
+        ]),
+        "rolebinding",
     )?;
+    eventually(c, &approver, &complete, None)?;
     let active: Value = serde_json::from_str(&ok(
         &c.kubectl(&["get", "acs", "adapter-1", "-n", ns, "-o", "json"]),
         "get",
@@ -800,10 +866,13 @@ fn revokers_and_enrollers_through_rbac(c: &mut LocalCluster) -> Result<(), Strin
     Ok(())
 }
 
-/// Reads the informer's JSON lines.
+/// Reads the informer's JSON lines; keeps every REQUEST line and its klog output (stderr, in
+/// a file) so the scenario can tell which protocol client-go used and how often it relisted.
 struct Informer {
     child: std::process::Child,
     lines: mpsc::Receiver<Value>,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    stderr: PathBuf,
 }
 
 impl Informer {
@@ -822,6 +891,63 @@ impl Informer {
             }
         }
         Err(format!("informer: timed out waiting for {what}"))
+    }
+
+    /// The list/watch requests sent so far, as `mode code` (e.g. `watchlist 200`).
+    fn requests(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .map(|v| {
+                        format!(
+                            "{} {}",
+                            v["mode"].as_str().unwrap_or("?"),
+                            v["code"]
+                                .as_u64()
+                                .map(|c| c.to_string())
+                                .unwrap_or_else(|| v["error"].to_string())
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn klog(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Completed initial syncs of the reflector: client-go logs "Caches populated" (klog V(2))
+    /// each time a list or a streaming list has delivered the whole state.
+    fn syncs(&self) -> usize {
+        self.klog().matches("Caches populated").count()
+    }
+
+    /// The protocol evidence, for error messages.
+    fn evidence(&self) -> String {
+        let klog = self.klog();
+        let tail: Vec<&str> = klog.lines().rev().take(15).collect();
+        format!(
+            "requests {:?}; {} syncs; klog tail:\n{}",
+            self.requests(),
+            self.syncs(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    /// Client-go used WatchList only: every list was a streaming list (watch with
+    /// sendInitialEvents=true) and it never fell back to a plain LIST.
+    fn used_watchlist_only(&self) -> Result<(), String> {
+        let requests = self.requests();
+        ensure!(
+            requests.iter().any(|r| r == "watchlist 200")
+                && !requests.iter().any(|r| r.starts_with("list "))
+                && !self.klog().contains("Falling back to regular list"),
+            "client-go did not use WatchList only: {}",
+            self.evidence()
+        );
+        Ok(())
     }
 }
 
@@ -876,31 +1002,53 @@ fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Resul
     )?;
     let bin = std::env::var("MCP_ACCESS_INFORMER_BIN")
         .map_err(|_| "MCP_ACCESS_INFORMER_BIN is not set".to_string())?;
+    let stderr_path = c.dir.join("logs/informer.log");
+    let stderr = std::fs::File::create(&stderr_path).map_err(|e| e.to_string())?;
+    // -v=4: client-go logs each completed sync (V(2)) and a WatchList fallback (V(4)).
     let mut child = Command::new(bin)
         .arg("--kubeconfig")
         .arg(&c.kubeconfig)
-        .args(["--namespace", ns])
+        .args(["--namespace", ns, "-v=4"])
         .env("KUBE_FEATURE_WatchListClient", "true")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .map_err(|e| e.to_string())?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let (tx, rx) = mpsc::channel();
+    let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = requests.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if v["type"] == "REQUEST" {
+                    if let Ok(mut r) = recorded.lock() {
+                        r.push(v.clone());
+                    }
+                }
                 if tx.send(v).is_err() {
                     return;
                 }
             }
         }
     });
-    let informer = Informer { child, lines: rx };
+    let informer = Informer {
+        child,
+        lines: rx,
+        requests,
+        stderr: stderr_path,
+    };
     informer.wait_for("ADDED before", Duration::from_secs(60), |v| {
         v["type"] == "ADDED" && v["name"] == "before"
     })?;
     informer.wait_for("SYNCED", Duration::from_secs(30), |v| v["type"] == "SYNCED")?;
+    // The first sync was one streaming list.
+    informer.used_watchlist_only()?;
+    ensure!(
+        informer.syncs() == 1,
+        "one initial sync expected: {}",
+        informer.evidence()
+    );
 
     // Creates, updates and deletes arrive.
     ok(
@@ -928,6 +1076,12 @@ fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Resul
 
     // Restart MCP Access: the epoch rotates, every open watch ends with Expired, and the
     // informer must relist and keep following.
+    ensure!(
+        informer.syncs() == 1,
+        "no relist expected before the restart: {}",
+        informer.evidence()
+    );
+    let requests_before = informer.requests().len();
     c.start_apiserver().map_err(|e| e.to_string())?;
     c.wait_available(Duration::from_secs(90))
         .map_err(|e| e.to_string())?;
@@ -966,5 +1120,20 @@ fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Resul
             |v| v["type"] == "STATE" && v["items"] == Value::Object(want_json.clone()),
         )
         .map_err(|e| format!("{e}; server has {want:?}"))?;
+    // The restart forced exactly one relist, a streaming list again: the resumed watch fails
+    // (503 while MCP Access is down, or Expired once the new epoch serves) and client-go
+    // lists anew instead of resuming; a second sync is that relist.
+    let after: Vec<String> = informer.requests().split_off(requests_before);
+    ensure!(
+        informer.syncs() == 2 && after.iter().any(|r| r == "watchlist 200"),
+        "the restart did not force one relist: requests after it {after:?}; {}",
+        informer.evidence()
+    );
+    informer.used_watchlist_only()?;
+    eprintln!(
+        "informer: requests {:?}, {} syncs",
+        informer.requests(),
+        informer.syncs()
+    );
     Ok(())
 }

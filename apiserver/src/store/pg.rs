@@ -547,9 +547,11 @@ impl<'a> WriteTx<'a> {
             .await
             .map_err(pg_err)?;
         let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
-        let (row, rows) =
-            tokio::try_join!(self.tx.query_one(&lock, &[]), self.tx.query(&stmt, params))
-                .map_err(pg_err)?;
+        // Both run to completion and the lock's own error wins: after a lock timeout the
+        // second statement only reports the aborted transaction (25P02).
+        let (row, rows) = tokio::join!(self.tx.query_one(&lock, &[]), self.tx.query(&stmt, params));
+        let row = row.map_err(pg_err)?;
+        let rows = rows.map_err(pg_err)?;
         self.epoch = row.get::<_, i32>(0) as u32;
         self.start = row.get::<_, i64>(1) as u64;
         self.seq = self.start;

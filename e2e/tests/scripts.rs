@@ -1,0 +1,445 @@
+//! The scripts in `hack/` report what really happened: `hack/dev.sh` reports the readiness of
+//! the apiserver it started, never of another server on its ports, and `hack/test.sh` stops
+//! when a build fails.
+//!
+//! Needs (set by `hack/test.sh`): MCP_ACCESS_APISERVER_BIN, MCP_ACCESS_INFORMER_BIN, and the
+//! PostgreSQL server binaries `hack/lib/postgres.sh` uses.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn need(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run through hack/test.sh"))
+}
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-access-{what}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Another server on a port: answers every HTTP request with 200 "ok", as another
+/// apiserver's /readyz would. Runs until the test process ends.
+fn impostor(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+}
+
+/// `hack/dev.sh` running in a directory of its own, its output collected line by line.
+struct DevScript {
+    child: Child,
+    dir: PathBuf,
+    stdout: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+    seen_stdout: Vec<String>,
+    seen_stderr: Vec<String>,
+}
+
+fn lines(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+impl DevScript {
+    fn start(port: u16, metrics_port: u16, apiserver_bin: &str) -> Self {
+        let dir = temp_dir("dev");
+        let mut child = Command::new("bash")
+            .arg(e2e::repo_root().join("hack/dev.sh"))
+            .env("MCP_ACCESS_DEV_DIR", &dir)
+            .env("MCP_ACCESS_DEV_PORT", port.to_string())
+            .env("MCP_ACCESS_DEV_METRICS_PORT", metrics_port.to_string())
+            .env("MCP_ACCESS_DEV_READY_TIMEOUT", "10")
+            .env("MCP_ACCESS_APISERVER_BIN", apiserver_bin)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("bash runs hack/dev.sh");
+        let stdout = lines(child.stdout.take().expect("stdout"));
+        let stderr = lines(child.stderr.take().expect("stderr"));
+        Self {
+            child,
+            dir,
+            stdout,
+            stderr,
+            seen_stdout: Vec::new(),
+            seen_stderr: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        self.seen_stdout.extend(self.stdout.try_iter());
+        self.seen_stderr.extend(self.stderr.try_iter());
+    }
+
+    /// Waits for the script to exit (true) or for a stdout line starting with `KUBECONFIG=`
+    /// (false), whichever comes first.
+    fn exit_or_ready(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            if self.ready() {
+                return false;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                // Let the reader threads deliver the last lines.
+                std::thread::sleep(Duration::from_millis(200));
+                self.drain();
+                return !self.ready();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hack/dev.sh neither exited nor reported ready in {timeout:?}: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.seen_stdout
+            .iter()
+            .any(|l| l.starts_with("KUBECONFIG="))
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "stdout: {:?}\nstderr:\n{}",
+            self.seen_stdout,
+            self.seen_stderr.join("\n")
+        )
+    }
+
+    /// Waits for a stderr line containing `text`.
+    fn wait_stderr(&mut self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.seen_stderr.iter().any(|l| l.contains(text)) {
+            assert!(
+                Instant::now() < deadline,
+                "hack/dev.sh never printed {text:?}: {}",
+                self.output()
+            );
+            if let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(100)) {
+                self.seen_stderr.push(line);
+            }
+        }
+    }
+
+    /// SIGTERM (what Ctrl-C in a terminal amounts to) and wait for the exit.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "hack/dev.sh ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for DevScript {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        // A killed script leaves its PostgreSQL behind; stop it before removing the directory.
+        let _ = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                ". {}/hack/lib/postgres.sh && postgres_stop {}",
+                e2e::repo_root().display(),
+                self.dir.join("pg").display()
+            ))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn dev_sh_fails_loudly_when_the_metrics_port_is_taken() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let metrics_port = taken.local_addr().expect("addr").port();
+    impostor(taken);
+    let mut dev = DevScript::start(free_port(), metrics_port, &need("MCP_ACCESS_APISERVER_BIN"));
+    assert!(
+        dev.exit_or_ready(Duration::from_secs(60)),
+        "hack/dev.sh reported ready while another server held its metrics port: {}",
+        dev.output()
+    );
+    let status = dev.child.wait().expect("exit status");
+    assert!(!status.success(), "{status}: {}", dev.output());
+    assert!(
+        dev.seen_stderr
+            .iter()
+            .any(|l| l.contains(&format!("port {metrics_port} is already in use"))),
+        "{}",
+        dev.output()
+    );
+}
+
+#[test]
+fn dev_sh_fails_loudly_when_the_api_port_is_taken() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    impostor(taken);
+    let mut dev = DevScript::start(port, free_port(), &need("MCP_ACCESS_APISERVER_BIN"));
+    assert!(
+        dev.exit_or_ready(Duration::from_secs(60)),
+        "hack/dev.sh reported ready while another server held its port: {}",
+        dev.output()
+    );
+    let status = dev.child.wait().expect("exit status");
+    assert!(!status.success(), "{status}: {}", dev.output());
+    assert!(
+        dev.seen_stderr
+            .iter()
+            .any(|l| l.contains(&format!("port {port} is already in use"))),
+        "{}",
+        dev.output()
+    );
+}
+
+/// The port is free when dev.sh checks it and taken by someone else before its apiserver
+/// binds (here: an "apiserver" that never listens but stays alive). Only the check that the
+/// answering sockets belong to its own process tells the difference.
+#[test]
+fn dev_sh_does_not_take_another_servers_answer_for_its_own() {
+    let bin_dir = temp_dir("fake-apiserver");
+    let fake = bin_dir.join("mcp-access-apiserver");
+    std::fs::write(&fake, "#!/bin/sh\nexec sleep 120\n").expect("write fake apiserver");
+    let _ = Command::new("chmod").arg("755").arg(&fake).status();
+    let metrics_port = free_port();
+    let mut dev = DevScript::start(free_port(), metrics_port, &fake.display().to_string());
+    // Printed after the port checks and before the apiserver starts.
+    dev.wait_stderr("PostgreSQL on", Duration::from_secs(60));
+    impostor(TcpListener::bind(("127.0.0.1", metrics_port)).expect("bind the metrics port"));
+    assert!(
+        dev.exit_or_ready(Duration::from_secs(60)),
+        "hack/dev.sh reported ready from another server: {}",
+        dev.output()
+    );
+    let status = dev.child.wait().expect("exit status");
+    assert!(!status.success(), "{status}: {}", dev.output());
+    assert!(
+        dev.seen_stderr
+            .iter()
+            .any(|l| l.contains("was not ready after")),
+        "{}",
+        dev.output()
+    );
+    let _ = std::fs::remove_dir_all(&bin_dir);
+}
+
+#[test]
+fn dev_sh_reports_ready_from_its_own_apiserver_and_stops_it() {
+    let mut dev = DevScript::start(free_port(), free_port(), &need("MCP_ACCESS_APISERVER_BIN"));
+    assert!(
+        !dev.exit_or_ready(Duration::from_secs(120)),
+        "hack/dev.sh exited instead of reporting ready: {}",
+        dev.output()
+    );
+    let kubeconfig = dev
+        .seen_stdout
+        .iter()
+        .find_map(|l| l.strip_prefix("KUBECONFIG="))
+        .map(PathBuf::from)
+        .expect("KUBECONFIG= line");
+    let pid = dev
+        .seen_stderr
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("apiserver (pid ")
+                .and_then(|rest| rest.split(')').next())
+                .map(str::to_string)
+        })
+        .expect("the apiserver's pid on stderr");
+    // Right after the line: kubectl works.
+    let out = kubectl(&kubeconfig, &["get", "acs", "-n", "default"]);
+    assert!(out.status.success(), "kubectl get acs: {out:?}");
+    let status = dev.stop();
+    assert!(status.success(), "{status}: {}", dev.output());
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z")),
+        "the apiserver (pid {pid}) outlived hack/dev.sh"
+    );
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("kubectl runs")
+}
+
+/// `hack/test.sh` must stop when the Kubernetes build fails. Here it fails for want of Go
+/// (not on PATH, nothing cached); the informer is cached, so the next step would succeed
+/// and reach `cargo`, which is a stand-in that records being called.
+#[test]
+fn test_sh_stops_when_the_kube_build_fails() {
+    let work = temp_dir("test-sh");
+    let cache_bin = work.join("cache/bin");
+    std::fs::create_dir_all(&cache_bin).expect("cache dir");
+    let informer = PathBuf::from(need("MCP_ACCESS_INFORMER_BIN"));
+    std::fs::copy(
+        &informer,
+        cache_bin.join(informer.file_name().expect("informer file name")),
+    )
+    .expect("copy the cached informer");
+    let fake_bin = work.join("bin");
+    std::fs::create_dir_all(&fake_bin).expect("bin dir");
+    let marker = work.join("cargo-was-called");
+    std::fs::write(
+        fake_bin.join("cargo"),
+        format!("#!/bin/sh\necho \"$@\" >>'{}'\n", marker.display()),
+    )
+    .expect("fake cargo");
+    let _ = Command::new("chmod")
+        .arg("755")
+        .arg(fake_bin.join("cargo"))
+        .status();
+    // The system directories (runuser, used for PostgreSQL as root, is in sbin), without the
+    // Go and Rust toolchains.
+    let system = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+    for dir in system {
+        for tool in ["go", "cargo"] {
+            assert!(
+                !Path::new(dir).join(tool).exists(),
+                "{dir}/{tool} exists: this test needs a PATH without {tool}"
+            );
+        }
+    }
+    let out = Command::new("bash")
+        .arg(e2e::repo_root().join("hack/test.sh"))
+        .env(
+            "PATH",
+            format!("{}:{}", fake_bin.display(), system.join(":")),
+        )
+        .env("MCP_ACCESS_CACHE", work.join("cache"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs hack/test.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let called = std::fs::read_to_string(&marker).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        called.is_empty(),
+        "hack/test.sh went on to run cargo ({called:?}) after the kube build failed: {stderr}"
+    );
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("go is not on PATH"), "{stderr}");
+}
+
+/// What `hack/up.sh` runs: `KUBECONFIG=` comes only once kube-apiserver serves MCP Access's
+/// discovery and OpenAPI, so `kubectl explain` works at the first attempt right after it, and
+/// SIGTERM stops the whole control plane.
+#[test]
+fn up_prints_kubeconfig_only_when_explain_works() {
+    let dir = temp_dir("up");
+    let log_path = dir.join("mcp-access-local.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-access-local"))
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--apiserver-bin")
+        .arg(need("MCP_ACCESS_APISERVER_BIN"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("mcp-access-local starts");
+    let stdout = lines(child.stdout.take().expect("stdout"));
+    let kubeconfig = loop {
+        match stdout.recv_timeout(Duration::from_secs(300)) {
+            Ok(line) => {
+                if let Some(path) = line.strip_prefix("KUBECONFIG=") {
+                    break PathBuf::from(path);
+                }
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("mcp-access-local printed no KUBECONFIG=: {e}\n{log}");
+            }
+        }
+    };
+    let explain = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["explain", "accesssession.spec"])
+        .env("KUBECACHEDIR", dir.join("fresh-kube-cache"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("kubectl runs");
+    let pids: Vec<String> = std::fs::read_dir(dir.join("run"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .map(|pid| pid.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let status = child.wait().expect("exit status");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        explain.status.success() && String::from_utf8_lossy(&explain.stdout).contains("expiresAt"),
+        "kubectl explain right after KUBECONFIG=: {}\n{log}",
+        String::from_utf8_lossy(&explain.stderr)
+    );
+    assert!(
+        status.success(),
+        "mcp-access-local on SIGTERM: {status}\n{log}"
+    );
+    assert!(
+        pids.len() == 3,
+        "pid files of etcd, kube-apiserver, controller-manager: {pids:?}"
+    );
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z"),
+            "pid {pid} outlived mcp-access-local: {stat}"
+        );
+    }
+}
