@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apis::{
-    AccessSession, Enrollment, EnrollmentPhase, Revocation, RevocationSpec, RevocationTarget,
-    ServerRef, SessionPhase,
+    AccessSession, Enrollment, EnrollmentPhase, Revocation, RevocationTarget, ServerRef,
+    SessionPhase,
 };
 use apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
 use apiserver::store::{ForbiddenReason, PgStore, Requester, RevokerAuthority, Store, StoreError};
@@ -39,17 +39,7 @@ fn owner() -> Requester {
 }
 
 fn mk_revocation(name: &str, target: RevocationTarget, cause: &str) -> Revocation {
-    let mut r = Revocation {
-        spec: RevocationSpec {
-            target,
-            cause: cause.into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    r.metadata.namespace = Some(NS.into());
-    r.metadata.name = Some(name.into());
-    r
+    support::mk_revocation(NS, name, target, cause)
 }
 
 /// The three target kinds, each aimed at alice's session `s1` on `SRV`.
@@ -124,6 +114,22 @@ fn covering_names(s: &AccessSession) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Creates a revocation in `NS` as a namespace revoker; returns its `revokedSessions`.
+async fn revoke(store: &PgStore, name: &str, target: RevocationTarget, cause: &str) -> u32 {
+    store
+        .create_revocation(
+            mk_revocation(name, target, cause),
+            RevokerAuthority::Namespace,
+            false,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("revocation {name}: {e}"))
+        .object
+        .status
+        .map(|s| s.revoked_sessions)
+        .unwrap_or_default()
+}
+
 async fn withdraw(store: &PgStore, name: &str) {
     store
         .delete_revocation(NS, name, true, &Default::default(), false)
@@ -189,21 +195,12 @@ async fn revocations_are_standing_locks_for_every_target_kind() {
                     .unwrap();
 
                 let (r1, r2) = (format!("r1-{round}"), format!("r2-{round}"));
-                let one = ns_store
-                    .create_revocation(
-                        mk_revocation(&r1, target(first), "manual"),
-                        RevokerAuthority::Namespace,
-                        false,
-                    )
-                    .await
-                    .unwrap()
-                    .object;
+                let one = revoke(ns_store, &r1, target(first), "manual").await;
                 // Existing: revoked, and counted.
                 assert_eq!(phase(ns_store, &s1).await, SessionPhase::Revoked);
                 let expected_first = if first == TargetKind::Session { 1 } else { 2 };
                 assert_eq!(
-                    one.status.as_ref().unwrap().revoked_sessions,
-                    expected_first,
+                    one, expected_first,
                     "{first:?}: the session and, for many-session targets, the pending one"
                 );
                 // One revocation alone already stands for its target.
@@ -227,18 +224,10 @@ async fn revocations_are_standing_locks_for_every_target_kind() {
                     &r1,
                     "restore under one revocation",
                 );
-                let two = ns_store
-                    .create_revocation(
-                        mk_revocation(&r2, target(second), "compromised"),
-                        RevokerAuthority::Namespace,
-                        false,
-                    )
-                    .await
-                    .unwrap()
-                    .object;
+                let two = revoke(ns_store, &r2, target(second), "compromised").await;
                 let expected_second = if second == TargetKind::Session { 1 } else { 2 };
                 assert_eq!(
-                    two.status.as_ref().unwrap().revoked_sessions,
+                    two,
                     expected_second,
                     "{first:?} then {second:?}: an overlapping revocation counts what it covers, revoked already or not"
                 );

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use apis::selector::FieldSelector;
 use apis::{
-    AccessSession, Enrollment, EnrollmentPhase, Kind, Revocation, RevocationSpec, RevocationTarget,
-    SessionPhase,
+    AccessSession, Enrollment, EnrollmentPhase, Kind, Revocation, RevocationTarget, SessionPhase,
 };
 use apiserver::store::{
     EventType, ForbiddenReason, ListQuery, PgStore, Requester, ResourceVersion, RevokerAuthority,
@@ -261,20 +260,6 @@ fn mk_enrollment(ns: &str, name: &str, session: AccessSession) -> Enrollment {
     e.metadata.namespace = Some(ns.into());
     e.metadata.name = Some(name.into());
     e
-}
-
-fn mk_revocation(ns: &str, name: &str, target: RevocationTarget, cause: &str) -> Revocation {
-    let mut r = Revocation {
-        spec: RevocationSpec {
-            target,
-            cause: cause.into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    r.metadata.namespace = Some(ns.into());
-    r.metadata.name = Some(name.into());
-    r
 }
 
 fn session_target(name: &str) -> RevocationTarget {

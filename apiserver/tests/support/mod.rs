@@ -106,6 +106,26 @@ pub fn mk_agent_session(
 
 pub mod server;
 
+/// A Revocation of `target` in `ns`.
+pub fn mk_revocation(
+    ns: &str,
+    name: &str,
+    target: apis::RevocationTarget,
+    cause: &str,
+) -> apis::Revocation {
+    let mut r = apis::Revocation {
+        spec: apis::RevocationSpec {
+            target,
+            cause: cause.into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    r.metadata.namespace = Some(ns.into());
+    r.metadata.name = Some(name.into());
+    r
+}
+
 pub fn mk_agent(name: &str, teams: &[&str]) -> Agent {
     let mut a = Agent::default();
     a.metadata.name = Some(name.into());
