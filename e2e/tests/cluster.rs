@@ -32,6 +32,8 @@ macro_rules! ensure {
     };
 }
 
+#[path = "cluster/fences.rs"]
+mod fences;
 #[path = "cluster/roles.rs"]
 mod roles;
 
@@ -58,6 +60,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "default_roles_matrix_through_kube_apiserver",
         roles::default_roles_matrix,
+    ),
+    (
+        "fence_scope_follows_the_revokers_rbac",
+        fences::fence_scope_follows_rbac,
     ),
     (
         "client_go_informer_stays_synced_across_restart",
