@@ -28,12 +28,11 @@ pub struct Caller<'a> {
     pub cluster_authority: bool,
 }
 
-impl Caller<'_> {
-    fn requester(&self) -> store::Requester {
-        store::Requester {
-            name: self.user.name.clone(),
-            uid: self.user.uid.clone(),
-        }
+/// The user as storage records an owner.
+fn requester(user: &UserInfo) -> store::Requester {
+    store::Requester {
+        name: user.name.clone(),
+        uid: user.uid.clone(),
     }
 }
 
@@ -145,7 +144,7 @@ impl Served for Enrollment {
         dry_run: bool,
     ) -> store::Result<Written<Self>> {
         store
-            .create_enrollment(object, &caller.requester(), dry_run)
+            .create_enrollment(object, &requester(caller.user), dry_run)
             .await
     }
     async fn update<S: Store>(
@@ -163,10 +162,7 @@ impl Served for Enrollment {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> store::Result<Self> {
-        let caller = user.map(|u| store::Requester {
-            name: u.name.clone(),
-            uid: u.uid.clone(),
-        });
+        let caller = user.map(requester);
         store
             .delete_enrollment(namespace, name, caller.as_ref(), preconditions, dry_run)
             .await

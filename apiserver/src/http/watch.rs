@@ -17,9 +17,7 @@ use super::render::{bookmark_line, event_line, object_json, table, watch_line};
 use super::request::{ListOptions, Rendering};
 use super::resource::Served;
 use super::AppState;
-use crate::store::{
-    Event, EventType, ListAt, ListQuery, ResourceVersion, Store, StoreError, Subscription,
-};
+use crate::store::{Event, EventType, ListAt, ListQuery, ResourceVersion, Store, Subscription};
 
 /// Lines queued between the watch task and the connection.
 const LINE_BUFFER: usize = 256;
@@ -136,10 +134,7 @@ pub async fn watch<K: Served, S: Store + Clone>(
             let raw = selection.options.resource_version.as_deref().unwrap_or_default();
             let rv = ResourceVersion::parse(raw)
                 .map_err(|_| ApiError::expired(format!("too old resource version: {raw} (it is not a resourceVersion this server issued)")))?;
-            let sub = app.store.subscribe(rv).await.map_err(|e| match e {
-                StoreError::Expired(m) => ApiError::expired(m),
-                e => ApiError::from_store(e, &K::INFO, ""),
-            })?;
+            let sub = app.store.subscribe(rv).await.map_err(|e| ApiError::from_store(e, &K::INFO, ""))?;
             Ok((sub, None))
         }
     }
@@ -263,7 +258,7 @@ impl WatchTask {
                         }
                     }
                     Err(e) => {
-                        self.send(error_line(&store_error::<K>(e))).await;
+                        self.send(error_line(&ApiError::from_store(e, &K::INFO, ""))).await;
                         return;
                     }
                 },
@@ -274,7 +269,7 @@ impl WatchTask {
                     let rv = match self.subscription.bookmark() {
                         Ok(rv) => rv,
                         Err(e) => {
-                            self.send(error_line(&store_error::<K>(e))).await;
+                            self.send(error_line(&ApiError::from_store(e, &K::INFO, ""))).await;
                             return;
                         }
                     };
@@ -288,13 +283,6 @@ impl WatchTask {
                 _ = self.shutdown.changed() => return,
             }
         }
-    }
-}
-
-fn store_error<K: Served>(e: StoreError) -> ApiError {
-    match e {
-        StoreError::Expired(m) => ApiError::expired(m),
-        e => ApiError::from_store(e, &K::INFO, ""),
     }
 }
 

@@ -500,6 +500,26 @@ macro_rules! advance_sync_state {
     };
 }
 
+/// The bodies of the Revocations of namespace `$1` whose target could select a session `$2`
+/// of subject `$3` on server uid `$4`: a prefilter, [`locks::standing_revocation`] decides.
+/// Cluster-wide reach exists only for fences, which `server_fences` carries.
+const CANDIDATE_REVOCATIONS: &str =
+    "ARRAY(SELECT body FROM objects WHERE resource = 'revocations' AND namespace = $1
+    AND (body #>> '{spec,target,session}' = $2
+         OR body #>> '{spec,target,subject}' = $3
+         OR body #>> '{spec,target,server,uid}' = $4))";
+
+/// Decodes the bodies [`CANDIDATE_REVOCATIONS`] returns.
+fn revocations_of(bodies: Vec<Value>) -> Result<Vec<Revocation>> {
+    bodies
+        .into_iter()
+        .map(|body| {
+            serde_json::from_value(body)
+                .map_err(|e| StoreError::Internal(format!("stored Revocation is unreadable: {e}")))
+        })
+        .collect()
+}
+
 const LOAD_SQL: &str =
     "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3";
 
@@ -634,20 +654,25 @@ impl<'a> WriteTx<'a> {
         self.typed(rows.first().map(stored_row))
     }
 
-    /// Takes the lock and checks that a new session may use its name (unused, never used)
-    /// and its server uid (not fenced). Returns whether the server is fenced.
+    /// Takes the lock and checks that a new session may use its name (unused, never used).
+    /// Returns whether its server uid is fenced and the Revocations that may stand for it,
+    /// read in the same round trip.
     async fn lock_and_check_new_session(
         &mut self,
         ns: &str,
         name: &str,
-        server_uid: &str,
-    ) -> Result<bool> {
+        spec: &AccessSessionSpec,
+    ) -> Result<(bool, Vec<Revocation>)> {
+        let subject = spec.subject.as_ref().map(|s| s.user.as_str());
         let rows = self
             .lock_with(
-                "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3),
-                        EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3),
-                        EXISTS (SELECT 1 FROM server_fences WHERE server_uid = $4 AND (cluster_wide OR namespace = $2))",
-                &[&SESSIONS, &ns, &name, &server_uid],
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM objects WHERE resource = 'accesssessions' AND namespace = $1 AND name = $2),
+                            EXISTS (SELECT 1 FROM name_reservations WHERE resource = 'accesssessions' AND namespace = $1 AND name = $2),
+                            EXISTS (SELECT 1 FROM server_fences WHERE server_uid = $4 AND (cluster_wide OR namespace = $1)),
+                            {CANDIDATE_REVOCATIONS}"
+                ),
+                &[&ns, &name, &subject, &spec.server.uid],
             )
             .await?;
         let row = &rows[0];
@@ -664,7 +689,7 @@ impl<'a> WriteTx<'a> {
                 name,
             });
         }
-        Ok(row.get(2))
+        Ok((row.get(2), revocations_of(row.get(3))?))
     }
 
     /// Applies the issuance rules to a new session's spec, with its agent (locked by this
@@ -674,11 +699,11 @@ impl<'a> WriteTx<'a> {
         (ns, name): (&str, &str),
         spec: &AccessSessionSpec,
         server_fenced: bool,
+        revocations: &[Revocation],
         server_max_ttl: SignedDuration,
         now: Timestamp,
     ) -> Result<rules::Admission> {
-        let revocations = self.revocations_for(ns, name, spec).await?;
-        let standing = locks::standing_revocation(&revocations, ns, name, spec, now);
+        let standing = locks::standing_revocation(revocations, ns, name, spec, now);
         let agent = match &spec.agent {
             Some(agent_ref) => self.load_typed::<Agent>("", &agent_ref.name).await?,
             None => None,
@@ -734,9 +759,8 @@ impl<'a> WriteTx<'a> {
         Ok(!rows.is_empty())
     }
 
-    /// The Revocations of namespace `ns` whose target could select a session `name` with
-    /// `spec`. A prefilter only: [`locks::standing_revocation`] decides. Cluster-wide reach
-    /// exists only for fences, which `server_fences` carries.
+    /// The Revocations that may stand for a session `name` with `spec` in `ns`
+    /// ([`CANDIDATE_REVOCATIONS`]).
     async fn revocations_for(
         &self,
         ns: &str,
@@ -746,19 +770,11 @@ impl<'a> WriteTx<'a> {
         let subject = spec.subject.as_ref().map(|s| s.user.as_str());
         let rows = self
             .query(
-                "SELECT seq, uid, body FROM objects WHERE resource = 'revocations' AND namespace = $1
-                    AND (body #>> '{spec,target,session}' = $2
-                         OR body #>> '{spec,target,subject}' = $3
-                         OR body #>> '{spec,target,server,uid}' = $4)",
+                &format!("SELECT {CANDIDATE_REVOCATIONS}"),
                 &[&ns, &name, &subject, &spec.server.uid],
             )
             .await?;
-        rows.iter()
-            .map(|r| {
-                let row = stored_row(r);
-                decode(row.body, self.rv(row.seq))
-            })
-            .collect()
+        revocations_of(rows[0].get(0))
     }
 
     /// The sessions a selector selects, with their stored rows, in key order. The SQL is
@@ -1293,14 +1309,15 @@ impl Store for PgStore {
 
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let server_fenced = tx
-            .lock_and_check_new_session(&ns, &name, &session.spec.server.uid)
+        let (server_fenced, revocations) = tx
+            .lock_and_check_new_session(&ns, &name, &session.spec)
             .await?;
         let admission = tx
             .admit(
                 (&ns, &name),
                 &session.spec,
                 server_fenced,
+                &revocations,
                 self.inner.config.max_session_ttl,
                 now,
             )
@@ -1619,8 +1636,8 @@ impl Store for PgStore {
         })?;
         let (_gate, mut client) = self.writer().await?;
         let mut tx = WriteTx::begin(&mut client).await?;
-        let server_fenced = tx
-            .lock_and_check_new_session(&ns, &name, &enrollment.spec.server.uid)
+        let (server_fenced, revocations) = tx
+            .lock_and_check_new_session(&ns, &name, &enrollment.spec)
             .await?;
         if tx.load_typed::<Enrollment>(&ns, &name).await?.is_some() {
             return Err(StoreError::AlreadyExists {
@@ -1633,6 +1650,7 @@ impl Store for PgStore {
                 (&ns, &name),
                 &enrollment.spec,
                 server_fenced,
+                &revocations,
                 self.inner.config.max_session_ttl,
                 now,
             )
