@@ -1,23 +1,27 @@
 //! Who is calling (authentication) and whether they may (authorization).
 //!
 //! The HTTP layer asks an [`Authenticator`] and an [`Authorizer`]; standalone mode plugs in a
-//! static token file and an allow-all-authenticated authorizer.
+//! static token file and an allow-all-authenticated authorizer. Behind kube-apiserver,
+//! [`DelegatedAuthenticator`] tries [`front_proxy`] headers, then [`token_review`].
 
 mod cache;
-mod delegated;
+mod front_proxy;
 mod sar;
 mod token_file;
+mod token_review;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use delegated::{
-    common_name, AuthConfigError, DelegatedAuthenticator, DelegatedOptions, RequestHeaderConfig,
-    SwappableClientVerifier,
+pub use front_proxy::{
+    common_name, AuthConfigError, DelegatedOptions, FrontProxy, RequestHeaderConfig,
+    SwappableClientVerifier, AUTH_CONFIGMAP,
 };
 pub use sar::{SubjectAccessReviewer, MASTERS_GROUP};
 pub use token_file::{TokenFile, TokenFileError};
+pub use token_review::TokenReviewer;
 
 /// An authenticated user, as Kubernetes' `user.Info`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -132,6 +136,70 @@ pub enum Decision {
 #[async_trait]
 pub trait Authorizer: Send + Sync + 'static {
     async fn authorize(&self, user: &UserInfo, attributes: &Attributes) -> Decision;
+}
+
+/// Delegated authentication behind kube-apiserver (DESIGN §4): the front proxy's headers
+/// when the connection carries its verified certificate, else a bearer token through
+/// TokenReview.
+pub struct DelegatedAuthenticator {
+    front_proxy: FrontProxy,
+    tokens: TokenReviewer,
+}
+
+impl DelegatedAuthenticator {
+    /// Reads the ConfigMap once (startup fails if it cannot, or if it is refused by
+    /// `options`) and returns the authenticator with the handshake verifier to install in
+    /// the TLS configuration.
+    pub async fn start(
+        client: kube::Client,
+        options: DelegatedOptions,
+    ) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
+        let (me, handshake) = Self::tokens_only(client.clone(), options);
+        me.front_proxy.load(client).await?;
+        Ok((me, handshake))
+    }
+
+    /// An authenticator that trusts no front proxy until a ConfigMap is applied: bearer
+    /// tokens only, through TokenReview.
+    pub fn tokens_only(
+        client: kube::Client,
+        options: DelegatedOptions,
+    ) -> (Arc<Self>, Arc<SwappableClientVerifier>) {
+        let front_proxy = FrontProxy::new(options);
+        let handshake = front_proxy.handshake();
+        let me = Arc::new(Self {
+            front_proxy,
+            tokens: TokenReviewer::new(client),
+        });
+        (me, handshake)
+    }
+
+    /// Follows the authentication ConfigMap (see [`FrontProxy::follow_configmap`]).
+    pub async fn follow_configmap(self: Arc<Self>, client: kube::Client) {
+        self.front_proxy.follow_configmap(client).await
+    }
+}
+
+#[async_trait]
+impl Authenticator for DelegatedAuthenticator {
+    async fn authenticate(
+        &self,
+        request: &http::request::Parts,
+        connection: &ConnectionInfo,
+    ) -> Result<Option<UserInfo>, AuthenticationError> {
+        if let Some(user) = self.front_proxy.user(request, connection) {
+            return Ok(Some(user));
+        }
+        // kube-apiserver strips Authorization before proxying, so a bearer token here came
+        // from a direct client.
+        match bearer_token(request) {
+            Some(token) => match self.tokens.review(token).await? {
+                Some(user) => Ok(Some(user)),
+                None => Err(AuthenticationError::InvalidToken),
+            },
+            None => Ok(None),
+        }
+    }
 }
 
 /// Allows every authenticated request (standalone mode).

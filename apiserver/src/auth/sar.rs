@@ -1,6 +1,8 @@
-//! Delegated authorization: a SubjectAccessReview per decision, allowed and denied results
-//! cached separately, `system:masters` short-circuited (DESIGN §4). A review that cannot be
-//! made (kube-apiserver unreachable, an error status, a timeout) is `Unavailable`, never a
+//! Delegated authorization through kube-apiserver's SubjectAccessReview.
+//!
+//! A SubjectAccessReview per decision, allowed and denied results cached separately,
+//! `system:masters` short-circuited (DESIGN §4). A review that cannot be made
+//! (kube-apiserver unreachable, an error status, a timeout) is `Unavailable`, never a
 //! denial, and is not cached.
 
 use std::time::Duration;

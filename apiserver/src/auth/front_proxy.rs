@@ -1,18 +1,16 @@
-//! Delegated authentication behind kube-apiserver (DESIGN §4):
-//! - front-proxy request headers, trusted only on a connection whose client certificate
-//!   verifies against the request-header CA with an allowed name, configured from
-//!   `kube-system/extension-apiserver-authentication` and re-read when it changes;
-//! - bearer tokens through TokenReview, cached briefly under the token's SHA-256, successes
-//!   and failures apart; a review that cannot be made is `Unavailable` (503), never cached.
+//! Front-proxy authentication: request headers from a verified client certificate.
+//!
+//! kube-apiserver proxies a request with the user in `X-Remote-*` headers over a connection
+//! whose client certificate chains to the request-header CA. Those headers are read only
+//! when the certificate verifies against that CA and carries an allowed name (DESIGN §4);
+//! the ConfigMap that publishes CA, names and headers is read at startup and followed.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -21,13 +19,8 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use super::cache::TtlCache;
-use super::{
-    bearer_token, sha256, AuthenticationError, Authenticator, ConnectionInfo, Digest, UserInfo,
-    AUTHENTICATED_GROUP, REVIEW_TIMEOUT,
-};
+use super::{ConnectionInfo, UserInfo, AUTHENTICATED_GROUP};
 
-/// Namespace and name of the ConfigMap kube-apiserver publishes for extension servers.
 pub const AUTH_CONFIGMAP: (&str, &str) = ("kube-system", "extension-apiserver-authentication");
 
 /// Request-header authentication settings, as published in the ConfigMap.
@@ -342,12 +335,6 @@ impl ClientCertVerifier for SwappableClientVerifier {
     }
 }
 
-/// How long TokenReview results are reused (kube's default for delegated servers).
-const TOKEN_CACHE_TTL: Duration = Duration::from_secs(10);
-
-/// Entries of each token cache: bounds memory whatever tokens clients send.
-const TOKEN_CACHE_CAPACITY: usize = 10_000;
-
 /// Policy of delegated authentication.
 #[derive(Clone, Debug, Default)]
 pub struct DelegatedOptions {
@@ -356,53 +343,37 @@ pub struct DelegatedOptions {
     pub require_allowed_names: bool,
 }
 
-/// Authentication by the front proxy's headers, then by TokenReview.
-pub struct DelegatedAuthenticator {
+/// The current request-header configuration and the handshake verifier that follows it.
+pub struct FrontProxy {
     request_header: RwLock<Option<RequestHeaderConfig>>,
     handshake: Arc<SwappableClientVerifier>,
-    token_reviews: Api<TokenReview>,
     options: DelegatedOptions,
-    /// Tokens TokenReview accepted, by SHA-256 of the token.
-    authenticated: TtlCache<Digest, UserInfo>,
-    /// Tokens TokenReview rejected, by SHA-256 of the token. Kept apart from `authenticated`
-    /// so a flood of random tokens only ever pushes out other rejections.
-    rejected: TtlCache<Digest, ()>,
 }
 
-impl DelegatedAuthenticator {
-    /// Reads the ConfigMap once (startup fails if it cannot, or if it is refused by
-    /// `options`) and returns the authenticator with the handshake verifier to install in
-    /// the TLS configuration.
-    pub async fn start(
-        client: kube::Client,
-        options: DelegatedOptions,
-    ) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
-        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), AUTH_CONFIGMAP.0);
+impl FrontProxy {
+    /// Trusts no front proxy until a ConfigMap is applied.
+    pub fn new(options: DelegatedOptions) -> Self {
+        Self {
+            request_header: RwLock::new(None),
+            handshake: SwappableClientVerifier::new(),
+            options,
+        }
+    }
+
+    /// The verifier to install in the TLS configuration; it follows every applied ConfigMap.
+    pub fn handshake(&self) -> Arc<SwappableClientVerifier> {
+        self.handshake.clone()
+    }
+
+    /// Reads the ConfigMap once and applies it (startup fails if it cannot, or if it is
+    /// refused by the options).
+    pub async fn load(&self, client: kube::Client) -> Result<(), AuthConfigError> {
+        let configmaps: Api<ConfigMap> = Api::namespaced(client, AUTH_CONFIGMAP.0);
         let cm = configmaps
             .get(AUTH_CONFIGMAP.1)
             .await
             .map_err(|e| AuthConfigError::Unavailable(e.to_string()))?;
-        let (me, handshake) = Self::tokens_only(client, options);
-        me.apply(&cm)?;
-        Ok((me, handshake))
-    }
-
-    /// An authenticator that trusts no front proxy until a ConfigMap is applied: bearer
-    /// tokens only, through TokenReview.
-    pub fn tokens_only(
-        client: kube::Client,
-        options: DelegatedOptions,
-    ) -> (Arc<Self>, Arc<SwappableClientVerifier>) {
-        let handshake = SwappableClientVerifier::new();
-        let me = Arc::new(Self {
-            request_header: RwLock::new(None),
-            handshake: handshake.clone(),
-            token_reviews: Api::all(client),
-            options,
-            authenticated: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
-            rejected: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
-        });
-        (me, handshake)
+        self.apply(&cm)
     }
 
     fn apply(&self, cm: &ConfigMap) -> Result<(), AuthConfigError> {
@@ -421,8 +392,8 @@ impl DelegatedAuthenticator {
     }
 
     /// Follows the ConfigMap and applies every valid change; an invalid one is logged and the
-    /// previous configuration kept.
-    pub async fn follow_configmap(self: Arc<Self>, client: kube::Client) {
+    /// previous configuration kept. Returns only if the watch stream ends.
+    pub async fn follow_configmap(&self, client: kube::Client) {
         let configmaps: Api<ConfigMap> = Api::namespaced(client, AUTH_CONFIGMAP.0);
         let config =
             watcher::Config::default().fields(&format!("metadata.name={}", AUTH_CONFIGMAP.1));
@@ -448,83 +419,21 @@ impl DelegatedAuthenticator {
         }
     }
 
-    async fn review(&self, token: &str) -> Result<Option<UserInfo>, AuthenticationError> {
-        let key = sha256(token.as_bytes());
-        if let Some(user) = self.authenticated.get(&key) {
-            return Ok(Some(user));
-        }
-        if self.rejected.get(&key).is_some() {
-            return Ok(None);
-        }
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: token.to_string(),
-                audiences: None,
-            },
-            ..Default::default()
-        };
-        // Errors and timeouts are not cached: the next request asks again.
-        let result = tokio::time::timeout(
-            REVIEW_TIMEOUT,
-            self.token_reviews.create(&PostParams::default(), &review),
-        )
-        .await
-        .map_err(|_| AuthenticationError::Unavailable("TokenReview timed out".into()))?
-        .map_err(|e| AuthenticationError::Unavailable(format!("TokenReview failed: {e}")))?;
-        let status = result.status.unwrap_or_default();
-        let user = if status.authenticated == Some(true) {
-            status.user.map(|u| {
-                let mut groups = u.groups.unwrap_or_default();
-                if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
-                    groups.push(AUTHENTICATED_GROUP.to_string());
-                }
-                UserInfo {
-                    name: u.username.unwrap_or_default(),
-                    uid: u.uid.unwrap_or_default(),
-                    groups,
-                    extra: u.extra.unwrap_or_default(),
-                }
-            })
-        } else {
-            None
-        };
-        match &user {
-            Some(user) => self.authenticated.insert(key, user.clone()),
-            None => self.rejected.insert(key, ()),
-        }
-        Ok(user)
-    }
-}
-
-#[async_trait]
-impl Authenticator for DelegatedAuthenticator {
-    async fn authenticate(
+    /// The user a trusted front proxy asserts on this connection, if any. Headers from anyone
+    /// else are never read.
+    pub fn user(
         &self,
         request: &http::request::Parts,
         connection: &ConnectionInfo,
-    ) -> Result<Option<UserInfo>, AuthenticationError> {
-        let from_proxy = {
-            let config = self
-                .request_header
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            config
-                .as_ref()
-                .filter(|c| c.trusts(connection))
-                .and_then(|c| c.user(&request.headers))
-        };
-        if let Some(user) = from_proxy {
-            return Ok(Some(user));
-        }
-        // Headers from anyone else are never read. kube-apiserver strips Authorization before
-        // proxying, so a bearer token here came from a direct client.
-        match bearer_token(request) {
-            Some(token) => match self.review(token).await? {
-                Some(user) => Ok(Some(user)),
-                None => Err(AuthenticationError::InvalidToken),
-            },
-            None => Ok(None),
-        }
+    ) -> Option<UserInfo> {
+        let config = self
+            .request_header
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        config
+            .as_ref()
+            .filter(|c| c.trusts(connection))
+            .and_then(|c| c.user(&request.headers))
     }
 }
 
