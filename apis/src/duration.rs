@@ -1,6 +1,44 @@
 //! Go-style durations (`8h`, `1h30m`, `90s`, `1.5h`), the format Kubernetes users write.
 
+use std::str::FromStr;
+
 use k8s_openapi::jiff::SignedDuration;
+
+/// A Go duration as a flag or field value: `"1m30s".parse::<GoDuration>()`. Never negative
+/// (the parser refuses a sign), so it converts to a `std::time::Duration` without loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GoDuration(SignedDuration);
+
+impl GoDuration {
+    pub const ZERO: Self = Self(SignedDuration::ZERO);
+
+    pub fn signed(self) -> SignedDuration {
+        self.0
+    }
+
+    pub fn std(self) -> std::time::Duration {
+        self.0.unsigned_abs()
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0.is_zero()
+    }
+}
+
+impl FromStr for GoDuration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_go_duration(s).map(Self)
+    }
+}
+
+impl From<std::time::Duration> for GoDuration {
+    /// Saturates at the largest duration (about 292 years).
+    fn from(d: std::time::Duration) -> Self {
+        Self(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+    }
+}
 
 /// Parses a Go `time.Duration` string. Negative durations are refused: every duration in
 /// this API is a limit.
@@ -86,5 +124,22 @@ mod tests {
         for bad in ["", "h", "8", "8d", "-1h", "1..5h", "1h-", " 8h"] {
             assert!(parse_go_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn go_duration_parses_what_kube_flags_take() {
+        let std = |s: &str| s.parse::<GoDuration>().unwrap().std();
+        assert_eq!(std("10s"), std::time::Duration::from_secs(10));
+        assert_eq!(std("1m30s"), std::time::Duration::from_secs(90));
+        assert_eq!(std("1h"), std::time::Duration::from_secs(3600));
+        assert_eq!(std("500ms"), std::time::Duration::from_millis(500));
+        assert!("0".parse::<GoDuration>().unwrap().is_zero());
+        assert_eq!(
+            "1h30m".parse::<GoDuration>().unwrap().signed(),
+            SignedDuration::from_mins(90)
+        );
+        let err = "ten seconds".parse::<GoDuration>().unwrap_err();
+        assert!(err.contains("invalid duration"), "{err}");
+        assert!("-5s".parse::<GoDuration>().is_err());
     }
 }

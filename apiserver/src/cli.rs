@@ -1,13 +1,15 @@
-//! Flags (each with an environment fallback) and the wiring of the whole process.
+//! Flags (each with an environment fallback), the wiring of the whole process and its lifecycle.
 
-use std::net::{IpAddr, SocketAddr};
+use std::future::Future;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+use apis::duration::GoDuration;
 use clap::{Args, Parser, ValueEnum};
-use k8s_openapi::jiff::SignedDuration;
+use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 
 use crate::admission::NamespaceLifecycle;
@@ -15,9 +17,11 @@ use crate::auth::{
     AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, DelegatedOptions,
     SubjectAccessReviewer, TokenFile,
 };
+use crate::config::{AuthMode, Config, ServingCert, Storage};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use crate::server::{self, Health};
-use crate::store::{parse_dsn, PgStore, PgTls, SessionLimits, Store, StoreConfig};
+use crate::store::{PgStore, Store, StoreConfig};
+use crate::tasks::Tasks;
 use crate::tls::{self, ReloadingCert};
 
 /// The MCP Access aggregated API server.
@@ -55,13 +59,13 @@ pub struct StorageArgs {
     pub retained_events: u64,
     /// Server-wide maximum session lifetime (Go duration).
     #[arg(long, env = "MCP_ACCESS_MAX_SESSION_TTL", default_value = "24h")]
-    pub max_session_ttl: String,
+    pub max_session_ttl: GoDuration,
     /// How long completed Enrollment records are kept (Go duration).
     #[arg(long, env = "MCP_ACCESS_ENROLLMENT_RETENTION", default_value = "24h")]
-    pub enrollment_retention: String,
+    pub enrollment_retention: GoDuration,
     /// Interval between watch bookmarks (Go duration).
     #[arg(long, env = "MCP_ACCESS_WATCH_BOOKMARK_INTERVAL", default_value = "5s")]
-    pub watch_bookmark_interval: String,
+    pub watch_bookmark_interval: GoDuration,
     /// CA bundle (PEM) the PostgreSQL server certificate must chain to; used by
     /// sslmode=verify-ca and verify-full (and require, which then verifies the chain). Wins
     /// over the DSN's sslrootcert.
@@ -70,25 +74,25 @@ pub struct StorageArgs {
     /// How long a request waits for a database connection or its turn to write before it is
     /// answered 503 (Go duration).
     #[arg(long, env = "MCP_ACCESS_DATABASE_POOL_TIMEOUT", default_value = "5s")]
-    pub database_pool_timeout: String,
+    pub database_pool_timeout: GoDuration,
     /// Server-side statement timeout of every store connection (Go duration).
     #[arg(
         long,
         env = "MCP_ACCESS_DATABASE_STATEMENT_TIMEOUT",
         default_value = "30s"
     )]
-    pub database_statement_timeout: String,
+    pub database_statement_timeout: GoDuration,
     /// How long a write waits for a row lock (e.g. the sync-state lock) before it is
     /// answered 503 (Go duration).
     #[arg(long, env = "MCP_ACCESS_DATABASE_LOCK_TIMEOUT", default_value = "5s")]
-    pub database_lock_timeout: String,
+    pub database_lock_timeout: GoDuration,
     /// How long a transaction may sit idle before the server ends it (Go duration).
     #[arg(
         long,
         env = "MCP_ACCESS_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT",
         default_value = "30s"
     )]
-    pub database_idle_in_transaction_timeout: String,
+    pub database_idle_in_transaction_timeout: GoDuration,
     /// How long the change feed may go without confirming the database head before every
     /// watch ends with 410 Gone, new watches get 503 and /readyz fails (Go duration).
     #[arg(
@@ -96,51 +100,14 @@ pub struct StorageArgs {
         env = "MCP_ACCESS_CHANGE_FEED_STALENESS_BOUND",
         default_value = "5s"
     )]
-    pub change_feed_staleness_bound: String,
+    pub change_feed_staleness_bound: GoDuration,
 }
 
 impl StorageArgs {
-    /// The store settings these flags describe: DSN (with its sslmode), TLS, limits.
+    /// The store settings these flags describe: DSN (with its sslmode), TLS, limits. Reads
+    /// the CA file.
     pub fn store_config(&self) -> anyhow::Result<StoreConfig> {
-        let std_duration = |flag: &str, value: &str| -> anyhow::Result<Duration> {
-            go_duration(flag, value)?
-                .try_into()
-                .with_context(|| format!("--{flag}"))
-        };
-        // The DSN may carry a password: errors never include it.
-        let dsn = parse_dsn(&self.database_url).context("--database-url")?;
-        let ca = self
-            .database_ca_file
-            .as_ref()
-            .or(dsn.ssl_root_cert.as_ref());
-        let tls = PgTls::new(dsn.ssl_mode, ca.map(PathBuf::as_path)).context("--database-url")?;
-        let mut config = StoreConfig::new(dsn.pg);
-        config.tls = Some(tls);
-        config.pool_size = self.database_pool_size.max(2);
-        config.retained_events = self.retained_events;
-        config.max_session_ttl = go_duration("max-session-ttl", &self.max_session_ttl)?;
-        config.pool_timeout = std_duration("database-pool-timeout", &self.database_pool_timeout)?;
-        config.session = SessionLimits {
-            statement_timeout: std_duration(
-                "database-statement-timeout",
-                &self.database_statement_timeout,
-            )?,
-            lock_timeout: std_duration("database-lock-timeout", &self.database_lock_timeout)?,
-            idle_in_transaction_timeout: std_duration(
-                "database-idle-in-transaction-timeout",
-                &self.database_idle_in_transaction_timeout,
-            )?,
-            connect_timeout: config.pool_timeout,
-        };
-        config.staleness_bound = std_duration(
-            "change-feed-staleness-bound",
-            &self.change_feed_staleness_bound,
-        )?;
-        // The heartbeat and the reader prove liveness about once a second.
-        if config.staleness_bound < Duration::from_secs(1) {
-            bail!("--change-feed-staleness-bound must be at least 1s");
-        }
-        Ok(config)
+        Ok(Storage::try_from(self)?.store_config()?)
     }
 }
 
@@ -207,10 +174,10 @@ pub struct AuthArgs {
         env = "MCP_ACCESS_AUTHORIZATION_ALLOW_TTL",
         default_value = "10s"
     )]
-    pub authorization_allow_ttl: String,
+    pub authorization_allow_ttl: GoDuration,
     /// How long a denied SubjectAccessReview is reused (Go duration).
     #[arg(long, env = "MCP_ACCESS_AUTHORIZATION_DENY_TTL", default_value = "10s")]
-    pub authorization_deny_ttl: String,
+    pub authorization_deny_ttl: GoDuration,
     /// Refuse to start (and ignore ConfigMap changes) when kube-apiserver's
     /// requestheader-allowed-names is empty, which trusts any certificate the request-header
     /// CA signed as the front proxy. Without this flag that is only a loud warning.
@@ -225,21 +192,19 @@ pub struct AuthArgs {
     pub token_auth_file: Option<PathBuf>,
 }
 
-fn go_duration(flag: &str, value: &str) -> anyhow::Result<SignedDuration> {
-    let d =
-        apis::duration::parse_go_duration(value).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
-    if d <= SignedDuration::ZERO {
-        bail!("--{flag} must be greater than 0");
-    }
-    Ok(d)
-}
-
 /// The authenticator, the authorizer and the TLS client-certificate policy of one mode.
 type AuthParts = (
     Arc<dyn Authenticator>,
     Arc<dyn Authorizer>,
     Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 );
+
+/// A long-lived task, built by the wiring and started by the lifecycle.
+type Task = (&'static str, BoxFuture<'static, anyhow::Result<()>>);
+
+/// Names of the tasks, as logs and the error that ends the process call them.
+const API_LISTENER: &str = "API listener";
+const METRICS_LISTENER: &str = "metrics listener";
 
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
@@ -279,62 +244,96 @@ pub fn main() -> anyhow::Result<()> {
 }
 
 /// Runs the server until SIGINT/SIGTERM: the first signal drains (readiness false, watches
-/// closed cleanly), a second one aborts.
+/// closed cleanly), a second one aborts. Every security-relevant setting is validated
+/// before anything is touched.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    // Validate every security-relevant setting before touching anything.
-    let mut background: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-    let mut namespaces = None;
-    let (authenticator, authorizer, client_verifier): AuthParts = if cli.auth.standalone {
-        let Some(path) = &cli.auth.token_auth_file else {
-            bail!("--standalone needs --token-auth-file: refusing to serve without authentication");
-        };
-        (
-            Arc::new(TokenFile::load(path)?),
-            Arc::new(AllowAuthenticated),
+    let config = Config::try_from(cli)?;
+    let wired = wire(config).await?;
+    lifecycle(wired).await
+}
+
+/// The process, built from its configuration: every part connected, nothing running yet
+/// but the store.
+struct Wired {
+    store: PgStore,
+    health: Arc<Health>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<Task>,
+    /// For the log line that says the server is up.
+    serving: crate::config::Serving,
+}
+
+/// Authentication, authorization and admission of one mode, with the tasks that keep them
+/// current.
+async fn wire_auth(
+    auth: &AuthMode,
+    tasks: &mut Vec<Task>,
+) -> anyhow::Result<(AuthParts, Option<Arc<NamespaceLifecycle>>)> {
+    match auth {
+        AuthMode::Standalone { token_file } => Ok((
+            (
+                Arc::new(TokenFile::load(token_file)?),
+                Arc::new(AllowAuthenticated),
+                None,
+            ),
             None,
-        )
-    } else {
-        if cli.auth.token_auth_file.is_some() {
-            bail!("--token-auth-file is only for --standalone: behind kube-apiserver, tokens are checked with TokenReview");
+        )),
+        AuthMode::Delegated {
+            kubeconfig,
+            allow_ttl,
+            deny_ttl,
+            require_allowed_names,
+        } => {
+            let client = kube_client(kubeconfig.as_deref()).await?;
+            let options = DelegatedOptions {
+                require_allowed_names: *require_allowed_names,
+            };
+            let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone(), options)
+                .await
+                .context("delegated authentication")?;
+            tasks.push((
+                "authentication ConfigMap follower",
+                forever(authenticator.clone().follow_configmap(client.clone())),
+            ));
+            let (lifecycle, run) = NamespaceLifecycle::start(client.clone());
+            tasks.push(("namespace lifecycle", forever(run)));
+            let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = verifier;
+            Ok((
+                (
+                    authenticator,
+                    Arc::new(SubjectAccessReviewer::new(client, *allow_ttl, *deny_ttl)),
+                    Some(verifier),
+                ),
+                Some(lifecycle),
+            ))
         }
-        if cli.serving.tls_cert_file.is_none() {
-            bail!(
-                "--tls-cert-file and --tls-private-key-file are required outside standalone mode"
-            );
+    }
+}
+
+/// A task with no result: that it returns at all is what gets reported.
+fn forever(
+    task: impl Future<Output = ()> + Send + 'static,
+) -> BoxFuture<'static, anyhow::Result<()>> {
+    Box::pin(async move {
+        task.await;
+        Ok(())
+    })
+}
+
+/// The serving certificate: files (reloaded by a watcher task) or a generated one.
+fn wire_cert(cert: &ServingCert, tasks: &mut Vec<Task>) -> anyhow::Result<Arc<ReloadingCert>> {
+    Ok(match cert {
+        ServingCert::Files { cert, key } => {
+            let cert = ReloadingCert::from_files(cert.clone(), key.clone())?;
+            tasks.push((
+                "certificate watcher",
+                forever(cert.clone().watch(Duration::from_secs(10))),
+            ));
+            cert
         }
-        let allow_ttl: Duration =
-            go_duration("authorization-allow-ttl", &cli.auth.authorization_allow_ttl)?
-                .try_into()?;
-        let deny_ttl: Duration =
-            go_duration("authorization-deny-ttl", &cli.auth.authorization_deny_ttl)?.try_into()?;
-        let client = kube_client(cli.auth.kubeconfig.as_deref()).await?;
-        let options = DelegatedOptions {
-            require_allowed_names: cli.auth.requestheader_require_allowed_names,
-        };
-        let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone(), options)
-            .await
-            .context("delegated authentication")?;
-        background.push(tokio::spawn(
-            authenticator.clone().follow_configmap(client.clone()),
-        ));
-        let (lifecycle, run) = NamespaceLifecycle::start(client.clone());
-        background.push(tokio::spawn(run));
-        namespaces = Some(lifecycle);
-        let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = verifier;
-        (
-            authenticator,
-            Arc::new(SubjectAccessReviewer::new(client, allow_ttl, deny_ttl)),
-            Some(verifier),
-        )
-    };
-    let cert = match (
-        &cli.serving.tls_cert_file,
-        &cli.serving.tls_private_key_file,
-    ) {
-        (Some(cert), Some(key)) => ReloadingCert::from_files(cert.clone(), key.clone())?,
-        _ => {
-            let (key, pem) = tls::self_signed(&cli.serving.tls_san)?;
-            if let Some(dir) = &cli.serving.cert_dir {
+        ServingCert::SelfSigned { sans, cert_dir } => {
+            let (key, pem) = tls::self_signed(sans)?;
+            if let Some(dir) = cert_dir {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
                 let path = dir.join("apiserver.crt");
@@ -344,32 +343,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             ReloadingCert::fixed(key)
         }
-    };
-    let tls_config = tls::server_config(cert.clone(), client_verifier)?;
-    let store_config = cli.storage.store_config()?;
-    let bookmark_interval: Duration = go_duration(
-        "watch-bookmark-interval",
-        &cli.storage.watch_bookmark_interval,
-    )?
-    .try_into()
-    .context("--watch-bookmark-interval")?;
+    })
+}
 
-    let enrollment_retention: Duration =
-        go_duration("enrollment-retention", &cli.storage.enrollment_retention)?
-            .try_into()
-            .context("--enrollment-retention")?;
-    let api_listener = server::bind(SocketAddr::new(
-        cli.serving.bind_address,
-        cli.serving.secure_port,
-    ))
-    .await?;
-    let metrics_listener = server::bind(SocketAddr::new(
-        cli.serving
-            .metrics_bind_address
-            .unwrap_or(cli.serving.bind_address),
-        cli.serving.metrics_port,
-    ))
-    .await?;
+/// Removes completed enrollments past retention, once a minute.
+async fn collect_enrollments(store: PgStore, retention: Duration) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        match store.collect_completed_enrollments(retention).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                collected = n,
+                "removed completed enrollments past retention"
+            ),
+            Err(e) => tracing::warn!(error = %e, "enrollment garbage collection failed"),
+        }
+    }
+}
+
+/// Builds every part from the configuration: credentials, certificates, listeners (bound,
+/// so a taken port fails startup), the store, the HTTP application and its metrics.
+async fn wire(config: Config) -> anyhow::Result<Wired> {
+    let mut tasks: Vec<Task> = Vec::new();
+    let ((authenticator, authorizer, client_verifier), namespaces) =
+        wire_auth(&config.auth, &mut tasks).await?;
+    let cert = wire_cert(&config.serving.cert, &mut tasks)?;
+    let tls_config = tls::server_config(cert, client_verifier)?;
+    let store_config = config.storage.store_config()?;
+    let api_listener = server::bind(config.serving.api).await?;
+    let metrics_listener = server::bind(config.serving.metrics).await?;
 
     let store = PgStore::start(store_config).await.context("storage")?;
     let mut registry = Registry::default();
@@ -381,91 +383,97 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         let store = store.clone();
         move || store.change_feed_live()
     });
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
     let app = AppState::new(
         store.clone(),
         authenticator,
         authorizer,
-        HttpConfig { bookmark_interval },
+        HttpConfig {
+            bookmark_interval: config.bookmark_interval,
+        },
         metrics,
         shutdown_rx.clone(),
-    );
-    if cli.serving.max_requests_inflight == 0 || cli.serving.max_watches_per_user == 0 {
-        bail!("--max-requests-inflight and --max-watches-per-user must be greater than 0");
-    }
-    let app = app.with_limits(Limits {
-        max_requests_inflight: cli.serving.max_requests_inflight,
-        max_watches_per_user: cli.serving.max_watches_per_user,
+    )
+    .with_limits(Limits {
+        max_requests_inflight: config.serving.max_requests_inflight,
+        max_watches_per_user: config.serving.max_watches_per_user,
         ..Limits::default()
     });
     let app = match namespaces {
         Some(lifecycle) => app.with_namespace_lifecycle(lifecycle),
         None => app,
     };
-
-    let mut api = tokio::spawn(server::serve_api(
-        api_listener,
-        tls_config,
-        app,
-        shutdown_rx.clone(),
+    tasks.push((
+        API_LISTENER,
+        Box::pin({
+            let shutdown = shutdown_rx.clone();
+            async move { Ok(server::serve_api(api_listener, tls_config, app, shutdown).await?) }
+        }),
     ));
-    let mut metrics_server = tokio::spawn(server::serve_metrics(
-        metrics_listener,
-        registry,
-        health.clone(),
-        shutdown_rx.clone(),
-    ));
-    let mut cert_watch = tokio::spawn(cert.watch(Duration::from_secs(10)));
-    background.push(tokio::spawn({
-        let store = store.clone();
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                match store
-                    .collect_completed_enrollments(enrollment_retention)
-                    .await
-                {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(
-                        collected = n,
-                        "removed completed enrollments past retention"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "enrollment garbage collection failed"),
-                }
+    tasks.push((
+        METRICS_LISTENER,
+        Box::pin({
+            let health = health.clone();
+            async move {
+                Ok(server::serve_metrics(metrics_listener, registry, health, shutdown_rx).await?)
             }
-        }
-    }));
-    let mut background = futures::future::select_all(
-        background
-            .into_iter()
-            .chain([tokio::spawn(std::future::pending())]),
-    );
+        }),
+    ));
+    tasks.push((
+        "enrollment garbage collector",
+        forever(collect_enrollments(
+            store.clone(),
+            config.enrollment_retention,
+        )),
+    ));
+    Ok(Wired {
+        store,
+        health,
+        shutdown,
+        tasks,
+        serving: config.serving,
+    })
+}
+
+/// Runs the wired parts: starts every task, serves until a signal or until a task ends
+/// (which ends the process with an error naming it), then drains.
+async fn lifecycle(wired: Wired) -> anyhow::Result<()> {
+    let Wired {
+        store,
+        health,
+        shutdown,
+        tasks: built,
+        serving,
+    } = wired;
+    let mut tasks = Tasks::default();
+    for (name, task) in built {
+        tasks.spawn(name, task);
+    }
     health.set_ready(true);
     tracing::info!(
-        port = cli.serving.secure_port,
-        metrics_port = cli.serving.metrics_port,
+        port = serving.api.port(),
+        metrics_port = serving.metrics.port(),
         "serving"
     );
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let result: anyhow::Result<()> = tokio::select! {
-        _ = tokio::signal::ctrl_c() => Ok(()),
-        _ = terminate.recv() => Ok(()),
-        r = &mut api => Err(anyhow::anyhow!("API listener ended: {r:?}")),
-        r = &mut metrics_server => Err(anyhow::anyhow!("metrics listener ended: {r:?}")),
-        r = &mut cert_watch => Err(anyhow::anyhow!("certificate watcher ended: {r:?}")),
-        (r, _, _) = &mut background => Err(anyhow::anyhow!("a background task ended: {r:?}")),
-    };
-    result?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+        ended = tasks.first_end() => {
+            tracing::error!(error = %ended, "a task that runs until shutdown ended; exiting");
+            return Err(ended.into());
+        }
+    }
     tracing::info!("shutting down: draining (signal again to abort)");
     health.set_ready(false);
-    let _ = shutdown_tx.send(true);
+    let _ = shutdown.send(true);
     tokio::select! {
-        _ = async { let _ = api.await; let _ = metrics_server.await; } => {}
-        _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+        _ = tasks.drain(&[API_LISTENER, METRICS_LISTENER], Duration::from_secs(15)) => {}
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
     }
+    drop(tasks);
     drop(store);
     Ok(())
 }

@@ -4,7 +4,9 @@
 pub mod admission;
 pub mod auth;
 pub mod cli;
+pub mod config;
 pub mod http;
 pub mod server;
 pub mod store;
+pub mod tasks;
 pub mod tls;
