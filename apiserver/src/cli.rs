@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,8 +14,8 @@ use prometheus_client::registry::Registry;
 
 use crate::admission::NamespaceLifecycle;
 use crate::auth::{
-    AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, DelegatedOptions,
-    SubjectAccessReviewer, TokenFile,
+    AllowAuthenticated, AuthCacheMetrics, Authenticator, Authorizer, DelegatedAuthenticator,
+    DelegatedOptions, SubjectAccessReviewer, TokenFile,
 };
 use crate::config::{AuthMode, Config, ServingCert, Storage};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
@@ -267,6 +267,7 @@ struct Wired {
 /// current.
 async fn wire_auth(
     auth: &AuthMode,
+    cache_metrics: &AuthCacheMetrics,
     tasks: &mut Vec<Task>,
 ) -> anyhow::Result<(AuthParts, Option<Arc<NamespaceLifecycle>>)> {
     match auth {
@@ -288,9 +289,10 @@ async fn wire_auth(
             let options = DelegatedOptions {
                 require_allowed_names: *require_allowed_names,
             };
-            let (authenticator, verifier) = DelegatedAuthenticator::start(client.clone(), options)
-                .await
-                .context("delegated authentication")?;
+            let (authenticator, verifier) =
+                DelegatedAuthenticator::start(client.clone(), options, cache_metrics)
+                    .await
+                    .context("delegated authentication")?;
             tasks.push((
                 "authentication ConfigMap follower",
                 forever(authenticator.clone().follow_configmap(client.clone())),
@@ -301,7 +303,10 @@ async fn wire_auth(
             Ok((
                 (
                     authenticator,
-                    Arc::new(SubjectAccessReviewer::new(client, *allow_ttl, *deny_ttl)),
+                    Arc::new(
+                        SubjectAccessReviewer::new(client, *allow_ttl, *deny_ttl)
+                            .with_cache_metrics(cache_metrics),
+                    ),
                     Some(verifier),
                 ),
                 Some(lifecycle),
@@ -365,8 +370,11 @@ async fn collect_enrollments(store: PgStore, retention: Duration) {
 /// so a taken port fails startup), the store, the HTTP application and its metrics.
 async fn wire(config: Config) -> anyhow::Result<Wired> {
     let mut tasks: Vec<Task> = Vec::new();
+    // Filled as the parts are built, read-only once serving starts.
+    let mut registry = Registry::default();
+    let cache_metrics = AuthCacheMetrics::register(&mut registry);
     let ((authenticator, authorizer, client_verifier), namespaces) =
-        wire_auth(&config.auth, &mut tasks).await?;
+        wire_auth(&config.auth, &cache_metrics, &mut tasks).await?;
     let cert = wire_cert(&config.serving.cert, &mut tasks)?;
     let tls_config = tls::server_config(cert, client_verifier)?;
     let store_config = config.storage.store_config()?;
@@ -374,9 +382,9 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let metrics_listener = server::bind(config.serving.metrics).await?;
 
     let store = PgStore::start(store_config).await.context("storage")?;
-    let mut registry = Registry::default();
     let metrics = HttpMetrics::register(&mut registry);
-    let registry = Arc::new(Mutex::new(registry));
+    store.change_feed_metrics().register(&mut registry);
+    let registry = Arc::new(registry);
     let health = Arc::new(Health::default());
     // Not ready while the change feed cannot vouch for being current: watches would end.
     health.add_check("change-feed", {

@@ -350,7 +350,7 @@ impl Health {
 /// Serves `/metrics`, `/livez` and `/readyz` over plain HTTP.
 pub async fn serve_metrics(
     listener: TcpListener,
-    registry: Arc<Mutex<Registry>>,
+    registry: Arc<Registry>,
     health: Arc<Health>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -361,11 +361,7 @@ pub async fn serve_metrics(
                 let registry = registry.clone();
                 async move {
                     let mut text = String::new();
-                    let encoded = {
-                        let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
-                        prometheus_client::encoding::text::encode(&mut text, &registry)
-                    };
-                    match encoded {
+                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
                         Ok(()) => (
                             StatusCode::OK,
                             [(

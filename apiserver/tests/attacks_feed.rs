@@ -7,7 +7,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apiserver::http::HttpConfig;
@@ -114,7 +114,7 @@ async fn serve_readyz(store: &PgStore) -> String {
     std::mem::forget(tx);
     tokio::spawn(apiserver::server::serve_metrics(
         listener,
-        Arc::new(Mutex::new(prometheus_client::registry::Registry::default())),
+        Arc::new(prometheus_client::registry::Registry::default()),
         health,
         rx,
     ));

@@ -1225,3 +1225,91 @@ async fn metrics_can_listen_on_loopback_only() {
     assert_eq!(listening_addresses(pid, bin.metrics_port), ["0100007F"]);
     assert_eq!(listening_addresses(pid, bin.port), ["00000000"]);
 }
+
+/// The binary's /metrics exposes every family operators watch: request counts and latency
+/// by verb/resource/code, watchers by resource and watch cut-offs, the change feed's head,
+/// lag and cut-offs, and the authentication caches' lookups. A watch and a request are
+/// made first so the labelled families have samples, not only their HELP lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_expose_every_family() {
+    let bin = Binary::start(&[], None).await;
+    let sessions = format!(
+        "{}/apis/{}/namespaces/metrics/accesssessions",
+        bin.url(),
+        apis::API_VERSION
+    );
+    let list = bin
+        .http()
+        .get(&sessions)
+        .bearer_auth(&bin.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    let watch = bin
+        .http()
+        .get(format!("{sessions}?watch=true"))
+        .bearer_auth(&bin.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let metrics_url = format!("http://127.0.0.1:{}/metrics", bin.metrics_port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        // The watch counts once its task runs; the feed gauges once the check has ticked.
+        if text.contains("\nmcp_access_apiserver_watchers{resource=\"accesssessions\"} 1\n")
+            && text.contains("\nmcp_access_apiserver_change_feed_live 1\n")
+            && text.contains("\nmcp_access_apiserver_change_feed_subscribers 1\n")
+        {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for family in [
+        "# TYPE mcp_access_apiserver_requests counter",
+        "# TYPE mcp_access_apiserver_request_duration_seconds histogram",
+        "# TYPE mcp_access_apiserver_open_watches gauge",
+        "# TYPE mcp_access_apiserver_watchers gauge",
+        "# TYPE mcp_access_apiserver_watch_cutoffs counter",
+        "# TYPE mcp_access_apiserver_change_feed_head gauge",
+        "# TYPE mcp_access_apiserver_change_feed_lag_events gauge",
+        "# TYPE mcp_access_apiserver_change_feed_lag_seconds gauge",
+        "# TYPE mcp_access_apiserver_change_feed_live gauge",
+        "# TYPE mcp_access_apiserver_change_feed_subscribers gauge",
+        "# TYPE mcp_access_apiserver_change_feed_cutoffs counter",
+        "# TYPE mcp_access_apiserver_auth_cache_lookups counter",
+    ] {
+        assert!(
+            text.contains(family),
+            "{family} missing from /metrics:\n{text}"
+        );
+    }
+    assert!(
+        text.contains(
+            "mcp_access_apiserver_request_duration_seconds_count{verb=\"list\",resource=\"accesssessions\",code=\"200\"} 1"
+        ),
+        "{text}"
+    );
+    // Counters exist from the start, at zero, so rates and ratios need no special case.
+    assert!(
+        text.contains(
+            "\nmcp_access_apiserver_watch_cutoffs_total{resource=\"accesssessions\",reason=\"Expired\"} 0\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nmcp_access_apiserver_change_feed_cutoffs_total{reason=\"slow_consumer\"} 0\n"
+        ),
+        "{text}"
+    );
+    drop(watch);
+}

@@ -11,6 +11,55 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    cache: &'static str,
+    result: &'static str,
+}
+
+/// Lookups of the authentication and authorization caches, by cache and hit or miss: the
+/// hit ratio of each is `hit / (hit + miss)`.
+#[derive(Clone, Debug, Default)]
+pub struct AuthCacheMetrics {
+    lookups: Family<CacheLabels, Counter>,
+}
+
+impl AuthCacheMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        // Every series from the start, at zero (standalone mode has no cache at all).
+        for cache in [
+            "token_authenticated",
+            "token_rejected",
+            "sar_allowed",
+            "sar_denied",
+        ] {
+            for result in ["hit", "miss"] {
+                metrics.counter(cache, result);
+            }
+        }
+        registry
+            .sub_registry_with_prefix("mcp_access_apiserver")
+            .register(
+                "auth_cache_lookups",
+                "Lookups of the TokenReview and SubjectAccessReview caches by cache and result (hit, miss)",
+                metrics.lookups.clone(),
+            );
+        metrics
+    }
+
+    fn counter(&self, cache: &'static str, result: &'static str) -> Counter {
+        self.lookups
+            .get_or_create(&CacheLabels { cache, result })
+            .clone()
+    }
+}
+
 struct Entry<V> {
     /// Position in `Inner::order`.
     seq: u64,
@@ -30,6 +79,9 @@ pub struct TtlCache<K, V> {
     ttl: Duration,
     capacity: usize,
     inner: Mutex<Inner<K, V>>,
+    /// Live entries found and not found (counted only once registered with `counted`).
+    hits: Counter,
+    misses: Counter,
 }
 
 impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
@@ -42,16 +94,30 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
                 order: BTreeMap::new(),
                 next_seq: 0,
             }),
+            hits: Counter::default(),
+            misses: Counter::default(),
         }
+    }
+
+    /// Counts this cache's lookups in `metrics` as `cache`.
+    pub fn counted(mut self, metrics: &AuthCacheMetrics, cache: &'static str) -> Self {
+        self.hits = metrics.counter(cache, "hit");
+        self.misses = metrics.counter(cache, "miss");
+        self
     }
 
     pub fn get(&self, key: &K) -> Option<V> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner
+        let found = inner
             .entries
             .get(key)
             .filter(|e| e.at.elapsed() < self.ttl)
-            .map(|e| e.value.clone())
+            .map(|e| e.value.clone());
+        match found {
+            Some(_) => self.hits.inc(),
+            None => self.misses.inc(),
+        };
+        found
     }
 
     pub fn insert(&self, key: K, value: V) {
@@ -107,6 +173,31 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookups_are_counted_by_cache_and_result() {
+        let mut registry = Registry::default();
+        let metrics = AuthCacheMetrics::register(&mut registry);
+        let cache = TtlCache::new(Duration::from_secs(60), 2).counted(&metrics, "sar_allowed");
+        cache.insert("a", 1);
+        cache.get(&"a");
+        cache.get(&"a");
+        cache.get(&"b");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                "mcp_access_apiserver_auth_cache_lookups_total{cache=\"sar_allowed\",result=\"hit\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "mcp_access_apiserver_auth_cache_lookups_total{cache=\"sar_allowed\",result=\"miss\"} 1"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn entries_expire() {

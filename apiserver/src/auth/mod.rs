@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use cache::AuthCacheMetrics;
 pub use front_proxy::{
     common_name, AuthConfigError, DelegatedOptions, FrontProxy, RequestHeaderConfig,
     SwappableClientVerifier, AUTH_CONFIGMAP,
@@ -153,9 +154,15 @@ impl DelegatedAuthenticator {
     pub async fn start(
         client: kube::Client,
         options: DelegatedOptions,
+        cache_metrics: &AuthCacheMetrics,
     ) -> Result<(Arc<Self>, Arc<SwappableClientVerifier>), AuthConfigError> {
-        let (me, handshake) = Self::tokens_only(client.clone(), options);
-        me.front_proxy.load(client).await?;
+        let front_proxy = FrontProxy::new(options);
+        let handshake = front_proxy.handshake();
+        front_proxy.load(client.clone()).await?;
+        let me = Arc::new(Self {
+            front_proxy,
+            tokens: TokenReviewer::new(client).with_cache_metrics(cache_metrics),
+        });
         Ok((me, handshake))
     }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
-use super::cache::TtlCache;
+use super::cache::{AuthCacheMetrics, TtlCache};
 use super::{sha256, Attributes, Authorizer, Decision, Digest, UserInfo, REVIEW_TIMEOUT};
 
 /// Group that is always allowed, as in kube-apiserver.
@@ -35,6 +35,13 @@ impl SubjectAccessReviewer {
             allowed: TtlCache::new(allow_ttl, 10_000),
             denied: TtlCache::new(deny_ttl, 10_000),
         }
+    }
+
+    /// Counts cache hits and misses in `metrics` (`sar_allowed`, `sar_denied`).
+    pub fn with_cache_metrics(mut self, metrics: &AuthCacheMetrics) -> Self {
+        self.allowed = self.allowed.counted(metrics, "sar_allowed");
+        self.denied = self.denied.counted(metrics, "sar_denied");
+        self
     }
 
     fn spec(user: &UserInfo, a: &Attributes) -> SubjectAccessReviewSpec {

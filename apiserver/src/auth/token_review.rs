@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 
-use super::cache::TtlCache;
+use super::cache::{AuthCacheMetrics, TtlCache};
 use super::{sha256, AuthenticationError, Digest, UserInfo, AUTHENTICATED_GROUP, REVIEW_TIMEOUT};
 
 /// How long TokenReview results are reused (kube's default for delegated servers).
@@ -34,6 +34,13 @@ impl TokenReviewer {
             authenticated: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
             rejected: TtlCache::new(TOKEN_CACHE_TTL, TOKEN_CACHE_CAPACITY),
         }
+    }
+
+    /// Counts cache hits and misses in `metrics` (`token_authenticated`, `token_rejected`).
+    pub fn with_cache_metrics(mut self, metrics: &AuthCacheMetrics) -> Self {
+        self.authenticated = self.authenticated.counted(metrics, "token_authenticated");
+        self.rejected = self.rejected.counted(metrics, "token_rejected");
+        self
     }
 
     /// The token's user, `Ok(None)` when TokenReview does not authenticate it.

@@ -176,7 +176,8 @@ pub async fn watch<K: Served, S: Store + Clone>(
         deadline: tokio::time::Instant::now() + timeout,
         _slot: slot,
     };
-    tokio::spawn(task.run::<K>(lines));
+    // The watch outlives the request's handler but stays in its span.
+    tokio::spawn(tracing::Instrument::in_current_span(task.run::<K>(lines)));
     Ok(stream_response(rx))
 }
 
@@ -221,9 +222,16 @@ impl WatchTask {
         }
     }
 
+    /// Ends the watch with an error event, counted as a cut-off.
+    async fn cut_off<K: Served>(&mut self, e: ApiError) {
+        let reason = e.reason;
+        self.metrics.watch_cut_off(K::PLURAL, reason);
+        tracing::debug!(reason, "watch cut off");
+        self.send(error_line(&e)).await;
+    }
+
     async fn run<K: Served>(mut self, initial: Vec<Bytes>) {
-        self.metrics.watches.inc();
-        let _guard = scopeguard(self.metrics.clone());
+        let _gauge = self.metrics.watch_started(K::PLURAL);
         for line in initial {
             if !self.send(line).await {
                 return;
@@ -252,13 +260,13 @@ impl WatchTask {
                         match line {
                             Ok(line) => if !self.send(line).await { return },
                             Err(e) => {
-                                self.send(error_line(&e)).await;
+                                self.cut_off::<K>(e).await;
                                 return;
                             }
                         }
                     }
                     Err(e) => {
-                        self.send(error_line(&ApiError::from_store(e, &K::INFO, ""))).await;
+                        self.cut_off::<K>(ApiError::from_store(e, &K::INFO, "")).await;
                         return;
                     }
                 },
@@ -269,7 +277,7 @@ impl WatchTask {
                     let rv = match self.subscription.bookmark() {
                         Ok(rv) => rv,
                         Err(e) => {
-                            self.send(error_line(&ApiError::from_store(e, &K::INFO, ""))).await;
+                            self.cut_off::<K>(ApiError::from_store(e, &K::INFO, "")).await;
                             return;
                         }
                     };
@@ -284,15 +292,4 @@ impl WatchTask {
             }
         }
     }
-}
-
-/// Decrements the open-watch gauge when the task ends, however it ends.
-fn scopeguard(metrics: Arc<super::HttpMetrics>) -> impl Drop {
-    struct Guard(Arc<super::HttpMetrics>);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            self.0.watches.dec();
-        }
-    }
-    Guard(metrics)
 }

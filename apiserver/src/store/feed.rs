@@ -17,11 +17,16 @@
 //! never mistakes a silent feed for a quiet one.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, Notify};
 use tokio_postgres::{AsyncMessage, Row};
 
@@ -185,6 +190,103 @@ impl FeedLimits {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CutoffLabels {
+    reason: &'static str,
+}
+
+/// Why the feed cut subscribers off (the `reason` label).
+const CUT_SLOW_CONSUMER: &str = "slow_consumer";
+const CUT_STALLED: &str = "stalled";
+const CUT_EPOCH_ROTATED: &str = "epoch_rotated";
+const CUT_BEHIND_RETENTION: &str = "behind_retention";
+
+/// What the feed reports about itself: where it is, how far behind the database it may be,
+/// and whom it had to cut off. Refreshed by the liveness check (a few times a second).
+#[derive(Clone, Debug, Default)]
+pub struct FeedMetrics {
+    head: Gauge,
+    lag_events: Gauge,
+    lag_seconds: Gauge<f64, AtomicU64>,
+    live: Gauge,
+    subscribers: Gauge,
+    cutoffs: Family<CutoffLabels, Counter>,
+}
+
+impl FeedMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        for reason in [
+            CUT_SLOW_CONSUMER,
+            CUT_STALLED,
+            CUT_EPOCH_ROTATED,
+            CUT_BEHIND_RETENTION,
+        ] {
+            let _ = self.cutoffs.get_or_create(&CutoffLabels { reason });
+        }
+        let sub = registry.sub_registry_with_prefix("mcp_access_apiserver_change_feed");
+        sub.register(
+            "head",
+            "Sequence number of the last change fanned out to watchers",
+            self.head.clone(),
+        );
+        sub.register(
+            "lag_events",
+            "Changes the heartbeat saw committed that the feed has not fanned out yet",
+            self.lag_events.clone(),
+        );
+        sub.register_with_unit(
+            "lag",
+            "Time since the feed last proved it had fanned out everything committed",
+            prometheus_client::registry::Unit::Seconds,
+            self.lag_seconds.clone(),
+        );
+        sub.register(
+            "live",
+            "1 while the feed can vouch for being current (readiness), else 0",
+            self.live.clone(),
+        );
+        sub.register(
+            "subscribers",
+            "Live subscriptions (watches) attached to the feed",
+            self.subscribers.clone(),
+        );
+        sub.register(
+            "cutoffs",
+            "Subscribers the feed ended with Expired, by reason",
+            self.cutoffs.clone(),
+        );
+    }
+
+    fn cut(&self, reason: &'static str, subscribers: usize) {
+        if subscribers > 0 {
+            self.cutoffs
+                .get_or_create(&CutoffLabels { reason })
+                .inc_by(subscribers as u64);
+        }
+    }
+
+    fn observe(&self, state: &State, now: Instant, bound: Duration) {
+        self.head.set(i64::try_from(state.head).unwrap_or(i64::MAX));
+        let db_head = state
+            .liveness
+            .pending
+            .iter()
+            .filter(|(epoch, _, _)| *epoch == state.epoch)
+            .map(|(_, seq, _)| *seq)
+            .max()
+            .unwrap_or(state.head);
+        self.lag_events
+            .set(i64::try_from(db_head.saturating_sub(state.head)).unwrap_or(i64::MAX));
+        self.lag_seconds.set(
+            now.saturating_duration_since(state.liveness.confirmed_at)
+                .as_secs_f64(),
+        );
+        self.live.set(i64::from(state.is_live(now, bound)));
+        self.subscribers
+            .set(i64::try_from(state.subscribers.len()).unwrap_or(i64::MAX));
+    }
+}
+
 /// Shared state of the feed.
 pub(super) struct Feed {
     state: Mutex<State>,
@@ -194,6 +296,7 @@ pub(super) struct Feed {
     wake: Notify,
     /// The epoch the reader follows, for subscriptions waiting for it to switch.
     epochs: tokio::sync::watch::Sender<u32>,
+    metrics: FeedMetrics,
 }
 
 struct State {
@@ -260,7 +363,13 @@ impl Feed {
             },
             wake: Notify::new(),
             epochs: tokio::sync::watch::Sender::new(epoch),
+            metrics: FeedMetrics::default(),
         })
+    }
+
+    /// The feed's metrics, to register before serving.
+    pub(super) fn metrics(&self) -> FeedMetrics {
+        self.metrics.clone()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -430,6 +539,7 @@ impl Feed {
             tokio::time::sleep(self.limits.check_interval()).await;
             let now = Instant::now();
             let mut state = self.state();
+            self.metrics.observe(&state, now, bound);
             let fresh = state.fresh(now, bound);
             if state.liveness.stale && fresh {
                 state.liveness.stale = false;
@@ -438,6 +548,7 @@ impl Feed {
                 state.liveness.stale = true;
                 state.liveness.cuts += 1;
                 let subscribers = state.subscribers.len();
+                self.metrics.cut(CUT_STALLED, subscribers);
                 for slot in state.subscribers.drain(..) {
                     slot.cut_off.store(true, Ordering::Release);
                 }
@@ -465,6 +576,7 @@ impl Feed {
                 new = epoch,
                 "epoch rotated; ending every watch"
             );
+            self.metrics.cut(CUT_EPOCH_ROTATED, state.subscribers.len());
             state.expire_all();
             let old = std::mem::replace(&mut state.epoch, epoch);
             if state.retired.len() >= 16 {
@@ -486,6 +598,8 @@ impl Feed {
                     next = seq,
                     "change feed fell behind retention"
                 );
+                self.metrics
+                    .cut(CUT_BEHIND_RETENTION, state.subscribers.len());
                 state.expire_all();
             }
             let event = Arc::new(Event::from_row(epoch, row)?);
@@ -500,6 +614,7 @@ impl Feed {
                     Ok(()) => true,
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         slot.cut_off.store(true, Ordering::Release);
+                        self.metrics.cut(CUT_SLOW_CONSUMER, 1);
                         false
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => false,

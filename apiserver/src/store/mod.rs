@@ -15,7 +15,9 @@ use apis::{AccessSession, Agent, Enrollment, Kind, Revocation, ServerRef};
 use async_trait::async_trait;
 
 pub use connect::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode};
-pub use feed::{Event, EventRenderings, EventType, Subscription, FEED_APPLICATION_NAME};
+pub use feed::{
+    Event, EventRenderings, EventType, FeedMetrics, Subscription, FEED_APPLICATION_NAME,
+};
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
 pub use rv::{ContinueToken, ResourceVersion};

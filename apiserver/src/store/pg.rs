@@ -26,7 +26,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
-use super::feed::{set_resource_version, Feed, FeedLimits, CHANNEL};
+use super::feed::{set_resource_version, Feed, FeedLimits, FeedMetrics, CHANNEL};
 use super::rv::{ContinueToken, ResourceVersion, EPOCH_LIMIT};
 use super::{
     apply_migrations, ForbiddenReason, ListAt, ListQuery, ObjectList, Preconditions, Requester,
@@ -275,6 +275,11 @@ impl PgStore {
     /// within its staleness bound (part of readiness).
     pub fn change_feed_live(&self) -> bool {
         self.inner.feed.is_live()
+    }
+
+    /// The change feed's metrics (head, lag, cut-offs), to register before serving.
+    pub fn change_feed_metrics(&self) -> FeedMetrics {
+        self.inner.feed.metrics()
     }
 
     /// Events and encoded bytes held in the change feed's in-memory ring.

@@ -28,7 +28,7 @@ pub struct TestServer {
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     /// The server's metrics registry (what `/metrics` encodes).
-    pub registry: Arc<std::sync::Mutex<Registry>>,
+    pub registry: Arc<Registry>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -106,7 +106,8 @@ impl TestServer {
             shutdown_rx.clone(),
         )
         .with_limits(limits);
-        let registry = Arc::new(std::sync::Mutex::new(registry));
+        store.change_feed_metrics().register(&mut registry);
+        let registry = Arc::new(registry);
         tokio::spawn(apiserver::server::serve_api(
             listener,
             tls_config,
@@ -217,8 +218,7 @@ impl TestServer {
     /// The `/metrics` text, as the metrics listener serves it.
     pub fn metrics_text(&self) -> String {
         let mut text = String::new();
-        let registry = self.registry.lock().unwrap();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
         text
     }
 
