@@ -120,9 +120,131 @@ impl Tasks {
     }
 }
 
+/// Background tasks a component (the store) owns, that `run` can watch without owning
+/// them: the first to end or panic is reported through [`Background::ended`]. Dropping
+/// the owner aborts them all (an aborted task is not reported).
+pub struct Background {
+    aborts: Vec<tokio::task::AbortHandle>,
+    ended_tx: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Self {
+            aborts: Vec::new(),
+            ended_tx: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
+
+impl Background {
+    /// Starts `task`, meant to run until its owner is dropped, in a span named after it.
+    pub fn spawn<F>(&mut self, name: &'static str, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let handle = tokio::spawn(task.instrument(tracing::info_span!("task", task = name)));
+        self.aborts.push(handle.abort_handle());
+        let ended = self.ended_tx.clone();
+        // The monitor holds the join handle: it learns of a return or a panic at once.
+        tokio::spawn(async move {
+            let report = match handle.await {
+                Ok(()) => format!("{name} ended unexpectedly"),
+                Err(e) if e.is_cancelled() => return,
+                Err(e) => {
+                    let message = match e.try_into_panic() {
+                        Ok(payload) => payload
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| payload.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "(no message)".into()),
+                        Err(e) => e.to_string(),
+                    };
+                    format!("{name} panicked: {message}")
+                }
+            };
+            tracing::error!(task = name, error = %report, "background task ended");
+            ended.send_if_modified(|first| {
+                let unset = first.is_none();
+                if unset {
+                    *first = Some(report);
+                }
+                unset
+            });
+        });
+    }
+
+    /// Resolves with the report of the first task that ended or panicked.
+    pub fn ended(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut rx = self.ended_tx.subscribe();
+        async move {
+            let report = rx
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|report| report.clone());
+            match report {
+                Some(report) => report,
+                // The owner is gone: its tasks were aborted, which is not a failure.
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Whether every task is still running (for readiness).
+    pub fn all_running(&self) -> bool {
+        self.ended_tx.borrow().is_none()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for abort in &self.aborts {
+            abort.abort();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_background_panic_is_reported_to_the_watcher() {
+        let mut background = Background::default();
+        background.spawn("change log trimmer", std::future::pending());
+        let ended = background.ended();
+        assert!(background.all_running());
+        background.spawn("change feed", async { panic!("reader lost its mind") });
+        let report = tokio::time::timeout(Duration::from_secs(5), ended)
+            .await
+            .expect("the panic is reported");
+        assert_eq!(report, "change feed panicked: reader lost its mind");
+        assert!(!background.all_running());
+    }
+
+    #[tokio::test]
+    async fn dropping_the_owner_aborts_without_a_report() {
+        let mut background = Background::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        background.spawn("holder", async move {
+            let _tx = tx;
+            std::future::pending::<()>().await
+        });
+        let ended = background.ended();
+        drop(background);
+        // The task was aborted: its end of the channel is dropped.
+        assert!(tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .expect("the task is aborted")
+            .is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), ended)
+                .await
+                .is_err(),
+            "an abort is not a failure"
+        );
+    }
 
     #[tokio::test]
     async fn a_panicking_task_is_reported_by_name() {
