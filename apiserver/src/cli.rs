@@ -17,7 +17,7 @@ use crate::auth::{
 };
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use crate::server::{self, Health};
-use crate::store::{parse_dsn, PgStore, PgTls, SessionLimits, Store, StoreConfig};
+use crate::store::{parse_dsn, PgStore, PgTls, SessionLimits, StoreConfig};
 use crate::tls::{self, ReloadingCert};
 
 /// The MCP Access aggregated API server.
@@ -421,9 +421,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(60)).await;
-                match store
-                    .collect_completed_enrollments(enrollment_retention)
-                    .await
+                match crate::store::collect_completed_enrollments(
+                    &store,
+                    enrollment_retention,
+                    crate::store::now(),
+                )
+                .await
                 {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(
