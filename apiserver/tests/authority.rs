@@ -14,10 +14,12 @@ use apis::selector::FieldSelector;
 use apis::{
     AccessSession, Enrollment, EnrollmentPhase, Kind, Revocation, RevocationTarget, SessionPhase,
 };
+use apis::rules::SessionRuleError;
 use apiserver::store::{
-    EventType, ForbiddenReason, ListQuery, PgStore, Requester, ResourceVersion, RevokerAuthority,
-    Store, StoreError,
+    EventType, ListQuery, PgStore, Refusal, Requester, ResourceVersion, RevokerAuthority, Store,
+    StoreError,
 };
+use support::StoreExt;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 use support::server::{Output, TestServer, ADMIN_TOKEN, USER_TOKEN};
@@ -238,9 +240,9 @@ fn by(cause: &str, name: Option<&str>) -> Option<(String, Option<String>)> {
     Some((cause.to_string(), name.map(str::to_string)))
 }
 
-async fn assert_not_found<K: Kind + std::fmt::Debug>(server: &TestServer, ns: &str, name: &str) {
+async fn assert_not_found<K: apis::strategy::Strategy + std::fmt::Debug>(server: &TestServer, ns: &str, name: &str) {
     match server.store.get::<K>(ns, name).await {
-        Err(StoreError::NotFound { .. }) => {}
+        Err(StoreError::NotFound) => {}
         other => panic!("{} {ns}/{name} should not exist: {other:?}", K::KIND),
     }
 }
@@ -1569,9 +1571,9 @@ async fn race_completion_vs_revocation() {
                 assert_eq!(e.phase(), EnrollmentPhase::Completed);
                 assert!(status.enrollment.is_none(), "round {i}: {s:#?}");
             }
-            Err(StoreError::Conflict(m)) => {
+            Err(StoreError::Refused(m @ Refusal::Completion { .. })) => {
                 revoked_first += 1;
-                assert!(m.contains("revoked"), "round {i}: {m}");
+                assert!(m.to_string().contains("revoked"), "round {i}: {m}");
                 assert_eq!(e.phase(), EnrollmentPhase::Pending);
                 assert!(status.enrollment.is_some(), "round {i}: {s:#?}");
             }
@@ -1637,10 +1639,9 @@ async fn race_enrollment_vs_agent_deactivation() {
                     issued += 1;
                     names.push(format!("e-{i}-{j}"));
                 }
-                Err(StoreError::Forbidden {
-                    reason: ForbiddenReason::AgentInactive,
-                    ..
-                }) => refused += 1,
+                Err(StoreError::Refused(Refusal::Session(SessionRuleError::AgentInactive(_)))) => {
+                    refused += 1
+                }
                 Err(other) => panic!("round {i}: enrollment failed unexpectedly: {other:?}"),
             }
         }
@@ -1679,7 +1680,7 @@ async fn race_enrollment_vs_agent_deactivation() {
         if let Some(name) = names.first() {
             assert!(matches!(
                 store.complete_enrollment("race", name, None, false).await,
-                Err(StoreError::Conflict(_))
+                Err(StoreError::Refused(Refusal::Completion { .. }))
             ));
         }
     }

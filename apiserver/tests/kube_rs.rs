@@ -361,7 +361,7 @@ async fn watcher_sees_init_then_changes(config: watcher::Config) {
     }
     server
         .store
-        .delete::<apis::AccessSession>(ns, "pre-2", &Preconditions::default(), false)
+        .remove::<apis::AccessSession>(ns, "pre-2", &Preconditions::default(), false)
         .await
         .unwrap();
     match next().await {
@@ -763,7 +763,7 @@ async fn watchers_relist_after_an_apiserver_restart() {
         .unwrap();
     server
         .store
-        .delete::<apis::AccessSession>("rs", "s-4", &Preconditions::default(), false)
+        .remove::<apis::AccessSession>("rs", "s-4", &Preconditions::default(), false)
         .await
         .unwrap();
     converge(

@@ -1073,7 +1073,7 @@ async fn table_rendering_for_get_list_and_watch() {
     );
     server
         .store
-        .delete::<AccessSession>("t", "two", &Preconditions::default(), false)
+        .remove::<AccessSession>("t", "two", &Preconditions::default(), false)
         .await
         .unwrap();
     let e = w.event().await;
@@ -1197,7 +1197,7 @@ async fn partial_object_metadata_for_get_list_and_watch() {
     }
     server
         .store
-        .delete::<AccessSession>("pm", "one", &Preconditions::default(), false)
+        .remove::<AccessSession>("pm", "one", &Preconditions::default(), false)
         .await
         .unwrap();
     let e = w.event().await;
@@ -1587,7 +1587,7 @@ async fn selector_watches_see_objects_enter_and_leave() {
     );
     server
         .store
-        .delete::<AccessSession>("sel", "a", &Preconditions::default(), false)
+        .remove::<AccessSession>("sel", "a", &Preconditions::default(), false)
         .await
         .unwrap();
     let mut z = mk_session("sel", "z", "srv-1");

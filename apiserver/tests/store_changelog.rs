@@ -94,7 +94,7 @@ async fn paginated_list_at_one_version_while_writes_land() {
                 }
                 1 => {
                     store
-                        .delete::<AccessSession>(ns, &name, &Preconditions::default(), false)
+                        .remove::<AccessSession>(ns, &name, &Preconditions::default(), false)
                         .await
                         .unwrap();
                 }

@@ -291,7 +291,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
         ..Default::default()
     };
     let err = store
-        .delete::<AccessSession>("ns", "alice-github", &stale_uid, false)
+        .remove::<AccessSession>("ns", "alice-github", &stale_uid, false)
         .await
         .unwrap_err();
     assert!(
@@ -304,7 +304,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
     };
     assert!(matches!(
         store
-            .delete::<AccessSession>("ns", "alice-github", &stale_rv, false)
+            .remove::<AccessSession>("ns", "alice-github", &stale_rv, false)
             .await,
         Err(StoreError::Conflict(_))
     ));
@@ -598,7 +598,7 @@ async fn failed_revocation_commits_nothing() {
     let err = store.update_agent(off, false).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
     let err = store
-        .delete::<Agent>("", "bot", &Preconditions::default(), false)
+        .remove::<Agent>("", "bot", &Preconditions::default(), false)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");

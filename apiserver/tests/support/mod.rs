@@ -105,6 +105,8 @@ pub fn mk_agent_session(
 }
 
 pub mod server;
+pub mod store_ext;
+pub use store_ext::StoreExt;
 
 /// A Revocation of `target` in `ns`.
 pub fn mk_revocation(
