@@ -9,6 +9,7 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::StoreExt;
 
 use apiserver::auth::{
     AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, DelegatedOptions,

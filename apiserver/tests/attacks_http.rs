@@ -8,6 +8,7 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::StoreExt;
 
 use apiserver::http::{HttpConfig, Limits};
 use serde_json::{json, Value};

@@ -12,15 +12,17 @@
 
 mod support;
 
+use apiserver::store::Refusal;
 use std::sync::Arc;
 use std::time::Duration;
+use support::StoreExt;
 
 use apis::{
     AccessSession, Enrollment, EnrollmentPhase, Revocation, RevocationTarget, ServerRef,
     SessionPhase,
 };
 use apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
-use apiserver::store::{ForbiddenReason, PgStore, Requester, RevokerAuthority, Store, StoreError};
+use apiserver::store::{PgStore, Requester, RevokerAuthority, Store, StoreError};
 use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -139,9 +141,9 @@ async fn withdraw(store: &PgStore, name: &str) {
 
 fn conflict_naming(result: Result<impl std::fmt::Debug, StoreError>, revocation: &str, what: &str) {
     match result {
-        Err(StoreError::Conflict(message)) => assert!(
-            message.contains(&format!("{revocation:?}")),
-            "{what}: the conflict should name revocation {revocation}: {message}"
+        Err(ref e) if support::is_conflict(e) => assert!(
+            e.to_string().contains(&format!("{revocation:?}")),
+            "{what}: the conflict should name revocation {revocation}: {e}"
         ),
         other => panic!("{what}: expected 409 naming {revocation}, got {other:?}"),
     }
@@ -280,8 +282,10 @@ async fn revocations_are_standing_locks_for_every_target_kind() {
                 }
                 // An administrative restore is refused while either stands.
                 match ns_store.unrevoke_session(NS, &s1).await {
-                    Err(StoreError::Conflict(m))
-                        if m.contains(&format!("{r1:?}")) || m.contains(&format!("{r2:?}")) => {}
+                    Err(ref e)
+                        if support::conflict_message(e).is_some_and(|m| {
+                            m.contains(&format!("{r1:?}")) || m.contains(&format!("{r2:?}"))
+                        }) => {}
                     other => panic!("restore under two revocations: {other:?}"),
                 }
 
@@ -517,7 +521,7 @@ async fn fences_reach_no_further_than_their_creator() {
         store
             .create_session(mk_session("team-a", "s2", "srv-shared"), false)
             .await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
     store
         .create_session(mk_session("team-b", "s2", "srv-shared"), false)
@@ -551,7 +555,7 @@ async fn fences_reach_no_further_than_their_creator() {
         store
             .create_session(mk_session("team-c", "s", "srv-shared"), false)
             .await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
 }
 
@@ -667,10 +671,7 @@ async fn enrollment_ownership_is_bound_to_the_uid() {
         store
             .delete_enrollment(NS, "e1", Some(&recreated), &Default::default(), false)
             .await,
-        Err(StoreError::Forbidden {
-            reason: ForbiddenReason::NotOwner,
-            ..
-        })
+        Err(StoreError::Refused(Refusal::NotOwner(_)))
     ));
     assert_eq!(
         store.get::<Enrollment>(NS, "e1").await.unwrap().phase(),

@@ -10,19 +10,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apis::rules::SessionRuleError;
 use apis::selector::FieldSelector;
 use apis::{
     AccessSession, Enrollment, EnrollmentPhase, Kind, Revocation, RevocationTarget, SessionPhase,
 };
-use apis::rules::SessionRuleError;
 use apiserver::store::{
     EventType, ListQuery, PgStore, Refusal, Requester, ResourceVersion, RevokerAuthority, Store,
     StoreError,
 };
-use support::StoreExt;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{json, Value};
 use support::server::{Output, TestServer, ADMIN_TOKEN, USER_TOKEN};
+use support::StoreExt;
 use support::*;
 
 const SERVER_UID: &str = "srv-uid-1";
@@ -240,7 +240,11 @@ fn by(cause: &str, name: Option<&str>) -> Option<(String, Option<String>)> {
     Some((cause.to_string(), name.map(str::to_string)))
 }
 
-async fn assert_not_found<K: apis::strategy::Strategy + std::fmt::Debug>(server: &TestServer, ns: &str, name: &str) {
+async fn assert_not_found<K: apis::strategy::Strategy + std::fmt::Debug>(
+    server: &TestServer,
+    ns: &str,
+    name: &str,
+) {
     match server.store.get::<K>(ns, name).await {
         Err(StoreError::NotFound) => {}
         other => panic!("{} {ns}/{name} should not exist: {other:?}", K::KIND),

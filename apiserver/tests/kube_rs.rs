@@ -7,6 +7,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::StoreExt;
 
 use apiserver::http::HttpConfig;
 use apiserver::store::{PgStore, Preconditions, ResourceVersion, Store};

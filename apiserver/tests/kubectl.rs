@@ -5,8 +5,8 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+use support::StoreExt;
 
-use apiserver::store::Store;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 use support::server::{Output, TestServer};

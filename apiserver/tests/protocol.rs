@@ -7,6 +7,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use support::StoreExt;
 
 use apis::AccessSession;
 use apiserver::http::HttpConfig;

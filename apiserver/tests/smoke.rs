@@ -1,6 +1,7 @@
 mod support;
 
 use support::server::{TestServer, ADMIN_TOKEN};
+use support::StoreExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_discovery_to_kubectl_and_http() {

@@ -3,12 +3,13 @@
 
 mod support;
 
+use apis::rules::SessionRuleError;
 use apis::rules::{CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED};
 use apis::selector::{FieldSelector, LabelSelector};
 use apis::{AccessSession, Agent, Kind, ServerRef, SessionPhase};
-use apiserver::store::{
-    apply_migrations, EventType, ForbiddenReason, ListQuery, Preconditions, Store, StoreError,
-};
+use apiserver::store::Refusal;
+use apiserver::store::{apply_migrations, EventType, ListQuery, Preconditions, Store, StoreError};
+use support::StoreExt;
 use support::*;
 
 #[tokio::test]
@@ -90,7 +91,10 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Forbidden { reason: ForbiddenReason::ScopeEscalation, ref message } if message.contains("admin")),
+        matches!(
+            err,
+            StoreError::Refused(Refusal::Session(SessionRuleError::ScopeEscalation(_)))
+        ) && err.to_string().contains("admin"),
         "{err:?}"
     );
 
@@ -125,10 +129,7 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
     assert!(
         matches!(
             err,
-            StoreError::Forbidden {
-                reason: ForbiddenReason::QuotaExceeded,
-                ..
-            }
+            StoreError::Refused(Refusal::Session(SessionRuleError::QuotaExceeded { .. }))
         ),
         "{err:?}"
     );
@@ -234,7 +235,7 @@ async fn updates_use_optimistic_concurrency_and_keep_authority_fields() {
     stale.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
     assert!(matches!(
         store.update_session(stale, false).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
 
     // Authority fields are immutable; expiry may only be brought forward.
@@ -295,7 +296,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Conflict(ref m) if m.contains("UID in precondition")),
+        support::conflict_message(&err).is_some_and(|m| m.contains("UID in precondition")),
         "{err:?}"
     );
     let stale_rv = Preconditions {
@@ -306,7 +307,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
         store
             .remove::<AccessSession>("ns", "alice-github", &stale_rv, false)
             .await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
 
     let right = Preconditions {
@@ -314,7 +315,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
         ..Default::default()
     };
     let last: AccessSession = store
-        .delete("ns", "alice-github", &right, false)
+        .remove("ns", "alice-github", &right, false)
         .await
         .unwrap();
     assert_eq!(last.phase(), SessionPhase::Revoked);
@@ -434,13 +435,13 @@ async fn retirement_fences_the_server_uid() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Conflict(ref m) if m.contains("retired")),
+        support::conflict_message(&err).is_some_and(|m| m.contains("retired")),
         "{err:?}"
     );
     // Unrevoking one of its sessions: 409, still revoked.
     assert!(matches!(
         store.unrevoke_session("ns", "old-1").await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
     assert_eq!(
         store
@@ -516,22 +517,19 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
     assert!(
         matches!(
             err,
-            StoreError::Forbidden {
-                reason: ForbiddenReason::AgentInactive,
-                ..
-            }
+            StoreError::Refused(Refusal::Session(SessionRuleError::AgentInactive(_)))
         ),
         "{err:?}"
     );
     assert!(matches!(
         store.unrevoke_session("ns", "a").await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
 
     // Delete and re-create the agent under the same name: old sessions stay revoked and
     // cannot be restored, because they bind the old uid.
     let gone: Agent = store
-        .delete("", "bot", &Preconditions::default(), false)
+        .remove("", "bot", &Preconditions::default(), false)
         .await
         .unwrap();
     assert_eq!(gone.metadata.uid, agent.metadata.uid);
@@ -543,13 +541,13 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
     assert_ne!(again.metadata.uid, agent.metadata.uid);
     assert!(matches!(
         store.unrevoke_session("ns", "a").await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
     let mut stale_ref = mk_agent_session("ns", "d", "srv", "bot", &[]);
     stale_ref.spec.agent.as_mut().unwrap().uid = agent.metadata.uid.clone();
     assert!(matches!(
         store.create_session(stale_ref, false).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if support::is_conflict(e)
     ));
     let fresh = store
         .create_session(mk_agent_session("ns", "e", "srv", "bot", &[]), false)

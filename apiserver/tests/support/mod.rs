@@ -106,7 +106,8 @@ pub fn mk_agent_session(
 
 pub mod server;
 pub mod store_ext;
-pub use store_ext::StoreExt;
+#[allow(unused_imports)]
+pub use store_ext::{conflict_message, is_conflict, status_of, StoreExt};
 
 /// A Revocation of `target` in `ns`.
 pub fn mk_revocation(

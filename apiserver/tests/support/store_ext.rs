@@ -22,20 +22,37 @@ fn ctx(requester: Requester, authority: RevokerAuthority) -> Context {
 
 #[async_trait]
 pub trait StoreExt: Store {
-    async fn create_session(&self, s: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
-        self.create(s, &ctx(admin(), RevokerAuthority::Namespace), dry_run).await
+    async fn create_session(
+        &self,
+        s: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>> {
+        self.create(s, &ctx(admin(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
-    async fn update_session(&self, s: AccessSession, dry_run: bool) -> Result<Written<AccessSession>> {
-        self.update(s, &ctx(admin(), RevokerAuthority::Namespace), dry_run).await
+    async fn update_session(
+        &self,
+        s: AccessSession,
+        dry_run: bool,
+    ) -> Result<Written<AccessSession>> {
+        self.update(s, &ctx(admin(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
     async fn create_agent(&self, a: Agent, dry_run: bool) -> Result<Written<Agent>> {
-        self.create(a, &ctx(admin(), RevokerAuthority::Namespace), dry_run).await
+        self.create(a, &ctx(admin(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
     async fn update_agent(&self, a: Agent, dry_run: bool) -> Result<Written<Agent>> {
-        self.update(a, &ctx(admin(), RevokerAuthority::Namespace), dry_run).await
+        self.update(a, &ctx(admin(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
-    async fn update_metadata<K: apis::strategy::Strategy>(&self, o: K, dry_run: bool) -> Result<Written<K>> {
-        self.update(o, &ctx(admin(), RevokerAuthority::Namespace), dry_run).await
+    async fn update_metadata<K: apis::strategy::Strategy>(
+        &self,
+        o: K,
+        dry_run: bool,
+    ) -> Result<Written<K>> {
+        self.update(o, &ctx(admin(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
     /// A delete by an administrator (`kubectl delete`).
     async fn remove<K: apis::strategy::Strategy>(
@@ -61,7 +78,8 @@ pub trait StoreExt: Store {
         owner: &Requester,
         dry_run: bool,
     ) -> Result<Written<Enrollment>> {
-        self.create(e, &ctx(owner.clone(), RevokerAuthority::Namespace), dry_run).await
+        self.create(e, &ctx(owner.clone(), RevokerAuthority::Namespace), dry_run)
+            .await
     }
     /// Completion as `kubectl patch enrollment --subresource=status` makes it: the stored
     /// object with `status.phase: Completed`, `uid` (when given) a precondition.
@@ -155,3 +173,22 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store> StoreExt for S {}
+
+/// The Status code and reason the API answers a storage error with (the production
+/// mapping of `http/error.rs`).
+pub fn status_of(e: &store::StoreError) -> (u16, &'static str) {
+    let api =
+        apiserver::http::ApiError::from_store(e.clone(), &apis::resources::ACCESS_SESSIONS, "x");
+    (api.code.as_u16(), api.reason)
+}
+
+/// Whether the API answers the error 409 Conflict (a precondition, a concurrent change or a
+/// rule refusing the write).
+pub fn is_conflict(e: &store::StoreError) -> bool {
+    status_of(e) == (409, "Conflict")
+}
+
+/// The message of a 409 Conflict, if the error is one.
+pub fn conflict_message(e: &store::StoreError) -> Option<String> {
+    is_conflict(e).then(|| e.to_string())
+}
