@@ -78,6 +78,14 @@ mod tests {
         for key in ["nullable", "oneOf", "anyOf", "$defs", "components"] {
             assert!(!has_key(&doc, key), "v2 has no {key}");
         }
+        // kubectl explain reads v2 too (`--output=plaintext-openapiv2`): the field docs survive.
+        let fields = undocumented_properties(definitions, V2_REF_PREFIX);
+        assert_walks_nested_fields(&fields);
+        assert!(
+            fields.undocumented.is_empty(),
+            "fields without a description: {:?}",
+            fields.undocumented
+        );
     }
 
     #[test]
