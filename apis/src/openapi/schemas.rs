@@ -119,6 +119,11 @@ pub(super) fn v3_schemas() -> Map<String, Value> {
     for (name, schema) in inline_kinds {
         schemas.insert(name, schema);
     }
+    for (name, schema) in schemas.iter_mut() {
+        if name.starts_with(&prefix) {
+            join_wrapped_descriptions(schema);
+        }
+    }
     for schema in schemas.values_mut() {
         rewrite_refs(schema, &|name| {
             format!(
@@ -296,6 +301,47 @@ fn drop_null(schema: &mut Schema) {
     }
 }
 
+/// Descriptions of our schemas as Kubernetes publishes them, the lines of a paragraph joined:
+/// schemars keeps the line breaks of wrapped doc comments, and `kubectl explain` would print
+/// them inside its own word wrap. k8s-openapi's descriptions are published as they are.
+fn join_wrapped_descriptions(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                match child {
+                    Value::String(description) if key == "description" => {
+                        *description = join_paragraph_lines(description);
+                    }
+                    _ => join_wrapped_descriptions(child),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(join_wrapped_descriptions),
+        _ => {}
+    }
+}
+
+/// Joins the lines of each paragraph of `text` with spaces; blank lines, list items and
+/// indented lines (code) keep their line breaks.
+fn join_paragraph_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut previous: Option<&str> = None;
+    for line in text.split('\n') {
+        if let Some(previous) = previous {
+            let kept = line.trim().is_empty()
+                || previous.trim().is_empty()
+                || line.starts_with(char::is_whitespace)
+                || line.starts_with("- ")
+                || line.starts_with("* ");
+            let joined = !kept;
+            out.push(if joined { ' ' } else { '\n' });
+        }
+        out.push_str(line);
+        previous = Some(line);
+    }
+    out
+}
+
 /// Transform: an `anyOf`/`oneOf` whose alternatives are all plain enums (what schemars makes
 /// of an enum with documented variants) becomes one `enum`, the variant docs appended to the
 /// description the way Kubernetes documents enums.
@@ -400,6 +446,35 @@ mod tests {
         maybe: Option<Documented>,
         count: Option<u16>,
         names: Option<Vec<String>>,
+    }
+
+    /// A wrapped doc comment.
+    #[derive(schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Wrapped {
+        /// The first paragraph,
+        /// wrapped.
+        ///
+        /// A list:
+        /// - one
+        /// - two
+        field: String,
+    }
+
+    #[test]
+    fn descriptions_are_unwrapped_paragraphs() {
+        let mut generator = generator();
+        let _ = generator.subschema_for::<Wrapped>();
+        let mut definitions = Value::Object(generator.take_definitions(true));
+        join_wrapped_descriptions(&mut definitions);
+        assert_eq!(
+            definitions["Wrapped"]["properties"]["field"]["description"],
+            "The first paragraph, wrapped.\n\nA list:\n- one\n- two"
+        );
+        assert_eq!(
+            join_paragraph_lines("a\nb\n\nc\n  code"),
+            "a b\n\nc\n  code"
+        );
     }
 
     #[test]
