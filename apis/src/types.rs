@@ -125,7 +125,7 @@ pub struct AccessSessionSpec {
 pub struct ServerRef {
     /// Name of the MCPServer.
     ///
-    /// Required: a DNS-1123 subdomain (lowercase alphanumerics, `-` and `.`).
+    /// Required; in a session, a DNS-1123 subdomain (lowercase alphanumerics, `-` and `.`).
     #[serde(default)]
     pub name: String,
     /// UID of the MCPServer generation.
