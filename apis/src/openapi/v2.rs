@@ -79,13 +79,7 @@ mod tests {
             assert!(!has_key(&doc, key), "v2 has no {key}");
         }
         // kubectl explain reads v2 too (`--output=plaintext-openapiv2`): the field docs survive.
-        let fields = undocumented_properties(definitions, V2_REF_PREFIX);
-        assert_walks_nested_fields(&fields);
-        assert!(
-            fields.undocumented.is_empty(),
-            "fields without a description: {:?}",
-            fields.undocumented
-        );
+        assert_fields_described(definitions, V2_REF_PREFIX);
     }
 
     #[test]
