@@ -1794,6 +1794,13 @@ async fn explain_shows_fields_and_descriptions() {
         "{}",
         out.stdout
     );
+    // The field docs beyond the first line (apis/src/types.rs), as kubectl wraps them.
+    let words = out.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("so a re-created MCPServer of the same name is a new generation."),
+        "{}",
+        out.stdout
+    );
     let out = server
         .kubectl(&["explain", "accesssession.spec.bogus"])
         .await;
