@@ -34,7 +34,7 @@ pub fn pending_session(
         .status
         .as_ref()
         .and_then(|s| s.requested_at.clone())
-        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        .unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
     let mut session = AccessSession {
         metadata: ObjectMeta {
             name: enrollment.metadata.name.clone(),
@@ -95,7 +95,7 @@ impl Strategy for Enrollment {
             completed_at: None,
         });
         enrollment.set_type_meta();
-        let session = pending_session(&enrollment, owner);
+        let session = pending_session(&enrollment, owner, ctx.now);
         Ok(Plan {
             writes: vec![Write::put(&session, true)?, Write::put(&enrollment, true)?],
             object: enrollment,

@@ -32,7 +32,7 @@ fn ctx(user: &str) -> Context {
 /// What storage holds, as the facts it would answer.
 #[derive(Default)]
 struct World {
-    objects: HashMap<ObjectKey, Value>,
+    objects: std::collections::BTreeMap<ObjectKey, Value>,
     reserved: Vec<ObjectKey>,
     fenced: Vec<(String, String)>,
 }
@@ -441,7 +441,7 @@ fn only_the_owner_withdraws_a_pending_enrollment_and_completion_checks_its_sessi
         ["create accesssessions/e1", "create enrollments/e1"]
     );
     e = plan.object;
-    let pending = crate::kinds::pending_session(&e, &ctx("alice").requester);
+    let pending = crate::kinds::pending_session(&e, &ctx("alice").requester, now());
     world.put(&pending);
     world.put(&e);
     assert_eq!(
