@@ -519,10 +519,7 @@ async fn reflectors_converge_after_a_thousand_writes() {
                         api.delete(&name, &DeleteParams::default()).await.unwrap();
                     }
                     1 => {
-                        store
-                            .revoke_session(ns, &name, "manual", None)
-                            .await
-                            .unwrap();
+                        support::revoke(&store, ns, &name, "manual").await;
                     }
                     _ => {
                         api.patch(
@@ -757,10 +754,7 @@ async fn watchers_relist_after_an_apiserver_restart() {
             .await
             .unwrap();
     }
-    restarted
-        .revoke_session("rs", "s-3", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&restarted, "rs", "s-3", "manual").await;
     server
         .store
         .delete::<apis::AccessSession>("rs", "s-4", &Preconditions::default(), false)

@@ -376,11 +376,7 @@ async fn get_wide_shows_extra_columns() {
     server.store.create_agent(agent, false).await.unwrap();
     seed_session(&server, "default", "s1", &[]).await;
     seed_session(&server, "default", "s2", &[]).await;
-    server
-        .store
-        .revoke_session("default", "s2", "compromised", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "compromised").await;
 
     let t = get_table(&server, &["acs", "-o", "wide"]).await;
     let mut wide_header: Vec<&str> = SESSION_HEADER.to_vec();
@@ -715,11 +711,7 @@ async fn get_field_selectors() {
     let mut gitlab = mk_human_session("default", "s3", "srv-uid-2", "bob@example.com");
     gitlab.spec.server.name = "gitlab".into();
     server.store.create_session(gitlab, false).await.unwrap();
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "manual").await;
 
     for (selector, want) in [
         ("spec.server.name=github", vec!["s1", "s2"]),
@@ -899,11 +891,7 @@ async fn watch_collection_sees_changes() {
     ok(&out);
 
     // A revocation through the store shows up as a change of phase.
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "manual").await;
     w.until("MODIFIED s2 Revoked", |c| {
         c.starts_with(&["MODIFIED", "s2"]) && c.contains(&"Revoked")
     })
@@ -967,11 +955,7 @@ async fn watch_single_object_sees_changes() {
     // Changes of another object are not shown; a revocation of this one is.
     let out = server.kubectl(&["label", "acs", "s2", "color=red"]).await;
     ok(&out);
-    server
-        .store
-        .revoke_session("default", "s1", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s1", "manual").await;
     w.until("s1 Revoked", |c| {
         c.first() == Some(&"s1") && c.contains(&"Revoked")
     })
@@ -1350,11 +1334,7 @@ async fn describe_shows_spec_and_status() {
         )
         .await
         .unwrap();
-    server
-        .store
-        .revoke_session("default", "s1", "compromised", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s1", "compromised").await;
 
     let out = server.kubectl(&["describe", "acs", "s1"]).await;
     ok(&out);
@@ -2053,11 +2033,7 @@ async fn agent_sessions_column_counts_active_sessions() {
             .await
             .unwrap();
     }
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "manual").await;
     let t = get_table(&server, &["agents"]).await;
     assert_eq!(t.cell("billing-bot", "SESSIONS"), "1", "{t:?}");
 }

@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use apis::AccessSession;
+use apis::{AccessSession, SessionPhase};
 use apiserver::http::HttpConfig;
 use apiserver::store::{PgStore, Preconditions, ResourceVersion, Store, StoreError};
 use serde_json::{json, Value};
@@ -428,11 +428,7 @@ async fn streaming_list_ends_with_the_initial_events_bookmark() {
     );
     create(&server, "s", "d").await;
     create(&server, "other", "not-mine").await;
-    server
-        .store
-        .revoke_session("s", "a", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "s", "a", "manual").await;
     assert_event(&w.change().await, "ADDED", "d");
     let e = w.change().await;
     assert_event(&e, "MODIFIED", "a");
@@ -624,16 +620,13 @@ async fn expired_continue_token_is_410() {
     expect_status(resp, 400, "BadRequest").await;
 
     for i in 0..60 {
-        server
-            .store
-            .revoke_session(
-                "c",
-                &format!("s-{}", i % 10),
-                if i < 10 { "manual" } else { "again" },
-                None,
-            )
-            .await
-            .unwrap();
+        support::revoke(
+            &server.store,
+            "c",
+            &format!("s-{}", i % 10),
+            if i < 10 { "manual" } else { "again" },
+        )
+        .await;
         create(&server, "c", &format!("t-{i}")).await;
     }
     assert!(server.store.trim_log().await.unwrap() > 0);
@@ -1510,11 +1503,10 @@ async fn selector_watches_see_objects_enter_and_leave() {
     let a = create(&server, "sel", "a").await;
     let e = active.event().await;
     assert_event(&e, "ADDED", "a");
-    let revoked = server
-        .store
-        .revoke_session("sel", "a", "manual", None)
-        .await
-        .unwrap();
+    // Revoking and restoring go through a Revocation of the session (created, then deleted);
+    // the session's own resourceVersion after each is the one its change was written at.
+    let revocation = support::revoke(&server.store, "sel", "a", "manual").await;
+    let revoked: AccessSession = server.store.get("sel", "a").await.unwrap();
     let e = active.event().await;
     assert_event(&e, "DELETED", "a");
     assert_eq!(
@@ -1527,7 +1519,11 @@ async fn selector_watches_see_objects_enter_and_leave() {
         "…at the resourceVersion of the change"
     );
     assert_ne!(rv(&revoked), rv(&a));
-    let restored = server.store.unrevoke_session("sel", "a").await.unwrap();
+    support::withdraw(&server.store, "sel", &revocation)
+        .await
+        .unwrap();
+    let restored: AccessSession = server.store.get("sel", "a").await.unwrap();
+    assert_eq!(restored.phase(), SessionPhase::Active);
     let e = active.event().await;
     assert_event(&e, "ADDED", "a");
     assert_eq!(event_rv(&e), rv(&restored));
