@@ -24,6 +24,7 @@ use apiserver::store::{ForbiddenReason, PgStore, Requester, RevokerAuthority, St
 use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use support::kubectl::{failed, ok};
 use support::server::{TestServer, USER_TOKEN};
 use support::*;
 
@@ -362,16 +363,16 @@ async fn overlapping_revocations_through_kubectl() {
         }
     };
     let out = create(session_yaml("s1")).await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     let out = create(revocation_yaml("r1", "{session: s1}", "manual")).await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     let out = create(revocation_yaml(
         "r2",
         &format!("{{subject: {ALICE}}}"),
         "compromised",
     ))
     .await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     let r2: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(r2["status"]["revokedSessions"], 1, "{r2:#}");
     assert!(
@@ -380,7 +381,7 @@ async fn overlapping_revocations_through_kubectl() {
     );
 
     let out = server.kubectl(&["delete", "rvk", "-n", NS, "r1"]).await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     let out = server
         .kubectl(&["get", "acs", "-n", NS, "s1", "-o", "json"])
         .await;
@@ -393,7 +394,7 @@ async fn overlapping_revocations_through_kubectl() {
     );
 
     let out = create(session_yaml("s2")).await;
-    assert!(!out.success, "{out:#?}");
+    failed(&out);
     assert!(
         out.stderr.contains("Error from server (Conflict)") && out.stderr.contains("\"r2\""),
         "409 naming r2: {out:#?}"
@@ -402,7 +403,7 @@ async fn overlapping_revocations_through_kubectl() {
     assert!(out.stdout.contains("r2"), "{out:#?}");
 
     let out = server.kubectl(&["delete", "rvk", "-n", NS, "r2"]).await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     let out = server
         .kubectl(&[
             "get",
@@ -617,7 +618,7 @@ async fn fence_scope_follows_the_creators_rbac() {
             Some(manifest),
         )
         .await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     assert_eq!(out.stdout, "", "alice's fence is not cluster-wide");
     assert_eq!(
         server
@@ -643,7 +644,7 @@ async fn fence_scope_follows_the_creators_rbac() {
             Some(&manifest.replace("name: retire}", "name: retire-all}")),
         )
         .await;
-    assert!(out.success, "{out:#?}");
+    ok(&out);
     assert_eq!(out.stdout, "true");
     assert_eq!(
         server

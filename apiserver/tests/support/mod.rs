@@ -110,6 +110,7 @@ pub fn mk_agent_session(
     s
 }
 
+pub mod kubectl;
 pub mod server;
 
 /// A Revocation of `target` in `ns`.
