@@ -15,25 +15,16 @@ use apiserver::server::Health;
 use apiserver::store::{
     PgStore, ResourceVersion, Store, StoreConfig, StoreError, FEED_APPLICATION_NAME,
 };
-use serde_json::{json, Value};
+
 use support::server::{TestServer, ADMIN_TOKEN};
+use support::watch::{Next, WatchStream};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// A watch response read line by line.
-struct Watch {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    ended: bool,
-}
-
-enum Next {
-    Event(Value),
-    End,
-    Idle,
-}
+/// A watch of every namespace's sessions.
+struct Watch;
 
 impl Watch {
     async fn open(server: &TestServer, query: &str) -> reqwest::Response {
@@ -50,55 +41,14 @@ impl Watch {
             .unwrap()
     }
 
-    fn new(resp: reqwest::Response) -> Self {
-        assert_eq!(resp.status(), 200);
-        Self {
-            resp,
-            buf: Vec::new(),
-            ended: false,
-        }
+    /// Reads `resp` (which must be a 200); a transport error counts as its end.
+    fn new(resp: reqwest::Response) -> WatchStream {
+        WatchStream::lenient(resp)
     }
-
-    async fn next(&mut self, within: Duration) -> Next {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Next::Event(serde_json::from_slice(&line[..line.len() - 1]).unwrap());
-            }
-            if self.ended {
-                return Next::End;
-            }
-            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) | Ok(Err(_)) => self.ended = true,
-                Err(_) => return Next::Idle,
-            }
-        }
-    }
-}
-
-/// A session as a request body.
-fn body(ns: &str, name: &str) -> Value {
-    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).unwrap();
-    v["apiVersion"] = json!(apis::API_VERSION);
-    v["kind"] = json!("AccessSession");
-    v
 }
 
 async fn post_session(server: &TestServer, ns: &str, name: &str) -> reqwest::Response {
-    server
-        .http()
-        .post(format!(
-            "{}/apis/{}/namespaces/{ns}/accesssessions",
-            server.url,
-            apis::API_VERSION
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body(ns, name))
-        .send()
-        .await
-        .unwrap()
+    server.post_session(ns, &session_body(ns, name)).await
 }
 
 /// Serves `/readyz` for `store` as the binary wires it; returns its URL.

@@ -19,7 +19,7 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::ResourceExt;
 use serde_json::json;
-use support::server::{TestServer, ADMIN_TOKEN};
+use support::server::TestServer;
 use support::*;
 
 fn sessions() -> ApiResource {
@@ -323,18 +323,7 @@ async fn watcher_sees_init_then_changes(config: watcher::Config) {
         Api::namespaced_with(server.kube_client().await, ns, &sessions());
     let mut body = serde_json::to_value(dyn_session(ns, "live-0", "srv-1", &[])).unwrap();
     body["metadata"]["labels"] = json!({"via": "http"});
-    let resp = server
-        .http()
-        .post(format!(
-            "{}/apis/{}/namespaces/{ns}/accesssessions",
-            server.url,
-            apis::API_VERSION
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = server.post_session(ns, &body).await;
     assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
     match next().await {
         Event::Apply(o) => {

@@ -13,6 +13,7 @@ use apiserver::http::HttpConfig;
 use apiserver::store::{PgStore, Preconditions, ResourceVersion, Store, StoreError};
 use serde_json::{json, Value};
 use support::server::{TestServer, ADMIN_TOKEN};
+use support::watch::{Next, WatchStream};
 use support::*;
 
 const TABLE_ACCEPT: &str =
@@ -24,23 +25,11 @@ const STREAMING: &str =
     "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
 
 fn collection(server: &TestServer, ns: &str) -> String {
-    format!(
-        "{}/apis/{}/namespaces/{ns}/accesssessions",
-        server.url,
-        apis::API_VERSION
-    )
+    server.sessions_url(ns)
 }
 
 fn item(server: &TestServer, ns: &str, name: &str) -> String {
     format!("{}/{name}", collection(server, ns))
-}
-
-/// A team session as a request body.
-fn body(ns: &str, name: &str) -> Value {
-    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).unwrap();
-    v["apiVersion"] = json!(apis::API_VERSION);
-    v["kind"] = json!("AccessSession");
-    v
 }
 
 async fn create(server: &TestServer, ns: &str, name: &str) -> AccessSession {
@@ -117,19 +106,8 @@ fn assert_status_object(v: &Value, code: u16, reason: &str) {
     assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
 }
 
-/// A watch response read line by line.
-struct Watch {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    ended: bool,
-}
-
-#[derive(Debug)]
-enum Next {
-    Event(Value),
-    End,
-    Idle,
-}
+/// A watch of the server, held to the wire format ([`WatchStream::strict`]).
+struct Watch(WatchStream);
 
 impl Watch {
     async fn open(server: &TestServer, url: &str, accept: Option<&str>) -> Self {
@@ -139,54 +117,15 @@ impl Watch {
             resp.headers().get("content-type").unwrap(),
             "application/json"
         );
-        Self {
-            resp,
-            buf: Vec::new(),
-            ended: false,
-        }
+        Self(WatchStream::strict(resp))
     }
 
-    /// The next newline-terminated event; every line must be exactly one JSON object.
     async fn next(&mut self, within: Duration) -> Next {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                let text = &line[..line.len() - 1];
-                let v: Value = serde_json::from_slice(text).unwrap_or_else(|e| {
-                    panic!(
-                        "watch line is not one JSON value ({e}): {}",
-                        String::from_utf8_lossy(text)
-                    )
-                });
-                assert!(v.is_object(), "{v}");
-                let keys: BTreeSet<&str> =
-                    v.as_object().unwrap().keys().map(String::as_str).collect();
-                assert_eq!(keys, BTreeSet::from(["object", "type"]), "{v}");
-                return Next::Event(v);
-            }
-            if self.ended {
-                assert!(
-                    self.buf.is_empty(),
-                    "stream ended inside an unterminated line: {}",
-                    String::from_utf8_lossy(&self.buf)
-                );
-                return Next::End;
-            }
-            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) => self.ended = true,
-                Ok(Err(e)) => panic!("watch stream failed: {e}"),
-                Err(_) => return Next::Idle,
-            }
-        }
+        self.0.next(within).await
     }
 
     async fn event(&mut self) -> Value {
-        match self.next(Duration::from_secs(10)).await {
-            Next::Event(v) => v,
-            other => panic!("expected an event, got {other:?}"),
-        }
+        self.0.event().await
     }
 
     /// The next event that is not a periodic bookmark.
@@ -251,7 +190,7 @@ async fn watch_events_are_json_lines_with_type_meta() {
         .http()
         .post(collection(&server, "w"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("w", "second"))
+        .json(&session_body("w", "second"))
         .send()
         .await
         .unwrap();
@@ -734,7 +673,7 @@ async fn unsupported_media_types_are_415() {
         .post(collection(&server, "m"))
         .bearer_auth(ADMIN_TOKEN)
         .header("Content-Type", "text/plain")
-        .body(body("m", "two").to_string())
+        .body(session_body("m", "two").to_string())
         .send()
         .await
         .unwrap();
@@ -754,7 +693,7 @@ async fn oversized_bodies_are_413_and_store_nothing() {
     let server = TestServer::start().await;
     let existing = create(&server, "big", "existing").await;
     let before = list_rv(&server, "big").await;
-    let mut huge = body("big", "huge");
+    let mut huge = session_body("big", "huge");
     huge["metadata"]["annotations"] = json!({"blob": "x".repeat(3 * 1024 * 1024 + 1024)});
     let bytes = huge.to_string().into_bytes();
     assert!(bytes.len() > apiserver::http::MAX_BODY_BYTES);
@@ -798,7 +737,7 @@ async fn oversized_bodies_are_413_and_store_nothing() {
     let now = get_json(&server, &item(&server, "big", "existing"), None).await;
     assert_eq!(now["metadata"]["resourceVersion"], rv(&existing));
     // A body just under the limit is fine.
-    let mut ok = body("big", "large");
+    let mut ok = session_body("big", "large");
     ok["metadata"]["annotations"] = json!({"blob": "z".repeat(200 * 1024)});
     let resp = server
         .http()
@@ -831,7 +770,7 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
@@ -840,7 +779,7 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
@@ -904,14 +843,14 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
     expect_status(resp, 409, "AlreadyExists").await;
 
     // 422 Invalid with causes naming the fields.
-    let mut invalid = body("st", "bad");
+    let mut invalid = session_body("st", "bad");
     invalid["spec"]["server"]["uid"] = json!("");
     invalid["spec"].as_object_mut().unwrap().remove("expiresAt");
     let resp = http
@@ -938,7 +877,7 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "Bad_Name"))
+        .json(&session_body("st", "Bad_Name"))
         .send()
         .await
         .unwrap();
@@ -1209,7 +1148,7 @@ async fn dry_run_writes_nothing() {
     let resp = http
         .post(format!("{}?dryRun=All", collection(&server, "d")))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("d", "ghost"))
+        .json(&session_body("d", "ghost"))
         .send()
         .await
         .unwrap();
@@ -1277,7 +1216,7 @@ async fn dry_run_writes_nothing() {
     let resp = http
         .post(collection(&server, "d"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("d", "ghost"))
+        .json(&session_body("d", "ghost"))
         .send()
         .await
         .unwrap();
@@ -1289,7 +1228,7 @@ async fn field_validation_warns_rejects_or_ignores() {
     let server = TestServer::start().await;
     let http = server.http();
     let with_unknown = |name: &str| {
-        let mut b = body("fv", name);
+        let mut b = session_body("fv", name);
         b["spec"]["bogus"] = json!(1);
         b
     };
@@ -1345,7 +1284,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         "NotFound",
     )
     .await;
-    let mut b = body("fv", "strict-meta");
+    let mut b = session_body("fv", "strict-meta");
     b["metadata"]["bogus"] = json!("x");
     let v = expect_status(
         post("?fieldValidation=Strict", b).await.unwrap(),
@@ -1361,7 +1300,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         "{v}"
     );
     // A clean body passes Strict.
-    let resp = post("?fieldValidation=Strict", body("fv", "clean"))
+    let resp = post("?fieldValidation=Strict", session_body("fv", "clean"))
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
@@ -1390,7 +1329,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         vec![r#"299 - "unknown field \"spec.nope\"""#.to_string()]
     );
 
-    let resp = post("?fieldValidation=Loose", body("fv", "x"))
+    let resp = post("?fieldValidation=Loose", session_body("fv", "x"))
         .await
         .unwrap();
     expect_status(resp, 400, "BadRequest").await;
@@ -1419,7 +1358,7 @@ async fn unauthenticated_requests_are_401() {
     let resp = server
         .http()
         .post(collection(&server, "a"))
-        .json(&body("a", "two"))
+        .json(&session_body("a", "two"))
         .send()
         .await
         .unwrap();
@@ -1644,7 +1583,7 @@ async fn bookmarks_never_skip_events_a_cut_off_watcher_missed() {
 async fn field_validation_handles_duplicate_fields() {
     let server = TestServer::start().await;
     let post = |mode: &str, name: &str| {
-        let b = body("dup", name).to_string();
+        let b = session_body("dup", name).to_string();
         let duplicated = b.replacen("\"spec\":{", "\"spec\":{\"teams\":[\"first\"],", 1);
         assert_ne!(duplicated, b);
         server

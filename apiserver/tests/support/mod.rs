@@ -112,6 +112,7 @@ pub fn mk_agent_session(
 
 pub mod kubectl;
 pub mod server;
+pub mod watch;
 
 /// A Revocation of `target` in `ns`.
 pub fn mk_revocation(
@@ -213,4 +214,12 @@ pub async fn try_restore(
     let probe = revoke(store, ns, session, "manual").await;
     withdraw(store, ns, &probe).await?;
     store.get::<AccessSession>(ns, session).await
+}
+
+/// A team session of server uid `srv-1` as an HTTP request body.
+pub fn session_body(ns: &str, name: &str) -> serde_json::Value {
+    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).expect("a session serializes");
+    v["apiVersion"] = serde_json::json!(apis::API_VERSION);
+    v["kind"] = serde_json::json!("AccessSession");
+    v
 }

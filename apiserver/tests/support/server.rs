@@ -200,6 +200,26 @@ impl TestServer {
             .unwrap()
     }
 
+    /// The URL of the AccessSession collection in `ns`.
+    pub fn sessions_url(&self, ns: &str) -> String {
+        format!(
+            "{}/apis/{}/namespaces/{ns}/accesssessions",
+            self.url,
+            apis::API_VERSION
+        )
+    }
+
+    /// POSTs `body` to the AccessSession collection in `ns` as the admin.
+    pub async fn post_session(&self, ns: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.http()
+            .post(self.sessions_url(ns))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .expect("POST reaches the server")
+    }
+
     /// A kube-rs client for the admin.
     pub async fn kube_client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
