@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use apiserver::http::{HttpConfig, Limits};
 use serde_json::{json, Value};
+use support::cause_fields;
 use support::server::{TestServer, ADMIN_TOKEN, USER_TOKEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -398,12 +399,7 @@ async fn oversized_objects_are_413_and_metadata_is_validated() {
         )
         .await;
         assert_eq!(code, 422, "{patch_body}: {status}");
-        let fields: Vec<&str> = status["details"]["causes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["field"].as_str())
-            .collect();
+        let fields = cause_fields(&status);
         assert!(fields.contains(&field), "{field} in {status}");
     }
     let (code, status) = patch(

@@ -367,12 +367,7 @@ async fn completion_patch_changing_anything_else_is_invalid() {
     assert_eq!(resp.status(), 422);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["reason"], "Invalid", "{v}");
-    let fields: Vec<&str> = v["details"]["causes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["field"].as_str())
-        .collect();
+    let fields = cause_fields(&v);
     assert!(fields.contains(&"spec.teams"), "{v}");
 }
 

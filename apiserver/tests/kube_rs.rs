@@ -19,7 +19,7 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::ResourceExt;
 use serde_json::json;
-use support::server::TestServer;
+use support::server::{short_log, TestServer};
 use support::*;
 
 fn sessions() -> ApiResource {
@@ -563,10 +563,7 @@ async fn reflectors_converge_after_a_thousand_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_relists_after_its_resource_version_is_trimmed() {
     let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
+        short_log,
         // No bookmarks: nothing advances the watcher's resourceVersion.
         HttpConfig {
             bookmark_interval: Duration::from_secs(3600),
@@ -688,14 +685,7 @@ async fn watcher_relists_after_its_resource_version_is_trimmed() {
 /// resourceVersions; later writes still reach them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_relist_after_an_apiserver_restart() {
-    let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
-        HttpConfig::default(),
-    )
-    .await;
+    let server = TestServer::start_with(short_log, HttpConfig::default()).await;
     let client = server.kube_client().await;
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &sessions());
     for i in 0..20 {

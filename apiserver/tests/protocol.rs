@@ -12,7 +12,7 @@ use apis::{AccessSession, SessionPhase};
 use apiserver::http::HttpConfig;
 use apiserver::store::{PgStore, Preconditions, ResourceVersion, Store, StoreError};
 use serde_json::{json, Value};
-use support::server::{TestServer, ADMIN_TOKEN};
+use support::server::{short_log, TestServer, ADMIN_TOKEN};
 use support::watch::{Next, WatchStream};
 use support::*;
 
@@ -435,14 +435,7 @@ async fn expect_expired_watch(server: &TestServer, url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_watches_are_one_error_event() {
-    let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
-        HttpConfig::default(),
-    )
-    .await;
+    let server = TestServer::start_with(short_log, HttpConfig::default()).await;
     let oldest = rv(&create(&server, "e", "s-0").await);
     for i in 1..100 {
         create(&server, "e", &format!("s-{i}")).await;
@@ -641,10 +634,7 @@ async fn invalid_resource_version_match_is_422() {
             "Invalid",
         )
         .await;
-        let causes = v["details"]["causes"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{query}: no causes: {v}"));
-        assert!(causes.iter().any(|c| c["field"] == field), "{query}: {v}");
+        assert!(cause_fields(&v).contains(&field), "{query}: {v}");
     }
 }
 
@@ -864,12 +854,7 @@ async fn failures_are_kubernetes_statuses() {
     assert_eq!(v["details"]["name"], "bad");
     assert_eq!(v["details"]["kind"], "AccessSession");
     assert_eq!(v["details"]["group"], apis::GROUP);
-    let fields: BTreeSet<&str> = v["details"]["causes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["field"].as_str())
-        .collect();
+    let fields: BTreeSet<&str> = cause_fields(&v).into_iter().collect();
     assert!(
         fields.contains("spec.server.uid") && fields.contains("spec.expiresAt"),
         "{v}"
@@ -882,14 +867,7 @@ async fn failures_are_kubernetes_statuses() {
         .await
         .unwrap();
     let v = expect_status(resp, 422, "Invalid").await;
-    assert!(
-        v["details"]["causes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["field"] == "metadata.name"),
-        "{v}"
-    );
+    assert!(cause_fields(&v).contains(&"metadata.name"), "{v}");
 }
 
 fn assert_table(t: &Value, rows: usize, with_columns: bool) {

@@ -223,3 +223,13 @@ pub fn session_body(ns: &str, name: &str) -> serde_json::Value {
     v["kind"] = serde_json::json!("AccessSession");
     v
 }
+
+/// The fields named by a Status's `details.causes` (what a 422 says was invalid).
+pub fn cause_fields(status: &serde_json::Value) -> Vec<&str> {
+    status["details"]["causes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no details.causes in {status}"))
+        .iter()
+        .filter_map(|c| c["field"].as_str())
+        .collect()
+}

@@ -44,6 +44,13 @@ pub fn static_tokens() -> Arc<TokenFile> {
     )
 }
 
+/// A store tweak for tests of expiry: 50 events retained, so the log trims past a watcher
+/// soon, and 8-event watcher buffers.
+pub fn short_log(config: &mut StoreConfig) {
+    config.retained_events = 50;
+    config.watcher_buffer = 8;
+}
+
 /// Output of a command.
 #[derive(Debug)]
 pub struct Output {
