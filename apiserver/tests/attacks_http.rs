@@ -69,6 +69,24 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::Hea
     (status, body, headers)
 }
 
+/// A JSON patch of `url` whose every copy doubles the annotations: 2^40 KiB if nothing
+/// stops it.
+async fn copy_bomb(server: &TestServer, url: &str) -> (u16, Value) {
+    let mut ops = vec![
+        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
+    ];
+    for i in 0..40 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+    }
+    patch(
+        server,
+        url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await
+}
+
 async fn patch(server: &TestServer, url: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
     let (code, body, _) = send(
         server
@@ -134,20 +152,7 @@ async fn json_patch_copy_bomb_is_refused() {
     let server = TestServer::start().await;
     create_session(&server, "bomb", "s1").await;
     let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
-    // Every copy doubles the annotations: 2^40 KiB if nothing stops it.
-    let mut ops = vec![
-        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
-    ];
-    for i in 0..40 {
-        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
-    }
-    let (code, body) = patch(
-        &server,
-        &url,
-        "application/json-patch+json",
-        serde_json::to_vec(&ops).unwrap(),
-    )
-    .await;
+    let (code, body) = copy_bomb(&server, &url).await;
     assert_eq!(code, 422, "{body}");
     assert!(
         body["message"].as_str().unwrap().contains("unable to copy"),
@@ -280,19 +285,7 @@ async fn status_patch_bombs_are_refused() {
     .await;
     assert_eq!(code, 201, "{body}");
     let url = format!("{}/e1/status", ns_url(&server, "st", "enrollments"));
-    let mut ops = vec![
-        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
-    ];
-    for i in 0..40 {
-        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
-    }
-    let (code, body) = patch(
-        &server,
-        &url,
-        "application/json-patch+json",
-        serde_json::to_vec(&ops).unwrap(),
-    )
-    .await;
+    let (code, body) = copy_bomb(&server, &url).await;
     assert_eq!(code, 422, "{body}");
     let mut ops = vec![json!({"op": "add", "path": "/status/a", "value": {}})];
     for _ in 0..3000 {
