@@ -40,11 +40,6 @@ impl Watch {
             .await
             .unwrap()
     }
-
-    /// Reads `resp` (which must be a 200); a transport error counts as its end.
-    fn new(resp: reqwest::Response) -> WatchStream {
-        WatchStream::lenient(resp)
-    }
 }
 
 async fn post_session(server: &TestServer, ns: &str, name: &str) -> reqwest::Response {
@@ -222,7 +217,7 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     assert_eq!(readyz(&ready).await, 200);
     let admin = server.db.client().await;
     let rv = server.store.current_version().await.unwrap();
-    let mut watch = Watch::new(
+    let mut watch = WatchStream::lenient(
         Watch::open(
             &server,
             &format!("watch=1&allowWatchBookmarks=true&resourceVersion={rv}"),
@@ -300,7 +295,7 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     eprintln!("ready again {:?} after the write", written.elapsed());
     let rv = server.store.current_version().await.unwrap();
     let mut watch =
-        Watch::new(Watch::open(&server, &format!("watch=1&resourceVersion={rv}")).await);
+        WatchStream::lenient(Watch::open(&server, &format!("watch=1&resourceVersion={rv}")).await);
     server
         .store
         .create_session(mk_session("stall", "after", "srv-1"), false)
