@@ -777,7 +777,7 @@ async fn watch_collection_sees_changes() {
         .await;
     ok(&out);
 
-    // A revocation through the store shows up as a change of phase.
+    // A Revocation of s2 (created through the store) shows up as a change of its phase.
     support::revoke(&server.store, "default", "s2", "manual").await;
     w.until("MODIFIED s2 Revoked", |c| {
         c.starts_with(&["MODIFIED", "s2"]) && c.contains(&"Revoked")
