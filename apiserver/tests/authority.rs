@@ -1942,6 +1942,6 @@ async fn completed_enrollments_are_collected() {
                 false,
             )
             .await,
-        Err(StoreError::AlreadyExists { .. })
+        Err(StoreError::AlreadyExists)
     ));
 }
