@@ -484,12 +484,11 @@ pub trait Strategy: Kind + TableRow {
 
     /// Admits a write through the `status` subresource, after [`Strategy::check_status`].
     fn admit_status(
-        current: Self,
+        _current: Self,
         _requested: &Value,
         _ctx: &Context,
         _facts: &Facts,
     ) -> Result<Plan<Self>, Stop> {
-        let _ = current;
         Err(
             Rejection::Unsupported(format!("{} has no status subresource", Self::INFO.plural))
                 .into(),

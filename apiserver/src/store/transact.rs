@@ -266,8 +266,13 @@ pub async fn collect_completed_enrollments<S: Store>(
 ) -> Result<usize> {
     let retention =
         SignedDuration::try_from(retention).map_err(|e| StoreError::Internal(e.to_string()))?;
+    // Only completed records are candidates; the rule decides which are due.
+    let completed =
+        apis::selector::FieldSelector::parse("status.phase=Completed", Enrollment::FIELDS)
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
     let listed = store
         .list::<Enrollment>(&ListQuery {
+            fields: completed,
             at: ListAt::Latest,
             ..ListQuery::default()
         })
