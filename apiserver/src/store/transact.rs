@@ -217,10 +217,27 @@ pub(crate) async fn update<K: Strategy, B: Backend>(
     finish(backend, plan, dry_run).await
 }
 
+/// Runs `hook` on the stored object `namespace`/`name` (preconditions checked) and returns
+/// the object of its plan: the shape of a delete and of a status write.
+async fn on_existing<K: Strategy, B: Backend>(
+    mut backend: B,
+    (namespace, name): (&str, &str),
+    pre: &Preconditions,
+    dry_run: bool,
+    hook: impl Fn(K, &Facts) -> Result<Plan<K>, Stop> + Send + Sync,
+) -> Result<K> {
+    let key = ObjectKey::of::<K>(namespace, name);
+    let plan = transact(&mut backend, vec![Read::Object(key.clone())], |facts| {
+        hook(existing::<K>(facts, &key, pre)?, facts)
+    })
+    .await?;
+    Ok(finish(backend, plan, dry_run).await?.object)
+}
+
 /// Deletes for `by`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn delete<K: Strategy, B: Backend>(
-    mut backend: B,
+    backend: B,
     namespace: &str,
     name: &str,
     by: &Withdrawal,
@@ -228,19 +245,20 @@ pub(crate) async fn delete<K: Strategy, B: Backend>(
     pre: &Preconditions,
     dry_run: bool,
 ) -> Result<K> {
-    let key = ObjectKey::of::<K>(namespace, name);
-    let plan = transact(&mut backend, vec![Read::Object(key.clone())], |facts| {
-        let current = existing::<K>(facts, &key, pre)?;
-        K::admit_delete(current, by, ctx, facts)
-    })
-    .await?;
-    Ok(finish(backend, plan, dry_run).await?.object)
+    on_existing(
+        backend,
+        (namespace, name),
+        pre,
+        dry_run,
+        |current, facts| K::admit_delete(current, by, ctx, facts),
+    )
+    .await
 }
 
 /// Writes through the status subresource.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn write_status<K: Strategy, B: Backend>(
-    mut backend: B,
+    backend: B,
     namespace: &str,
     name: &str,
     requested: &Value,
@@ -248,13 +266,14 @@ pub(crate) async fn write_status<K: Strategy, B: Backend>(
     pre: &Preconditions,
     dry_run: bool,
 ) -> Result<K> {
-    let key = ObjectKey::of::<K>(namespace, name);
-    let plan = transact(&mut backend, vec![Read::Object(key.clone())], |facts| {
-        let current = existing::<K>(facts, &key, pre)?;
-        K::admit_status(current, requested, ctx, facts)
-    })
-    .await?;
-    Ok(finish(backend, plan, dry_run).await?.object)
+    on_existing(
+        backend,
+        (namespace, name),
+        pre,
+        dry_run,
+        |current, facts| K::admit_status(current, requested, ctx, facts),
+    )
+    .await
 }
 
 /// Removes completed enrollments older than `retention` (the server's own retention, not
