@@ -4,11 +4,13 @@
 
 pub mod discovery;
 pub mod duration;
+pub mod kinds;
 pub mod locks;
 pub mod openapi;
 pub mod resources;
 pub mod rules;
 pub mod selector;
+pub mod strategy;
 pub mod table;
 pub mod types;
 pub mod validation;

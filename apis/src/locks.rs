@@ -16,7 +16,7 @@ use crate::types::{AccessSession, AccessSessionSpec, Revocation, RevocationSpec}
 use crate::validation::FieldError;
 
 /// The sessions a revocation (or an agent deactivation) applies to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SessionSelector {
     /// One session, by namespace and name.
     One { namespace: String, name: String },
@@ -186,7 +186,7 @@ pub fn standing_revocation<'a>(
 
 /// What withdrawing a revocation means for one session it may cover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Withdrawal {
+pub enum Uncovered {
     /// The revocation does not cover the session: nothing changes.
     NotCovered,
     /// Other revocations still cover the session: it stays revoked, the record shrinks.
@@ -197,26 +197,26 @@ pub enum Withdrawal {
 
 /// Removes revocation `name` from a session's coverage and says what follows. The session
 /// is changed only in its `coveredBy` list; restoring is [`crate::rules::unrevoke_session`].
-pub fn withdraw(session: &mut AccessSession, name: &str) -> Withdrawal {
+pub fn uncover(session: &mut AccessSession, name: &str) -> Uncovered {
     let Some(info) = session.status.as_mut().and_then(|s| s.revocation.as_mut()) else {
-        return Withdrawal::NotCovered;
+        return Uncovered::NotCovered;
     };
     let mut covered_by = covering(info);
     let before = covered_by.len();
     covered_by.retain(|c| c.revocation_name.as_deref() != Some(name));
     if covered_by.len() == before {
-        return Withdrawal::NotCovered;
+        return Uncovered::NotCovered;
     }
     let restore = covered_by.is_empty();
     info.covered_by = covered_by;
     if restore {
-        Withdrawal::Restore
+        Uncovered::Restore
     } else {
-        Withdrawal::StillRevoked
+        Uncovered::StillRevoked
     }
 }
 
-/// Restores a session that [`withdraw`] left uncovered; the caller has checked that its agent
+/// Restores a session that [`uncover`] left uncovered; the caller has checked that its agent
 /// and server are still usable.
 pub fn restore(session: &mut AccessSession) {
     if let Some(status) = session.status.as_mut() {
@@ -452,10 +452,10 @@ mod tests {
             Err(SessionRuleError::RevocationStands { .. })
         ));
 
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::StillRevoked);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::StillRevoked);
         assert_eq!(s.phase(), SessionPhase::Revoked);
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::NotCovered);
-        assert_eq!(withdraw(&mut s, "r2"), Withdrawal::Restore);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::NotCovered);
+        assert_eq!(uncover(&mut s, "r2"), Uncovered::Restore);
         restore(&mut s);
         assert_eq!(s.phase(), SessionPhase::Active);
     }
@@ -465,7 +465,7 @@ mod tests {
         let mut s = mk_session("alice");
         revoke_session(&mut s, "manual", Some("r1"), now());
         revoke_session(&mut s, crate::rules::CAUSE_AGENT_DEACTIVATED, None, now());
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::StillRevoked);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::StillRevoked);
         assert_eq!(s.phase(), SessionPhase::Revoked);
     }
 
@@ -481,16 +481,16 @@ mod tests {
             .unwrap()
             .covered_by
             .clear();
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::Restore);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::Restore);
     }
 
     #[test]
     fn unrestorable_sessions_stay_revoked_for_their_reason() {
         let mut s = mk_session("alice");
         revoke_session(&mut s, "manual", Some("r1"), now());
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::Restore);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::Restore);
         keep_revoked(&mut s, crate::rules::CAUSE_AGENT_DEACTIVATED);
         assert_eq!(s.phase(), SessionPhase::Revoked);
-        assert_eq!(withdraw(&mut s, "r1"), Withdrawal::NotCovered);
+        assert_eq!(uncover(&mut s, "r1"), Uncovered::NotCovered);
     }
 }

@@ -568,6 +568,25 @@ pub fn is_enrollment_owner(
     owner == caller && owner_uid.is_none_or(|uid| uid == caller_uid)
 }
 
+/// Whether the session's agent, if it has one, still exists (`agent`, read by the name the
+/// session bound) under the uid the session bound and is active; the error says why not.
+pub fn check_session_agent(session: &AccessSession, agent: Option<&Agent>) -> Result<(), String> {
+    let Some(agent_ref) = &session.spec.agent else {
+        return Ok(());
+    };
+    let usable = agent.is_some_and(|a| {
+        a.spec.active && a.metadata.uid.is_some() && a.metadata.uid == agent_ref.uid
+    });
+    if usable {
+        Ok(())
+    } else {
+        Err(format!(
+            "agent {:?} is no longer active (deactivated, deleted or re-created)",
+            agent_ref.name
+        ))
+    }
+}
+
 /// Whether a session may be activated by completing its enrollment now.
 pub fn check_completion(session: &AccessSession, now: Timestamp) -> Result<(), String> {
     if let Some(r) = session.status.as_ref().and_then(|s| s.revocation.as_ref()) {
@@ -864,8 +883,8 @@ mod tests {
             Err(SessionRuleError::RevocationStands { .. })
         ));
         assert_eq!(
-            crate::locks::withdraw(&mut s, "r1"),
-            crate::locks::Withdrawal::StillRevoked
+            crate::locks::uncover(&mut s, "r1"),
+            crate::locks::Uncovered::StillRevoked
         );
         assert!(unrevoke_session(&mut s, false).unwrap());
         assert_eq!(s.phase(), SessionPhase::Active);

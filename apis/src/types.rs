@@ -66,8 +66,12 @@ pub struct AccessSession {
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// What the session grants, to whom, and until when.
+    ///
+    /// Fixed at issuance: updates may only bring `expiresAt` forward.
     pub spec: AccessSessionSpec,
     /// Observed state: phase, revocation and pending enrollment.
+    ///
+    /// Written by the server only; a `status` sent on create or update is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<AccessSessionStatus>,
 }
@@ -77,20 +81,42 @@ pub struct AccessSession {
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionSpec {
     /// The MCPServer generation this session is for.
+    ///
+    /// Required and immutable. A server uid retired by a `server_retired` Revocation is fenced: no
+    /// session may be issued or restored for it.
     pub server: ServerRef,
     /// The agent acting under this session; its uid is filled in by the server.
+    ///
+    /// Optional and immutable. The Agent must exist and be active when the session is issued; then
+    /// `teams` must be a subset of the agent's teams, `expiresAt` is clamped to its
+    /// `maxSessionTTL`, and its `maxActiveSessions` applies. At least one of `agent`, `subject` or
+    /// `teams` is required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentRef>,
     /// The human on whose behalf the session acts.
+    ///
+    /// Optional and immutable. At least one of `agent`, `subject` or `teams` is required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<Subject>,
     /// Authority teams.
+    ///
+    /// The teams whose authority the session carries. Optional and immutable; entries must be
+    /// non-empty and unique. With an `agent`, every team must be one of the agent's teams (403
+    /// ScopeEscalation otherwise). At least one of `agent`, `subject` or `teams` is required.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<String>,
     /// Grant linkage, opaque to MCP Access.
+    ///
+    /// Optional and immutable; stored and returned as given, never interpreted by MCP Access.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<GrantRef>,
     /// When the session stops being valid; clamped by the server.
+    ///
+    /// Required: an RFC 3339 time (e.g. `2026-12-01T00:00:00Z`), in the future at issuance. The
+    /// server clamps it to now plus the smaller of its maximum session lifetime
+    /// (`--max-session-ttl`, 24h unless configured) and the agent's `maxSessionTTL`, and says so in
+    /// a Warning. Updates may bring it forward; a later value is kept at the current one, with a
+    /// Warning.
     pub expires_at: Option<Time>,
 }
 
@@ -98,9 +124,14 @@ pub struct AccessSessionSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ServerRef {
     /// Name of the MCPServer.
+    ///
+    /// Required; in a session, a DNS-1123 subdomain (lowercase alphanumerics, `-` and `.`).
     #[serde(default)]
     pub name: String,
     /// UID of the MCPServer generation.
+    ///
+    /// Required. Revocations with a server target and retirement fences match sessions by this uid,
+    /// so a re-created MCPServer of the same name is a new generation.
     #[serde(default)]
     pub uid: String,
 }
@@ -109,9 +140,16 @@ pub struct ServerRef {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AgentRef {
     /// Name of the Agent.
+    ///
+    /// Required: a DNS-1123 subdomain naming a cluster-scoped Agent, which must exist and be active
+    /// when the session is issued.
     #[serde(default)]
     pub name: String,
     /// UID of the Agent, bound by the server at issuance.
+    ///
+    /// Optional on create: when given, it must be the Agent's current uid (a re-created Agent of
+    /// the same name is refused). The server fills it in and it never changes: the session stays
+    /// bound to that Agent even if one of the same name is created later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
 }
@@ -120,6 +158,9 @@ pub struct AgentRef {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Subject {
     /// The user name, as the cluster authenticates it.
+    ///
+    /// Required when `subject` is set (not blank), e.g. `alice@example.com`. A Revocation with a
+    /// `subject` target revokes the sessions whose user is exactly this name.
     #[serde(default)]
     pub user: String,
 }
@@ -128,6 +169,8 @@ pub struct Subject {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GrantRef {
     /// Name of the grant.
+    ///
+    /// Required when `grant` is set.
     #[serde(default)]
     pub name: String,
 }
@@ -135,10 +178,14 @@ pub struct GrantRef {
 /// Lifecycle phase of a session.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum SessionPhase {
+    /// Usable until `spec.expiresAt`: issued, enrollment completed, or revocation withdrawn.
     #[default]
     Active,
+    /// Created by an Enrollment; becomes `Active` when that enrollment is completed.
     PendingEnrollment,
+    /// Covered by a revocation or an agent deactivation; `status.revocation` says which.
     Revoked,
+    /// Reserved: the server does not write it; a session past `spec.expiresAt` keeps its phase.
     Expired,
 }
 
@@ -159,15 +206,27 @@ impl SessionPhase {
 #[serde(rename_all = "camelCase")]
 pub struct AccessSessionStatus {
     /// Active, PendingEnrollment, Revoked or Expired.
+    ///
+    /// Set by the server: `Active` at issuance, `PendingEnrollment` for a session an Enrollment
+    /// created until that enrollment is completed, `Revoked` while any revocation covers it.
+    /// `Expired` is not written: compare `spec.expiresAt` with the current time.
     #[serde(default)]
     pub phase: SessionPhase,
     /// Set when the session was revoked; written only by revocation paths.
+    ///
+    /// Removed when the last revocation covering the session is withdrawn and the session is
+    /// restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation: Option<RevocationInfo>,
     /// Present while an enrollment is pending.
+    ///
+    /// Written by the server when an Enrollment creates the session; removed when the enrollment is
+    /// completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enrollment: Option<EnrollmentInfo>,
     /// Standard conditions.
+    ///
+    /// The server writes none in this version.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -177,15 +236,26 @@ pub struct AccessSessionStatus {
 #[serde(rename_all = "camelCase")]
 pub struct RevocationInfo {
     /// When the session was revoked.
+    ///
+    /// The time of the first revocation (RFC 3339, whole seconds); revocations that cover the
+    /// session later do not change it.
     pub revoked_at: Time,
     /// Why: manual, compromised, agent_deactivated, server_retired, ...
+    ///
+    /// The cause of the first revocation: that Revocation's `spec.cause`, or `agent_deactivated`
+    /// when the session's Agent was deactivated or deleted.
     pub cause: String,
     /// The Revocation object that revoked it, if any.
+    ///
+    /// The first revocation; absent when an agent deactivation revoked the session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_name: Option<String>,
-    /// Every revocation that covers the session now, the first one included. The session
-    /// stays revoked while any is left; entries without a name (an agent deactivation) are
-    /// permanent.
+    /// Every revocation that covers the session now, the first one included. The session stays
+    /// revoked while any is left; entries without a name (an agent deactivation) are permanent.
+    ///
+    /// Deleting a Revocation removes its entry. An unnamed entry is also left when the last
+    /// revocation is withdrawn but the session cannot be restored (its agent gone or inactive, its
+    /// server fenced).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covered_by: Vec<CoveringRevocation>,
 }
@@ -195,8 +265,13 @@ pub struct RevocationInfo {
 #[serde(rename_all = "camelCase")]
 pub struct CoveringRevocation {
     /// Why: manual, compromised, agent_deactivated, server_retired, ...
+    ///
+    /// The covering Revocation's `spec.cause`, or the reason of an unnamed entry.
     pub cause: String,
     /// The Revocation object, in the session's namespace; none for an agent deactivation.
+    ///
+    /// A cluster-wide `server_retired` fence may live in another namespace. Absent for an unnamed,
+    /// permanent entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_name: Option<String>,
 }
@@ -206,13 +281,22 @@ pub struct CoveringRevocation {
 #[serde(rename_all = "camelCase")]
 pub struct EnrollmentInfo {
     /// Enrollment state (Pending).
+    ///
+    /// Always `Pending`: the whole record is removed when the enrollment is completed.
     pub state: String,
     /// The user who created the enrollment.
+    ///
+    /// As the cluster authenticated them; only they may withdraw the enrollment while it is
+    /// pending.
     pub owner: String,
     /// The uid of that user, when the authenticator reported one.
+    ///
+    /// Withdrawal compares it too: a user re-created under the same name is not the owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_uid: Option<String>,
     /// When the enrollment was requested.
+    ///
+    /// The Enrollment's creation time (RFC 3339).
     pub requested_at: Time,
 }
 
@@ -230,8 +314,13 @@ pub struct Agent {
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// Who the agent is and what it may hold.
+    ///
+    /// Limits apply to sessions issued afterwards; setting `active` to false revokes the agent's
+    /// sessions at once.
     pub spec: AgentSpec,
     /// Observed state of the agent.
+    ///
+    /// Written by the server only; a `status` sent on create or update is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<AgentStatus>,
 }
@@ -245,18 +334,33 @@ fn default_true() -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct AgentSpec {
     /// Human-readable name.
+    ///
+    /// Optional and free-form; never used for matching.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_name: Option<String>,
     /// Users responsible for the agent.
+    ///
+    /// Optional; entries must not be blank. Informational: being an owner grants no permission.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<String>,
     /// Teams the agent may act for; a session's teams must be a subset.
+    ///
+    /// Optional; entries must be non-empty and unique. Issuing a session of this agent for another
+    /// team is refused (403 ScopeEscalation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<String>,
     /// Whether the agent may hold sessions; false revokes all of them.
+    ///
+    /// Defaults to true. Setting it to false (or deleting the Agent) revokes every session of the
+    /// agent, with cause `agent_deactivated`, in the same transaction, and no session may be issued
+    /// for it while it is inactive. Sessions revoked so stay revoked when it is set back to true.
     #[serde(default = "default_true")]
     pub active: bool,
     /// Longest session this agent may hold, as a Go duration (`8h`, `90m`).
+    ///
+    /// Optional; greater than zero. A new session's `expiresAt` is clamped to now plus the smaller
+    /// of this and the server's maximum, with a Warning. Without it only the server's maximum
+    /// applies.
     #[serde(
         rename = "maxSessionTTL",
         default,
@@ -264,6 +368,9 @@ pub struct AgentSpec {
     )]
     pub max_session_ttl: Option<String>,
     /// Most sessions this agent may hold at once.
+    ///
+    /// Optional; without it there is no limit. Sessions that are Active or PendingEnrollment and
+    /// not expired count; issuing one more is refused (403 QuotaExceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_sessions: Option<u32>,
 }
@@ -286,12 +393,20 @@ impl Default for AgentSpec {
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
     /// Sessions of this agent that are active or pending.
+    ///
+    /// Computed when the Agent is read (get, list), not stored, so watch events do not carry it:
+    /// sessions bound to this agent's uid that are Active or PendingEnrollment and not expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_sessions: Option<u32>,
     /// When the agent was deactivated.
+    ///
+    /// Set by the server when `spec.active` becomes false (at creation too); cleared when it is set
+    /// back to true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deactivated_at: Option<Time>,
     /// Standard conditions.
+    ///
+    /// The server writes none in this version.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -345,8 +460,14 @@ pub struct Enrollment {
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// The spec of the session to enroll.
+    ///
+    /// Checked and admitted at creation as an AccessSession's spec (the agent's uid bound,
+    /// `expiresAt` clamped), then fixed: updates may change only metadata.
     pub spec: AccessSessionSpec,
     /// Owner and progress of the enrollment.
+    ///
+    /// Written by the server. Completing the enrollment (setting `phase` to `Completed` through the
+    /// status subresource) is the only change a client may make.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<EnrollmentStatus>,
 }
@@ -354,8 +475,10 @@ pub struct Enrollment {
 /// Progress of an enrollment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum EnrollmentPhase {
+    /// The session waits in `PendingEnrollment`; the owner may withdraw it by deleting the record.
     #[default]
     Pending,
+    /// The session was activated; the record is garbage-collected after the retention period.
     Completed,
 }
 
@@ -364,19 +487,32 @@ pub enum EnrollmentPhase {
 #[serde(rename_all = "camelCase")]
 pub struct EnrollmentStatus {
     /// Pending until completed through the status subresource.
+    ///
+    /// Completion (a PATCH or PUT of `enrollments/status` setting `Completed`) activates the
+    /// session after checking its uid, expiry, agent and revocations (409 with the reason); any
+    /// other change in the request is refused (422). Completed records are deleted after the
+    /// retention period (`--enrollment-retention`, 24h unless configured).
     #[serde(default)]
     pub phase: EnrollmentPhase,
     /// The user who created the enrollment; only they may withdraw it while pending.
+    ///
+    /// Set by the server from the authenticated creator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// The uid of that user (as CertificateSigningRequests record it): a re-created user or
     /// ServiceAccount of the same name is not the owner.
+    ///
+    /// Set by the server; absent when the authenticator reported no uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_uid: Option<String>,
     /// When the enrollment was requested.
+    ///
+    /// Set by the server at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_at: Option<Time>,
     /// When the enrollment was completed.
+    ///
+    /// Set by the server on completion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
 }
@@ -395,8 +531,12 @@ pub struct Revocation {
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// What to revoke and why.
+    ///
+    /// Fixed at creation: updates may change only metadata.
     pub spec: RevocationSpec,
     /// What the revocation did.
+    ///
+    /// Written by the server when the revocation is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<RevocationStatus>,
 }
@@ -406,16 +546,29 @@ pub struct Revocation {
 #[serde(rename_all = "camelCase")]
 pub struct RevocationSpec {
     /// Exactly one of session, server or subject.
+    ///
+    /// The sessions to revoke, in the revocation's namespace (a cluster-wide `server_retired` fence
+    /// reaches every namespace). While the revocation stands, no session it would select may be
+    /// issued, enrolled, completed or restored.
     #[serde(default)]
     pub target: RevocationTarget,
     /// Why: manual, compromised, server_retired (installs a permanent fence), ...
+    ///
+    /// Required: lowercase letters, digits and `_`, at most 63 characters. `server_retired` needs a
+    /// `server` target and fences that server uid for good: the revocation cannot expire or be
+    /// deleted. The fence reaches every namespace when its creator may create revocations in every
+    /// namespace, else only this one.
     #[serde(default)]
     pub cause: String,
     /// Free-form explanation for the audit trail.
+    ///
+    /// Optional; not interpreted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// When the revocation stops refusing new sessions for its target. Sessions it revoked
-    /// stay revoked until it is deleted. Without it, it stands until deleted.
+    /// When the revocation stops refusing new sessions for its target. Sessions it revoked stay
+    /// revoked until it is deleted. Without it, it stands until deleted.
+    ///
+    /// Optional: an RFC 3339 time in the future at creation; not allowed with `server_retired`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
 }
@@ -425,12 +578,19 @@ pub struct RevocationSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RevocationTarget {
     /// One session in this namespace.
+    ///
+    /// The AccessSession's name. Deleting such a revocation restores the session when nothing else
+    /// covers it and its agent and server are still usable (409 otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Every session of that MCPServer generation in this namespace.
+    ///
+    /// `name` and `uid` are both required; sessions are matched by uid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerRef>,
     /// Every session of that human subject in this namespace.
+    ///
+    /// A user name, matched exactly against `spec.subject.user`; not blank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
 }
@@ -439,15 +599,21 @@ pub struct RevocationTarget {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevocationStatus {
-    /// How many sessions this revocation covers: those it revoked and those already revoked
-    /// by another revocation when it was created.
+    /// How many sessions this revocation covers: those it revoked and those already revoked by
+    /// another revocation when it was created.
+    ///
+    /// Set by the server at creation; a Warning says how many were already revoked.
     #[serde(default)]
     pub revoked_sessions: u32,
     /// Whether a `server_retired` fence applies in every namespace (its creator may create
     /// revocations cluster-wide) rather than only in the revocation's namespace.
+    ///
+    /// Set by the server, which asks the authorizer at creation; omitted when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cluster_wide: bool,
     /// When it took effect.
+    ///
+    /// Set by the server: the time of the transaction that revoked the targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
 }

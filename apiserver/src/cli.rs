@@ -20,7 +20,7 @@ use crate::auth::{
 use crate::config::{AuthMode, Config, ServingCert, Storage};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use crate::server::{self, Health};
-use crate::store::{PgStore, Store, StoreConfig};
+use crate::store::{PgStore, StoreConfig};
 use crate::tasks::Tasks;
 use crate::tls::{self, ReloadingCert};
 
@@ -355,7 +355,9 @@ fn wire_cert(cert: &ServingCert, tasks: &mut Vec<Task>) -> anyhow::Result<Arc<Re
 async fn collect_enrollments(store: PgStore, retention: Duration) {
     loop {
         tokio::time::sleep(Duration::from_secs(60)).await;
-        match store.collect_completed_enrollments(retention).await {
+        match crate::store::collect_completed_enrollments(&store, retention, crate::store::now())
+            .await
+        {
             Ok(0) => {}
             Ok(n) => tracing::info!(
                 collected = n,
@@ -425,6 +427,13 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
             async move {
                 Ok(server::serve_metrics(metrics_listener, registry, health, shutdown_rx).await?)
             }
+        }),
+    ));
+    tasks.push((
+        "store",
+        Box::pin({
+            let ended = store.task_ended();
+            async move { Err(anyhow::anyhow!(ended.await)) }
         }),
     ));
     tasks.push((

@@ -3,15 +3,17 @@
 
 mod support;
 
+use apis::rules::SessionRuleError;
+use apiserver::store::Refusal;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+use support::StoreExt;
 
 use apis::selector::FieldSelector;
 use apis::{AccessSession, Kind, SessionPhase};
 use apiserver::store::{
-    ContinueToken, ForbiddenReason, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion,
-    Store, StoreError,
+    ContinueToken, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion, Store, StoreError,
 };
 use support::*;
 
@@ -87,14 +89,11 @@ async fn paginated_list_at_one_version_while_writes_land() {
             let name = format!("s-{i:05}");
             match w % 4 {
                 0 => {
-                    store
-                        .revoke_session(ns, &name, "manual", None)
-                        .await
-                        .unwrap();
+                    support::revoke(&store, ns, &name, "manual").await;
                 }
                 1 => {
                     store
-                        .delete::<AccessSession>(ns, &name, &Preconditions::default(), false)
+                        .remove::<AccessSession>(ns, &name, &Preconditions::default(), false)
                         .await
                         .unwrap();
                 }
@@ -466,10 +465,9 @@ async fn issuance_racing_agent_deactivation_never_leaves_an_active_session() {
                     );
                     match store.create_session(s, false).await {
                         Ok(written) => issued.push(key(&written.object)),
-                        Err(StoreError::Forbidden {
-                            reason: ForbiddenReason::AgentInactive,
-                            ..
-                        }) => return issued,
+                        Err(StoreError::Refused(Refusal::Session(
+                            SessionRuleError::AgentInactive(_),
+                        ))) => return issued,
                         Err(e) => panic!("unexpected: {e}"),
                     }
                 }

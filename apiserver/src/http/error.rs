@@ -1,12 +1,15 @@
 //! Every API error as a `metav1.Status`, in one place.
 
 use apis::resources::ResourceInfo;
+use apis::rules::SessionRuleError;
 use apis::validation::FieldError;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
-use serde_json::{json, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+use serde_json::Value;
 
-use crate::store::StoreError;
+use super::patch::PatchError;
+use crate::store::{Refusal, StoreError};
 
 /// An API failure: HTTP code, Status reason, message and details.
 #[derive(Debug, Clone)]
@@ -14,7 +17,8 @@ pub struct ApiError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
-    details: Option<Value>,
+    /// Boxed: most errors carry none, and `ApiResult` stays small.
+    details: Option<Box<StatusDetails>>,
     /// Seconds a client should wait before retrying (`Retry-After`).
     retry_after: Option<u64>,
 }
@@ -30,8 +34,8 @@ impl ApiError {
         }
     }
 
-    fn with_details(mut self, details: Value) -> Self {
-        self.details = Some(details);
+    fn with_details(mut self, details: StatusDetails) -> Self {
+        self.details = Some(Box::new(details));
         self
     }
 
@@ -57,7 +61,11 @@ impl ApiError {
             "NotFound",
             format!("namespaces {namespace:?} not found"),
         )
-        .with_details(json!({"name": namespace, "kind": "namespaces"}))
+        .with_details(StatusDetails {
+            name: Some(namespace.to_string()),
+            kind: Some("namespaces".to_string()),
+            ..Default::default()
+        })
     }
     pub fn method_not_allowed(verb: &str, what: &str) -> Self {
         Self::new(
@@ -109,7 +117,10 @@ impl ApiError {
     /// `details.retryAfterSeconds` tell the client when to come back.
     pub fn too_many_requests(message: impl Into<String>, retry_after: u64) -> Self {
         let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", message)
-            .with_details(json!({"retryAfterSeconds": retry_after}));
+            .with_details(StatusDetails {
+                retry_after_seconds: Some(i32::try_from(retry_after).unwrap_or(i32::MAX)),
+                ..Default::default()
+            });
         e.retry_after = Some(retry_after);
         e
     }
@@ -138,9 +149,13 @@ impl ApiError {
 
     /// 422 Invalid with one cause per field error.
     pub fn invalid(resource: &ResourceInfo, name: &str, errors: &[FieldError]) -> Self {
-        let causes: Vec<Value> = errors
+        let causes = errors
             .iter()
-            .map(|e| json!({"reason": e.kind.cause_type(), "message": e.message, "field": e.field}))
+            .map(|e| StatusCause {
+                reason: Some(e.kind.cause_type().to_string()),
+                message: Some(e.message.clone()),
+                field: Some(e.field.clone()),
+            })
             .collect();
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -152,41 +167,95 @@ impl ApiError {
                 apis::validation::join_errors(errors)
             ),
         )
-        .with_details(
-            json!({"name": name, "group": apis::GROUP, "kind": resource.kind, "causes": causes}),
-        )
+        .with_details(StatusDetails {
+            name: Some(name.to_string()),
+            group: Some(apis::GROUP.to_string()),
+            kind: Some(resource.kind.to_string()),
+            causes: Some(causes),
+            ..Default::default()
+        })
     }
 
-    /// Maps a storage error for a request on `resource` (named `name`, if any).
+    /// A patch that cannot be applied: malformed (400), inapplicable to the object (422)
+    /// or too large once applied (413).
+    pub fn from_patch(err: PatchError, resource: &ResourceInfo, name: &str) -> Self {
+        match err {
+            PatchError::Malformed(m) => Self::bad_request(m),
+            PatchError::Inapplicable(m) => {
+                Self::invalid(resource, name, &[FieldError::invalid("patch", m)])
+            }
+            PatchError::TooLarge(m) => Self::entity_too_large(m),
+        }
+    }
+
+    /// Maps a storage error for a request on `resource` (named `name`, if any): every
+    /// Status text of a refused write is written here.
     pub fn from_store(err: StoreError, resource: &ResourceInfo, name: &str) -> Self {
         let qualified = format!("{}.{}", resource.plural, apis::GROUP);
-        let details = json!({"name": name, "group": apis::GROUP, "kind": resource.plural});
+        let details = StatusDetails {
+            name: Some(name.to_string()),
+            group: Some(apis::GROUP.to_string()),
+            kind: Some(resource.plural.to_string()),
+            ..Default::default()
+        };
+        let conflict = |message: String| {
+            Self::new(StatusCode::CONFLICT, "Conflict", message).with_details(details.clone())
+        };
+        let forbidden = |reason: &'static str, message: String| {
+            Self::new(
+                StatusCode::FORBIDDEN,
+                reason,
+                format!("{qualified} {name:?} is forbidden: {message}"),
+            )
+            .with_details(details.clone())
+        };
         match err {
-            StoreError::NotFound { .. } => {
-                Self::new(StatusCode::NOT_FOUND, "NotFound", format!("{qualified} {name:?} not found")).with_details(details)
-            }
-            StoreError::AlreadyExists { .. } => Self::new(
+            StoreError::NotFound => Self::new(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{qualified} {name:?} not found"),
+            )
+            .with_details(details),
+            StoreError::AlreadyExists => Self::new(
                 StatusCode::CONFLICT,
                 "AlreadyExists",
                 format!("{qualified} {name:?} already exists"),
             )
             .with_details(details),
-            StoreError::NameReserved { .. } => Self::new(
+            StoreError::NameReserved => Self::new(
                 StatusCode::CONFLICT,
                 "AlreadyExists",
                 format!("{qualified} {name:?} already exists: the name was used before by a deleted {} and names are never reused", resource.singular),
             )
             .with_details(details),
-            StoreError::Conflict(message) => Self::new(StatusCode::CONFLICT, "Conflict", message).with_details(details),
+            StoreError::UidPrecondition { given, actual } => conflict(format!(
+                "Precondition failed: UID in precondition: {given}, UID in object meta: {actual}"
+            )),
+            StoreError::Modified => conflict(format!(
+                "Operation cannot be fulfilled on {qualified} {name:?}: the object has been modified; please apply your changes to the latest version and try again"
+            )),
             StoreError::Invalid(errors) => Self::invalid(resource, name, &errors),
-            StoreError::Forbidden { reason, message } => Self::new(
-                StatusCode::FORBIDDEN,
-                reason.as_str(),
-                format!("{qualified} {name:?} is forbidden: {message}"),
-            )
-            .with_details(details),
+            StoreError::Unsupported(message) => Self::bad_request(message),
+            StoreError::Refused(refusal) => {
+                let message = refusal.to_string();
+                match refusal {
+                    Refusal::Session(SessionRuleError::AgentInactive(_)) => {
+                        forbidden("Forbidden", message)
+                    }
+                    Refusal::Session(SessionRuleError::ScopeEscalation(_)) => {
+                        forbidden("ScopeEscalation", message)
+                    }
+                    Refusal::Session(SessionRuleError::QuotaExceeded { .. }) => {
+                        forbidden("QuotaExceeded", message)
+                    }
+                    Refusal::NotOwner(_) => forbidden("Forbidden", message),
+                    Refusal::Session(_)
+                    | Refusal::Completion { .. }
+                    | Refusal::Withdrawal { .. }
+                    | Refusal::FencePermanent(_) => conflict(message),
+                }
+            }
             StoreError::Expired(message) => Self::expired(message),
-            StoreError::BadRequest(message) => Self::bad_request(message),
             StoreError::Unavailable(message) => {
                 tracing::warn!(error = %message, "storage unavailable");
                 Self::unavailable("storage is unavailable; retry later")
@@ -200,19 +269,15 @@ impl ApiError {
 
     /// The `metav1.Status` object.
     pub fn to_status(&self) -> Value {
-        let mut status = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code.as_u16(),
-        });
-        if let Some(details) = &self.details {
-            status["details"] = details.clone();
-        }
-        status
+        let status = Status {
+            code: Some(i32::from(self.code.as_u16())),
+            details: self.details.as_deref().cloned(),
+            message: Some(self.message.clone()),
+            reason: Some(self.reason.to_string()),
+            status: Some("Failure".to_string()),
+            ..Default::default()
+        };
+        serde_json::to_value(&status).unwrap_or(Value::Null)
     }
 }
 

@@ -35,8 +35,19 @@ use crate::auth::{
     Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision, UserInfo,
 };
 use crate::store::Store;
+use apis::strategy::Strategy;
 use request::Params;
-use resource::{ResourceRequest, Served};
+use resource::ResourceRequest;
+
+/// Routes a request on a resource to the handler of its kind.
+macro_rules! serve_kinds {
+    ($app:expr, $plural:expr, $verb:expr, $req:expr; $($kind:ty),+) => {
+        match $plural.as_str() {
+            $(p if p == <$kind as Strategy>::INFO.plural => $app.serve::<$kind>(&$verb, $req).await,)+
+            _ => Err(ApiError::not_found_path()),
+        }
+    };
+}
 
 /// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
@@ -643,15 +654,9 @@ impl<S: Store + Clone> AppState<S> {
                     namespace_terminating: false,
                     cluster_authority: false,
                 };
-                let result = match plural.as_str() {
-                    p if p == AccessSession::INFO.plural => {
-                        self.serve::<AccessSession>(&verb, req).await
-                    }
-                    p if p == Agent::INFO.plural => self.serve::<Agent>(&verb, req).await,
-                    p if p == Enrollment::INFO.plural => self.serve::<Enrollment>(&verb, req).await,
-                    p if p == Revocation::INFO.plural => self.serve::<Revocation>(&verb, req).await,
-                    _ => Err(ApiError::not_found_path()),
-                };
+                // Every served kind, by its strategy: adding a kind adds it here.
+                let result = serve_kinds!(self, plural, verb, req;
+                    AccessSession, Agent, Enrollment, Revocation);
                 result.map_err(&fail)?
             }
             Target::Unknown => return Err(fail(ApiError::not_found_path())),
@@ -659,7 +664,11 @@ impl<S: Store + Clone> AppState<S> {
         Ok((verb, resource_label, response))
     }
 
-    async fn serve<K: Served>(&self, verb: &str, req: ResourceRequest<'_>) -> ApiResult<Response> {
+    async fn serve<K: Strategy>(
+        &self,
+        verb: &str,
+        req: ResourceRequest<'_>,
+    ) -> ApiResult<Response> {
         if !K::INFO.verbs.contains(&verb) && req.subresource.is_none() {
             return Err(ApiError::method_not_allowed(
                 &verb.to_uppercase(),

@@ -1,9 +1,8 @@
 //! REST verbs on a resource: get, list, create, update, patch, delete, deletecollection.
 //! Watch lives in `watch.rs`.
 
-use apis::resources::{ResourceInfo, ACCESS_SESSIONS, AGENTS, ENROLLMENTS, REVOCATIONS};
-use apis::{AccessSession, Agent, Enrollment, Kind, Revocation};
-use async_trait::async_trait;
+use apis::strategy::Strategy;
+use apis::Kind;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -11,311 +10,30 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
-use super::patch::{self, PatchError, PatchType, PATCH_TYPES};
-use super::render::{json_response, object_json, render_list, render_object, Renderable};
+use super::patch::{self, PatchType, PATCH_TYPES};
+use super::render::{json_response, object_json, render_list, render_object};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
 use super::MAX_OBJECT_BYTES;
 use crate::auth::UserInfo;
 use crate::store::{
-    self, ContinueToken, ListAt, ListQuery, Preconditions, ResourceVersion, Store, Written,
+    self, Context, ContinueToken, ListAt, ListQuery, Preconditions, Requester, ResourceVersion,
+    Store, StoreError, Withdrawal,
 };
 
-/// Who creates an object, and how far their authority reaches.
-pub struct Caller<'a> {
-    pub user: &'a UserInfo,
-    /// Whether RBAC lets them create this kind in every namespace (asked only for kinds
-    /// with [`Served::ASKS_CLUSTER_AUTHORITY`]).
-    pub cluster_authority: bool,
-}
-
-/// The user as storage records an owner.
-fn requester(user: &UserInfo) -> store::Requester {
-    store::Requester {
-        name: user.name.clone(),
-        uid: user.uid.clone(),
+/// The request's context for a kind's strategy: who asks, when, and how far their authority
+/// to create this kind reaches.
+fn context(req: &ResourceRequest<'_>) -> Context {
+    let mut ctx = Context::new(
+        store::now(),
+        Requester {
+            name: req.user.name.clone(),
+            uid: req.user.uid.clone(),
+        },
+    );
+    if req.cluster_authority {
+        ctx.authority = store::RevokerAuthority::Cluster;
     }
-}
-
-/// A kind served over HTTP, with its kind-specific writes.
-#[async_trait]
-pub trait Served: Renderable {
-    const INFO: ResourceInfo;
-    /// Whether a create needs to know if the caller may create this kind cluster-wide
-    /// (a revocation's fence reaches every namespace only then).
-    const ASKS_CLUSTER_AUTHORITY: bool = false;
-    async fn create<S: Store>(
-        store: &S,
-        object: Self,
-        caller: &Caller<'_>,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>>;
-    /// Update through the main resource (only kinds that serve `update`).
-    async fn update<S: Store>(
-        _store: &S,
-        _object: Self,
-        _dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        Err(store::StoreError::BadRequest(format!(
-            "{} cannot be updated",
-            Self::INFO.plural
-        )))
-    }
-    async fn delete<S: Store>(
-        store: &S,
-        namespace: &str,
-        name: &str,
-        _user: Option<&UserInfo>,
-        preconditions: &Preconditions,
-        dry_run: bool,
-    ) -> store::Result<Self> {
-        store
-            .delete::<Self>(namespace, name, preconditions, dry_run)
-            .await
-    }
-    /// Checks a write through the `status` subresource before the requested object is
-    /// decoded, so that a value the kind does not support is reported as the kind's
-    /// validation reports it (422) rather than as an undecodable body (400).
-    fn check_status(_name: &str, _current: &Value, _requested: &Value) -> ApiResult<()> {
-        Ok(())
-    }
-    /// A write through the `status` subresource: `current` is the object as stored,
-    /// `requested` the object the client asks for (after its patch).
-    async fn write_status<S: Store>(
-        _store: &S,
-        _name: &str,
-        _current: &Value,
-        _requested: &Value,
-        _dry_run: bool,
-    ) -> ApiResult<Self> {
-        Err(ApiError::method_not_allowed(
-            "PATCH",
-            &format!("{}/status", Self::INFO.plural),
-        ))
-    }
-}
-
-#[async_trait]
-impl Served for AccessSession {
-    const INFO: ResourceInfo = ACCESS_SESSIONS;
-    async fn create<S: Store>(
-        store: &S,
-        object: Self,
-        _caller: &Caller<'_>,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.create_session(object, dry_run).await
-    }
-    async fn update<S: Store>(
-        store: &S,
-        object: Self,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.update_session(object, dry_run).await
-    }
-}
-
-#[async_trait]
-impl Served for Agent {
-    const INFO: ResourceInfo = AGENTS;
-    async fn create<S: Store>(
-        store: &S,
-        object: Self,
-        _caller: &Caller<'_>,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.create_agent(object, dry_run).await
-    }
-    async fn update<S: Store>(
-        store: &S,
-        object: Self,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.update_agent(object, dry_run).await
-    }
-}
-
-#[async_trait]
-impl Served for Enrollment {
-    const INFO: ResourceInfo = ENROLLMENTS;
-    async fn create<S: Store>(
-        store: &S,
-        object: Self,
-        caller: &Caller<'_>,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store
-            .create_enrollment(object, &requester(caller.user), dry_run)
-            .await
-    }
-    async fn update<S: Store>(
-        store: &S,
-        object: Self,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.update_metadata(object, dry_run).await
-    }
-    async fn delete<S: Store>(
-        store: &S,
-        namespace: &str,
-        name: &str,
-        user: Option<&UserInfo>,
-        preconditions: &Preconditions,
-        dry_run: bool,
-    ) -> store::Result<Self> {
-        let caller = user.map(requester);
-        store
-            .delete_enrollment(namespace, name, caller.as_ref(), preconditions, dry_run)
-            .await
-    }
-    /// Completion: the only change allowed is `status.phase` to `Completed`; a
-    /// `metadata.uid` in the request is a precondition.
-    fn check_status(name: &str, current: &Value, requested: &Value) -> ApiResult<()> {
-        let uid = |v: &Value| {
-            v.pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let (current_uid, requested_uid) = (uid(current), uid(requested));
-        if requested_uid != current_uid {
-            return Err(ApiError::from_store(
-                store::StoreError::Conflict(format!(
-                    "Precondition failed: UID in precondition: {}, UID in object meta: {}",
-                    requested_uid.unwrap_or_default(),
-                    current_uid.unwrap_or_default()
-                )),
-                &Self::INFO,
-                name,
-            ));
-        }
-        let rv = |v: &Value| v.pointer("/metadata/resourceVersion").cloned();
-        if rv(requested) != rv(current) {
-            return Err(ApiError::from_store(
-                store::StoreError::Conflict(format!(
-                    "Operation cannot be fulfilled on enrollments.{} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
-                    apis::GROUP
-                )),
-                &Self::INFO,
-                name,
-            ));
-        }
-        let phase = requested
-            .pointer("/status/phase")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let mut errors = Vec::new();
-        if phase != "Completed" {
-            errors.push(apis::validation::FieldError::new(
-                apis::validation::FieldErrorKind::NotSupported,
-                "status.phase",
-                format!("Unsupported value: {phase:?}: supported values: \"Completed\""),
-            ));
-        }
-        let mut changed = Vec::new();
-        let mut before = current.clone();
-        let mut after = requested.clone();
-        for v in [&mut before, &mut after] {
-            if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
-                status.remove("phase");
-            }
-            if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.remove("managedFields");
-            }
-        }
-        diff_paths(&before, &after, "", &mut changed);
-        for path in changed {
-            errors.push(apis::validation::FieldError::forbidden(
-                path,
-                "completion sets status.phase to Completed and changes nothing else",
-            ));
-        }
-        if !errors.is_empty() {
-            return Err(ApiError::invalid(&Self::INFO, name, &errors));
-        }
-        Ok(())
-    }
-    async fn write_status<S: Store>(
-        store: &S,
-        name: &str,
-        current: &Value,
-        requested: &Value,
-        dry_run: bool,
-    ) -> ApiResult<Self> {
-        Self::check_status(name, current, requested)?;
-        let current_uid = current
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let ns = current
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        store
-            .complete_enrollment(ns, name, current_uid.as_deref(), dry_run)
-            .await
-            .map_err(|e| ApiError::from_store(e, &Self::INFO, name))
-    }
-}
-
-#[async_trait]
-impl Served for Revocation {
-    const INFO: ResourceInfo = REVOCATIONS;
-    const ASKS_CLUSTER_AUTHORITY: bool = true;
-    async fn create<S: Store>(
-        store: &S,
-        object: Self,
-        caller: &Caller<'_>,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        let authority = if caller.cluster_authority {
-            store::RevokerAuthority::Cluster
-        } else {
-            store::RevokerAuthority::Namespace
-        };
-        store.create_revocation(object, authority, dry_run).await
-    }
-    async fn update<S: Store>(
-        store: &S,
-        object: Self,
-        dry_run: bool,
-    ) -> store::Result<Written<Self>> {
-        store.update_metadata(object, dry_run).await
-    }
-    async fn delete<S: Store>(
-        store: &S,
-        namespace: &str,
-        name: &str,
-        user: Option<&UserInfo>,
-        preconditions: &Preconditions,
-        dry_run: bool,
-    ) -> store::Result<Self> {
-        // Without a caller the namespace is being torn down: its sessions go too, so none
-        // is restored on the way.
-        store
-            .delete_revocation(namespace, name, user.is_some(), preconditions, dry_run)
-            .await
-    }
-}
-
-/// Paths (`a.b.c`) where two JSON documents differ.
-fn diff_paths(a: &Value, b: &Value, prefix: &str, out: &mut Vec<String>) {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            for k in keys {
-                let path = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                match (x.get(k), y.get(k)) {
-                    (Some(va), Some(vb)) => diff_paths(va, vb, &path, out),
-                    _ => out.push(path),
-                }
-            }
-        }
-        (x, y) if x != y => out.push(prefix.to_string()),
-        _ => {}
-    }
+    ctx
 }
 
 /// One request on a resource, as routed.
@@ -333,7 +51,7 @@ pub struct ResourceRequest<'a> {
     /// The request's namespace is terminating (set for deletecollection).
     pub namespace_terminating: bool,
     /// The caller may create this kind in every namespace (set for creates of kinds that
-    /// ask, see [`Served::ASKS_CLUSTER_AUTHORITY`]).
+    /// ask, see [`Strategy::ASKS_CLUSTER_AUTHORITY`]).
     pub cluster_authority: bool,
 }
 
@@ -425,7 +143,7 @@ pub fn decode_object<K: Kind + DeserializeOwned>(
 
 /// Checks the body's `apiVersion`/`kind` (when given) and the namespace and name it names
 /// against the request path, filling them in when absent.
-fn reconcile_identity<K: Served>(
+fn reconcile_identity<K: Strategy>(
     object: &mut K,
     value_kind: (&str, &str),
     namespace: Option<&str>,
@@ -487,18 +205,6 @@ fn type_meta(object: &impl Kind) -> (String, String) {
     )
 }
 
-fn patch_error<K: Served>(name: &str) -> impl Fn(PatchError) -> ApiError + '_ {
-    move |e| match e {
-        PatchError::Malformed(m) => ApiError::bad_request(m),
-        PatchError::Inapplicable(m) => ApiError::invalid(
-            &K::INFO,
-            name,
-            &[apis::validation::FieldError::invalid("patch", m)],
-        ),
-        PatchError::TooLarge(m) => ApiError::entity_too_large(m),
-    }
-}
-
 /// Refuses an object whose encoding exceeds [`MAX_OBJECT_BYTES`]: every stored object is
 /// kept in memory by the change feed and sent to every watcher, so its size bounds memory.
 fn check_object_size<T: serde::Serialize + ?Sized>(object: &T) -> ApiResult<()> {
@@ -509,11 +215,14 @@ fn check_object_size<T: serde::Serialize + ?Sized>(object: &T) -> ApiResult<()> 
     Ok(())
 }
 
-fn store_err<K: Served>(name: &str) -> impl Fn(store::StoreError) -> ApiError + '_ {
+fn store_err<K: Strategy>(name: &str) -> impl Fn(store::StoreError) -> ApiError + '_ {
     move |e| ApiError::from_store(e, &K::INFO, name)
 }
 
-pub async fn get<K: Served, S: Store>(store: &S, req: ResourceRequest<'_>) -> ApiResult<Response> {
+pub async fn get<K: Strategy, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
     let rendering = req.rendering()?;
     let name = req.name.unwrap_or_default();
     let object: K = store
@@ -558,7 +267,7 @@ pub fn list_at(options: &ListOptions) -> ApiResult<ListAt> {
     }
 }
 
-pub async fn list<K: Served, S: Store>(
+pub async fn list<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
     options: ListOptions,
@@ -572,7 +281,7 @@ pub async fn list<K: Served, S: Store>(
         at: list_at(&options)?,
     };
     let list = store.list::<K>(&query).await.map_err(|e| match e {
-        store::StoreError::Expired(_) if options.continue_token.is_some() => ApiError::expired(
+        StoreError::Expired(_) if options.continue_token.is_some() => ApiError::expired(
             "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
         ),
         e => ApiError::from_store(e, &K::INFO, ""),
@@ -587,7 +296,7 @@ pub async fn list<K: Served, S: Store>(
     Ok(json_response(StatusCode::OK, &body, &[]))
 }
 
-pub async fn create<K: Served, S: Store>(
+pub async fn create<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
@@ -600,11 +309,8 @@ pub async fn create<K: Served, S: Store>(
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
     check_object_size(&object)?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let caller = Caller {
-        user: req.user,
-        cluster_authority: req.cluster_authority,
-    };
-    let written = K::create(store, object, &caller, dry_run)
+    let written = store
+        .create(object, &context(&req), dry_run)
         .await
         .map_err(store_err::<K>(&name))?;
     warnings.extend(written.warnings);
@@ -615,7 +321,7 @@ pub async fn create<K: Served, S: Store>(
     ))
 }
 
-pub async fn update<K: Served, S: Store>(
+pub async fn update<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
@@ -628,7 +334,8 @@ pub async fn update<K: Served, S: Store>(
     let tm = type_meta(&object);
     reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
     check_object_size(&object)?;
-    let written = K::update(store, object, dry_run)
+    let written = store
+        .update(object, &context(&req), dry_run)
         .await
         .map_err(store_err::<K>(name))?;
     warnings.extend(written.warnings);
@@ -639,7 +346,7 @@ pub async fn update<K: Served, S: Store>(
     ))
 }
 
-pub async fn patch<K: Served, S: Store>(
+pub async fn patch<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
@@ -660,7 +367,8 @@ pub async fn patch<K: Served, S: Store>(
         let current: K = store.get(ns, name).await.map_err(store_err::<K>(name))?;
         let mut doc = object_json(&current)?;
         let current_rv = doc.pointer("/metadata/resourceVersion").cloned();
-        patch::apply(&mut doc, patch_type, &req.body).map_err(patch_error::<K>(name))?;
+        patch::apply(&mut doc, patch_type, &req.body)
+            .map_err(|e| ApiError::from_patch(e, &K::INFO, name))?;
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
         let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut warnings = Vec::new();
@@ -668,7 +376,7 @@ pub async fn patch<K: Served, S: Store>(
         let tm = type_meta(&object);
         reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
         check_object_size(&object)?;
-        match K::update(store, object, dry_run).await {
+        match store.update(object, &context(&req), dry_run).await {
             Ok(written) => {
                 warnings.extend(written.warnings);
                 return Ok(json_response(
@@ -677,7 +385,11 @@ pub async fn patch<K: Served, S: Store>(
                     &warnings,
                 ));
             }
-            Err(store::StoreError::Conflict(_)) if !pinned && attempts < 5 => continue,
+            Err(StoreError::Modified | StoreError::UidPrecondition { .. })
+                if !pinned && attempts < 5 =>
+            {
+                continue
+            }
             Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
         }
     }
@@ -735,23 +447,24 @@ fn delete_options(req: &ResourceRequest<'_>) -> ApiResult<(Preconditions, bool)>
     ))
 }
 
-pub async fn delete<K: Served, S: Store>(
+pub async fn delete<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
     let rendering = req.rendering()?;
     let (preconditions, dry_run) = delete_options(&req)?;
     let name = req.name.unwrap_or_default();
-    let last: K = K::delete(
-        store,
-        req.namespace.unwrap_or_default(),
-        name,
-        Some(req.user),
-        &preconditions,
-        dry_run,
-    )
-    .await
-    .map_err(store_err::<K>(name))?;
+    let last: K = store
+        .delete(
+            req.namespace.unwrap_or_default(),
+            name,
+            &Withdrawal::ByCaller(context(&req).requester),
+            &context(&req),
+            &preconditions,
+            dry_run,
+        )
+        .await
+        .map_err(store_err::<K>(name))?;
     Ok(json_response(
         StatusCode::OK,
         &render_object(&last, rendering)?,
@@ -759,7 +472,7 @@ pub async fn delete<K: Served, S: Store>(
     ))
 }
 
-pub async fn delete_collection<K: Served, S: Store>(
+pub async fn delete_collection<K: Strategy, S: Store>(
     store: &S,
     req: ResourceRequest<'_>,
     options: ListOptions,
@@ -776,6 +489,7 @@ pub async fn delete_collection<K: Served, S: Store>(
         })
         .await
         .map_err(store_err::<K>(""))?;
+    let ctx = context(&req);
     let mut deleted = Vec::with_capacity(listed.items.len());
     for item in listed.items {
         let meta = item.meta();
@@ -784,21 +498,20 @@ pub async fn delete_collection<K: Served, S: Store>(
             meta.name.clone().unwrap_or_default(),
         );
         // Tearing down a terminating namespace withdraws every pending enrollment, whoever
-        // owns it; otherwise the caller is checked as for a single delete.
-        let caller = (!req.namespace_terminating).then_some(req.user);
-        match K::delete(
-            store,
-            &ns,
-            &name,
-            caller,
-            &Preconditions::default(),
-            dry_run,
-        )
-        .await
+        // owns it, and restores nothing; otherwise the caller is checked as for a single
+        // delete.
+        let by = if req.namespace_terminating {
+            Withdrawal::NamespaceTeardown
+        } else {
+            Withdrawal::ByCaller(ctx.requester.clone())
+        };
+        match store
+            .delete::<K>(&ns, &name, &by, &ctx, &Preconditions::default(), dry_run)
+            .await
         {
             Ok(last) => deleted.push(last),
             // Deleted concurrently: that is what was asked.
-            Err(store::StoreError::NotFound { .. }) => {}
+            Err(StoreError::NotFound) => {}
             Err(e) => return Err(ApiError::from_store(e, &K::INFO, &name)),
         }
     }
@@ -808,11 +521,17 @@ pub async fn delete_collection<K: Served, S: Store>(
 }
 
 /// A write through the `status` subresource (PATCH or PUT).
-pub async fn update_status<K: Served, S: Store>(
+pub async fn update_status<K: Strategy, S: Store>(
     store: &S,
     verb: &str,
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
+    if !K::INFO.subresources.contains(&"status") {
+        return Err(ApiError::method_not_allowed(
+            "PATCH",
+            &format!("{}/status", K::INFO.plural),
+        ));
+    }
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
     let name = req.name.unwrap_or_default();
@@ -827,7 +546,8 @@ pub async fn update_status<K: Served, S: Store>(
             return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
         };
         let mut doc = current.clone();
-        patch::apply(&mut doc, patch_type, &req.body).map_err(patch_error::<K>(name))?;
+        patch::apply(&mut doc, patch_type, &req.body)
+            .map_err(|e| ApiError::from_patch(e, &K::INFO, name))?;
         doc
     } else {
         req.require_json_body()?;
@@ -845,12 +565,30 @@ pub async fn update_status<K: Served, S: Store>(
         doc
     };
     check_object_size(&requested)?;
-    K::check_status(name, &current, &requested)?;
+    K::check_status(&current, &requested).map_err(|e| store_err::<K>(name)(e.into()))?;
     // The typed form must still decode (rejects wrong types with a 400).
     let mut warnings = Vec::new();
     let bytes = serde_json::to_vec(&requested).map_err(|e| ApiError::internal(e.to_string()))?;
     let _: K = decode_object(&bytes, req.params.field_validation()?, &mut warnings)?;
-    let written = K::write_status(store, name, &current, &requested, dry_run).await?;
+    // The uid checked above is a precondition under the write lock too.
+    let preconditions = Preconditions {
+        uid: current
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        resource_version: None,
+    };
+    let written: K = store
+        .write_status(
+            req.namespace.unwrap_or_default(),
+            name,
+            &requested,
+            &context(&req),
+            &preconditions,
+            dry_run,
+        )
+        .await
+        .map_err(store_err::<K>(name))?;
     Ok(json_response(
         StatusCode::OK,
         &render_object(&written, rendering)?,

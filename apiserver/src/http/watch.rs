@@ -15,9 +15,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::error::{ApiError, ApiResult};
 use super::render::{bookmark_line, event_line, object_json, table, watch_line};
 use super::request::{ListOptions, Rendering};
-use super::resource::Served;
 use super::AppState;
 use crate::store::{Event, EventType, ListAt, ListQuery, ResourceVersion, Store, Subscription};
+use apis::strategy::Strategy;
 
 /// Lines queued between the watch task and the connection.
 const LINE_BUFFER: usize = 256;
@@ -83,7 +83,7 @@ fn error_line(err: &ApiError) -> Bytes {
 
 /// Starts a watch. Errors before the stream starts are returned as HTTP errors; an expired
 /// resourceVersion is a 200 with one ERROR event, as clients expect.
-pub async fn watch<K: Served, S: Store + Clone>(
+pub async fn watch<K: Strategy, S: Store + Clone>(
     app: &AppState<S>,
     namespace: Option<String>,
     options: ListOptions,
@@ -223,14 +223,14 @@ impl WatchTask {
     }
 
     /// Ends the watch with an error event, counted as a cut-off.
-    async fn cut_off<K: Served>(&mut self, e: ApiError) {
+    async fn cut_off<K: Strategy>(&mut self, e: ApiError) {
         let reason = e.reason;
         self.metrics.watch_cut_off(K::PLURAL, reason);
         tracing::debug!(reason, "watch cut off");
         self.send(error_line(&e)).await;
     }
 
-    async fn run<K: Served>(mut self, initial: Vec<Bytes>) {
+    async fn run<K: Strategy>(mut self, initial: Vec<Bytes>) {
         let _gauge = self.metrics.watch_started(K::PLURAL);
         for line in initial {
             if !self.send(line).await {

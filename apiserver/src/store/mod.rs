@@ -4,109 +4,83 @@
 
 pub mod connect;
 mod feed;
+mod memory;
 mod migrate;
 mod pg;
 pub mod rv;
+mod transact;
 
-use apis::rules::SessionRuleError;
 use apis::selector::{FieldSelector, LabelSelector};
+use apis::strategy::{Rejection, Strategy};
 use apis::validation::{join_errors, FieldError};
-use apis::{AccessSession, Agent, Enrollment, Kind, Revocation, ServerRef};
 use async_trait::async_trait;
+use serde_json::Value;
 
 pub use connect::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode};
 pub use feed::{
     Event, EventRenderings, EventType, FeedMetrics, Subscription, FEED_APPLICATION_NAME,
 };
+pub use memory::MemoryStore;
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
 pub use rv::{ContinueToken, ResourceVersion};
+pub use transact::{collect_completed_enrollments, transact};
 
-/// A storage failure, in the terms the API reports it.
-#[derive(Debug, thiserror::Error)]
+pub use apis::locks::RevokerAuthority;
+pub use apis::strategy::{Context, Refusal, Requester, Withdrawal};
+
+/// A storage failure, structurally; the HTTP layer writes the Status text (`http/error.rs`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
-    #[error("{resource} {name:?} not found")]
-    NotFound {
-        resource: &'static str,
-        name: String,
-    },
-    #[error("{resource} {name:?} already exists")]
-    AlreadyExists {
-        resource: &'static str,
-        name: String,
-    },
-    #[error("{resource} {name:?} already exists: the name was used before and is reserved")]
-    NameReserved {
-        resource: &'static str,
-        name: String,
-    },
-    #[error("{0}")]
-    Conflict(String),
+    #[error("not found")]
+    NotFound,
+    #[error("already exists")]
+    AlreadyExists,
+    /// The name was used by a deleted object and is never reused.
+    #[error("already exists: the name was used before and is reserved")]
+    NameReserved,
+    #[error("Precondition failed: UID in precondition: {given}, UID in object meta: {actual}")]
+    UidPrecondition { given: String, actual: String },
+    /// The resourceVersion named is not the stored one.
+    #[error("the object has been modified")]
+    Modified,
     #[error("{}", join_errors(.0))]
     Invalid(Vec<FieldError>),
-    #[error("{message}")]
-    Forbidden {
-        reason: ForbiddenReason,
-        message: String,
-    },
+    /// The kind does not serve this write.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A domain rule refused the write.
+    #[error("{0}")]
+    Refused(Refusal),
     /// The resourceVersion or continue token is no longer (or not yet) served; relist.
     #[error("{0}")]
     Expired(String),
-    #[error("{0}")]
-    BadRequest(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     #[error("internal storage error: {0}")]
     Internal(String),
 }
 
-/// The `reason` of a 403 raised by a domain rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForbiddenReason {
-    ScopeEscalation,
-    QuotaExceeded,
-    AgentInactive,
-    /// Only the owner of a pending enrollment may withdraw it.
-    NotOwner,
-}
-
-impl ForbiddenReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ScopeEscalation => "ScopeEscalation",
-            Self::QuotaExceeded => "QuotaExceeded",
-            Self::AgentInactive | Self::NotOwner => "Forbidden",
+impl From<Rejection> for StoreError {
+    fn from(r: Rejection) -> Self {
+        match r {
+            Rejection::NotFound => Self::NotFound,
+            Rejection::AlreadyExists => Self::AlreadyExists,
+            Rejection::NameReserved => Self::NameReserved,
+            Rejection::UidPrecondition { given, actual } => Self::UidPrecondition { given, actual },
+            Rejection::Modified => Self::Modified,
+            Rejection::Invalid(errors) => Self::Invalid(errors),
+            Rejection::Unsupported(message) => Self::Unsupported(message),
+            Rejection::Refused(refusal) => Self::Refused(refusal),
+            Rejection::Unreadable(message) => Self::Internal(message),
         }
     }
 }
 
-impl From<SessionRuleError> for StoreError {
-    fn from(e: SessionRuleError) -> Self {
-        let message = e.to_string();
-        match e {
-            SessionRuleError::Invalid(errors) => Self::Invalid(errors),
-            SessionRuleError::AgentNotFound(_) => Self::Invalid(vec![FieldError::new(
-                apis::validation::FieldErrorKind::Invalid,
-                "spec.agent.name",
-                message,
-            )]),
-            SessionRuleError::AgentInactive(_) => Self::Forbidden {
-                reason: ForbiddenReason::AgentInactive,
-                message,
-            },
-            SessionRuleError::ScopeEscalation(_) => Self::Forbidden {
-                reason: ForbiddenReason::ScopeEscalation,
-                message,
-            },
-            SessionRuleError::QuotaExceeded { .. } => Self::Forbidden {
-                reason: ForbiddenReason::QuotaExceeded,
-                message,
-            },
-            SessionRuleError::AgentUidMismatch { .. }
-            | SessionRuleError::ServerFenced(_)
-            | SessionRuleError::RevocationStands { .. } => Self::Conflict(message),
-        }
-    }
+/// The current time as Kubernetes records it (second precision).
+pub fn now() -> k8s_openapi::jiff::Timestamp {
+    let t = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(t.as_second()).unwrap_or(t)
 }
 
 /// Result alias for storage calls.
@@ -172,133 +146,51 @@ pub struct Written<K> {
     pub warnings: Vec<String>,
 }
 
-/// What a bulk revocation did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RevocationOutcome {
-    /// `namespace/name` of every session this call revoked.
-    pub revoked: Vec<String>,
-    /// `namespace/name` of every selected session that was already revoked (and is now
-    /// covered by this revocation too).
-    pub already_revoked: Vec<String>,
-}
-
-/// The authenticated user a write is made for, as storage records and compares it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Requester {
-    pub name: String,
-    /// Empty when the authenticator reported none.
-    pub uid: String,
-}
-
-pub use apis::locks::RevokerAuthority;
-
-/// The storage port. The HTTP layer is generic over it; [`PgStore`] implements it.
+/// The storage port: what production calls. The HTTP layer is generic over it; [`PgStore`]
+/// implements it on PostgreSQL and [`MemoryStore`] in memory (for handler tests). Every
+/// write runs a kind's [`Strategy`] hooks in one transaction (see [`transact`]).
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Reads one object.
-    async fn get<K: Kind>(&self, namespace: &str, name: &str) -> Result<K>;
+    async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K>;
     /// Lists objects at a consistent snapshot.
-    async fn list<K: Kind>(&self, query: &ListQuery) -> Result<ObjectList<K>>;
-    /// Deletes an object, returning its last state. Deleting an Agent revokes its sessions
-    /// in the same transaction; a deleted session's name is reserved forever.
-    async fn delete<K: Kind>(
+    async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>>;
+    /// Creates an object as its strategy admits it.
+    async fn create<K: Strategy>(
+        &self,
+        object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>>;
+    /// Updates an object through the main resource; its `metadata.uid` and
+    /// `resourceVersion`, when set, are preconditions.
+    async fn update<K: Strategy>(
+        &self,
+        object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>>;
+    /// Deletes an object for `by`, returning its last state.
+    async fn delete<K: Strategy>(
         &self,
         namespace: &str,
         name: &str,
+        by: &Withdrawal,
+        ctx: &Context,
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<K>;
-
-    /// Issues a session under the rules of DESIGN §2.
-    async fn create_session(
-        &self,
-        session: AccessSession,
-        dry_run: bool,
-    ) -> Result<Written<AccessSession>>;
-    /// Updates a session through the main resource (status and authority fields are kept).
-    async fn update_session(
-        &self,
-        session: AccessSession,
-        dry_run: bool,
-    ) -> Result<Written<AccessSession>>;
-    /// Revokes one session; a no-op if it already is revoked.
-    async fn revoke_session(
+    /// Writes through the `status` subresource: `requested` is the whole object the client
+    /// asks for, already checked by [`Strategy::check_status`].
+    async fn write_status<K: Strategy>(
         &self,
         namespace: &str,
         name: &str,
-        cause: &str,
-        revocation_name: Option<&str>,
-    ) -> Result<AccessSession>;
-    /// Lifts a session's revocation: refused (409) for a fenced server or an inactive agent.
-    async fn unrevoke_session(&self, namespace: &str, name: &str) -> Result<AccessSession>;
-    /// Revokes every session of a server generation and installs its permanent UID fence.
-    async fn retire_server(
-        &self,
-        namespace: &str,
-        server: &ServerRef,
-        revocation_name: Option<&str>,
-    ) -> Result<RevocationOutcome>;
-
-    /// Adds an agent to the directory.
-    async fn create_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
-    /// Updates an agent; `spec.active: false` revokes its sessions in the same transaction.
-    async fn update_agent(&self, agent: Agent, dry_run: bool) -> Result<Written<Agent>>;
-
-    /// Updates only the metadata (labels, annotations, owner references, finalizers) of an
-    /// object whose spec is fixed at creation; a changed spec is refused, status is kept.
-    async fn update_metadata<K: Kind>(&self, object: K, dry_run: bool) -> Result<Written<K>>;
-    /// Creates an Enrollment and its AccessSession in `PendingEnrollment`, owned by `owner`
-    /// (name and uid recorded).
-    async fn create_enrollment(
-        &self,
-        enrollment: Enrollment,
-        owner: &Requester,
-        dry_run: bool,
-    ) -> Result<Written<Enrollment>>;
-    /// Completes an enrollment: under the session lock checks the uid (when given), expiry,
-    /// agent and revocation, then activates the session.
-    async fn complete_enrollment(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
-        dry_run: bool,
-    ) -> Result<Enrollment>;
-    /// Withdraws a pending enrollment (its owner only, by name and uid: the session is
-    /// deleted and its name reserved) or removes a completed enrollment's record. `caller` is
-    /// `None` when the namespace is being torn down: the namespace controller withdraws
-    /// everything.
-    async fn delete_enrollment(
-        &self,
-        namespace: &str,
-        name: &str,
-        caller: Option<&Requester>,
+        requested: &Value,
+        ctx: &Context,
         preconditions: &Preconditions,
         dry_run: bool,
-    ) -> Result<Enrollment>;
-    /// Garbage-collects completed enrollments older than `retention`. Returns how many.
-    async fn collect_completed_enrollments(&self, retention: std::time::Duration) -> Result<usize>;
-    /// Creates a Revocation and revokes its targets in one transaction; from then on it
-    /// refuses new sessions for its target until deleted or expired. A `server_retired`
-    /// fence applies in every namespace only for a creator with cluster-wide `authority`.
-    async fn create_revocation(
-        &self,
-        revocation: Revocation,
-        authority: RevokerAuthority,
-        dry_run: bool,
-    ) -> Result<Written<Revocation>>;
-    /// Withdraws a revocation: every session it covers loses that cover, and those no other
-    /// revocation covers are restored when their agent and server are still usable. With
-    /// `restore` false (the namespace is being torn down) no session is touched. Fences stay
-    /// (409).
-    async fn delete_revocation(
-        &self,
-        namespace: &str,
-        name: &str,
-        restore: bool,
-        preconditions: &Preconditions,
-        dry_run: bool,
-    ) -> Result<Revocation>;
+    ) -> Result<K>;
 
     /// The current resourceVersion.
     async fn current_version(&self) -> Result<ResourceVersion>;

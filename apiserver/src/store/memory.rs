@@ -1,0 +1,351 @@
+//! An in-memory implementation of the storage port for handler tests without PostgreSQL. It
+//! runs the same generic transaction and kind strategies as [`super::PgStore`]; what the
+//! SQL narrows by index it decides with the pure rules directly. It keeps no change log:
+//! `subscribe` (watch) is answered 503.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use apis::locks::Fence;
+use apis::rules::counts_as_active;
+use apis::strategy::{Context, Fact, Facts, ObjectKey, Read, Stop, Strategy, Withdrawal, Write};
+use apis::{AccessSession, Kind, Revocation};
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use super::feed::set_resource_version;
+use super::transact::{self, Backend};
+use super::{
+    now, ContinueToken, ListAt, ListQuery, ObjectList, Preconditions, ResourceVersion, Result,
+    Store, StoreError, Subscription, Written,
+};
+
+/// The epoch of every resourceVersion the memory store hands out.
+const EPOCH: u32 = 1;
+
+#[derive(Clone, Debug, Default)]
+struct State {
+    seq: u64,
+    objects: BTreeMap<ObjectKey, (u64, Value)>,
+    reserved: BTreeSet<ObjectKey>,
+    fences: Vec<Fence>,
+}
+
+impl State {
+    fn body(&self, key: &ObjectKey) -> Option<Value> {
+        self.objects.get(key).map(|(seq, body)| {
+            let mut body = body.clone();
+            set_resource_version(&mut body, ResourceVersion::new(EPOCH, *seq));
+            body
+        })
+    }
+
+    fn all<K: Kind>(&self) -> impl Iterator<Item = K> + '_ {
+        self.objects
+            .keys()
+            .filter(|k| k.resource == K::PLURAL)
+            .filter_map(|k| self.body(k))
+            .filter_map(|b| serde_json::from_value(b).ok())
+    }
+
+    fn answer(&self, read: &Read) -> Fact {
+        match read {
+            Read::Object(key) => Fact::Object(self.body(key)),
+            Read::NameReserved(key) => Fact::Flag(self.reserved.contains(key)),
+            Read::Fenced {
+                server_uid,
+                namespace,
+            } => Fact::Flag(self.fences.iter().any(|f| {
+                f.server_uid == *server_uid && (f.cluster_wide || f.namespace == *namespace)
+            })),
+            Read::Revocations {
+                namespace,
+                session,
+                subject,
+                server_uid,
+            } => Fact::Revocations(
+                self.all::<Revocation>()
+                    .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
+                    .filter(|r| {
+                        let t = &r.spec.target;
+                        t.session.as_ref() == Some(session)
+                            || (subject.is_some() && t.subject == *subject)
+                            || t.server.as_ref().is_some_and(|s| s.uid == *server_uid)
+                    })
+                    .collect(),
+            ),
+            Read::Sessions(selector) => Fact::Sessions(
+                self.all::<AccessSession>()
+                    .filter(|s| {
+                        selector.matches(
+                            s.metadata.namespace.as_deref().unwrap_or_default(),
+                            s.metadata.name.as_deref().unwrap_or_default(),
+                            &s.spec,
+                        )
+                    })
+                    .collect(),
+            ),
+            Read::ActiveSessions { agent_uids, at } => {
+                let mut counts = std::collections::HashMap::new();
+                for session in self.all::<AccessSession>() {
+                    let Some(uid) = session.spec.agent.as_ref().and_then(|a| a.uid.clone()) else {
+                        continue;
+                    };
+                    if agent_uids.contains(&uid) && counts_as_active(&session, *at) {
+                        *counts.entry(uid).or_insert(0) += 1;
+                    }
+                }
+                Fact::Counts(counts)
+            }
+        }
+    }
+}
+
+/// The in-memory store. Cheap to clone; clones share the state.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    async fn begin(&self) -> MemoryTx {
+        let guard = self.state.clone().lock_owned().await;
+        let staged = guard.clone();
+        MemoryTx { guard, staged }
+    }
+}
+
+/// A transaction: holds the state's lock and works on a copy, installed on commit.
+struct MemoryTx {
+    guard: OwnedMutexGuard<State>,
+    staged: State,
+}
+
+#[async_trait]
+impl Backend for MemoryTx {
+    async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
+        Ok(reads
+            .into_iter()
+            .map(|r| {
+                let fact = self.staged.answer(&r);
+                (r, fact)
+            })
+            .collect())
+    }
+
+    async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
+        let s = &mut self.staged;
+        let mut versions = Vec::new();
+        for write in writes {
+            match write {
+                Write::Create { key, body, .. } => {
+                    if s.objects.contains_key(&key) {
+                        return Err(StoreError::Internal(format!("{key:?} exists")));
+                    }
+                    s.seq += 1;
+                    s.objects.insert(key.clone(), (s.seq, body));
+                    versions.push((key, ResourceVersion::new(EPOCH, s.seq)));
+                }
+                Write::Replace { key, body } => {
+                    s.seq += 1;
+                    let seq = s.seq;
+                    match s.objects.get_mut(&key) {
+                        Some(slot) => *slot = (seq, body),
+                        None => return Err(StoreError::Internal(format!("{key:?} is gone"))),
+                    }
+                    versions.push((key, ResourceVersion::new(EPOCH, seq)));
+                }
+                Write::Remove { key } => {
+                    s.seq += 1;
+                    if s.objects.remove(&key).is_none() {
+                        return Err(StoreError::Internal(format!("{key:?} is gone")));
+                    }
+                    versions.push((key, ResourceVersion::new(EPOCH, s.seq)));
+                }
+                Write::ReserveName { key, .. } => {
+                    s.reserved.insert(key);
+                }
+                Write::Fence { fence, .. } => {
+                    match s.fences.iter_mut().find(|f| {
+                        f.server_uid == fence.server_uid && f.namespace == fence.namespace
+                    }) {
+                        Some(f) => f.cluster_wide |= fence.cluster_wide,
+                        None => s.fences.push(fence),
+                    }
+                }
+            }
+        }
+        Ok(versions)
+    }
+
+    async fn commit(mut self) -> Result<()> {
+        *self.guard = self.staged;
+        Ok(())
+    }
+}
+
+fn decode<K: Kind>(body: Value) -> Result<K> {
+    serde_json::from_value(body)
+        .map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))
+}
+
+/// Completes objects as read from the facts their strategy asks for.
+fn complete<K: Strategy>(state: &State, items: &mut [K]) -> Result<()> {
+    let now = now();
+    let mut facts = Facts::default();
+    for read in K::read_facts(items, now) {
+        let fact = state.answer(&read);
+        facts.insert(read, fact);
+    }
+    K::complete_reads(items, now, &facts).map_err(|stop| match stop {
+        Stop::Rejected(r) => r.into(),
+        Stop::Need(reads) => {
+            StoreError::Internal(format!("a read asked for more facts: {reads:?}"))
+        }
+    })
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K> {
+        let state = self.state.lock().await;
+        let body = state
+            .body(&ObjectKey::of::<K>(namespace, name))
+            .ok_or(StoreError::NotFound)?;
+        let mut items = [decode::<K>(body)?];
+        complete(&state, &mut items)?;
+        let [object] = items;
+        Ok(object)
+    }
+
+    async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
+        let state = self.state.lock().await;
+        // Without a change log only the current state is served.
+        let after = match &query.at {
+            ListAt::Latest => None,
+            ListAt::Exact { rv, after } if rv.epoch == EPOCH && rv.seq == state.seq => {
+                after.clone()
+            }
+            ListAt::Exact { rv, .. } => {
+                return Err(StoreError::Expired(format!(
+                    "The provided continue parameter is too old to display a consistent list result. \
+                     You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
+                )))
+            }
+        };
+        let want = query.limit.filter(|l| *l > 0);
+        let mut items = Vec::new();
+        let mut more = false;
+        for key in state.objects.keys().filter(|k| k.resource == K::PLURAL) {
+            if K::NAMESPACED
+                && query
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|ns| *ns != key.namespace)
+            {
+                continue;
+            }
+            if after
+                .as_ref()
+                .is_some_and(|(ns, name)| (&key.namespace, &key.name) <= (ns, name))
+            {
+                continue;
+            }
+            let Some(body) = state.body(key) else {
+                continue;
+            };
+            let labels = body
+                .pointer("/metadata/labels")
+                .and_then(|l| serde_json::from_value(l.clone()).ok());
+            if !query.labels.matches(labels.as_ref()) || !query.fields.matches(&body) {
+                continue;
+            }
+            if want.is_some_and(|w| items.len() == w) {
+                more = true;
+                break;
+            }
+            items.push((key.clone(), decode::<K>(body)?));
+        }
+        let rv = ResourceVersion::new(EPOCH, state.seq);
+        let continue_token = more.then(|| {
+            let key = items.last().map(|(k, _)| k.clone());
+            ContinueToken {
+                rv: rv.to_string(),
+                ns: key
+                    .as_ref()
+                    .map(|k| k.namespace.clone())
+                    .unwrap_or_default(),
+                name: key.map(|k| k.name).unwrap_or_default(),
+            }
+            .encode()
+        });
+        let mut objects: Vec<K> = items.into_iter().map(|(_, o)| o).collect();
+        complete(&state, &mut objects)?;
+        Ok(ObjectList {
+            items: objects,
+            resource_version: rv,
+            continue_token,
+        })
+    }
+
+    async fn create<K: Strategy>(
+        &self,
+        mut object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>> {
+        transact::prepare_new(&mut object, ctx.now)?;
+        transact::create(self.begin().await, object, ctx, dry_run).await
+    }
+
+    async fn update<K: Strategy>(
+        &self,
+        object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>> {
+        transact::check_update(&object)?;
+        transact::update(self.begin().await, object, ctx, dry_run).await
+    }
+
+    async fn delete<K: Strategy>(
+        &self,
+        namespace: &str,
+        name: &str,
+        by: &Withdrawal,
+        ctx: &Context,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K> {
+        let tx = self.begin().await;
+        transact::delete(tx, namespace, name, by, ctx, preconditions, dry_run).await
+    }
+
+    async fn write_status<K: Strategy>(
+        &self,
+        namespace: &str,
+        name: &str,
+        requested: &Value,
+        ctx: &Context,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K> {
+        let tx = self.begin().await;
+        transact::write_status(tx, namespace, name, requested, ctx, preconditions, dry_run).await
+    }
+
+    async fn current_version(&self) -> Result<ResourceVersion> {
+        Ok(ResourceVersion::new(EPOCH, self.state.lock().await.seq))
+    }
+
+    async fn subscribe(&self, _from: ResourceVersion) -> Result<Subscription> {
+        Err(StoreError::Unavailable(
+            "the in-memory store keeps no change log to watch".into(),
+        ))
+    }
+}

@@ -1,0 +1,462 @@
+//! The PostgreSQL store (DESIGN §3): configuration, the pool, the write gate and the
+//! background tasks. Reads are in `list`, the write transaction in `tx`, the SQL of the
+//! facts kinds ask for in `sessions` and `revocations`.
+
+mod list;
+mod revocations;
+mod sessions;
+mod tx;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apis::strategy::{Context, Strategy, Withdrawal};
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use k8s_openapi::jiff::SignedDuration;
+use rand::Rng;
+use serde_json::Value;
+
+use super::connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
+use super::feed::{Feed, FeedLimits, FeedMetrics, CHANNEL};
+use super::rv::{ResourceVersion, EPOCH_LIMIT};
+use super::transact;
+use super::{
+    apply_migrations, ListQuery, ObjectList, Preconditions, Result, Store, StoreError,
+    Subscription, Written,
+};
+use crate::tasks::Background;
+use tx::WriteTx;
+
+/// Store settings.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub pg: tokio_postgres::Config,
+    /// The TLS connector for `sslmode` prefer/require/verify-*; `None`: unverified TLS when
+    /// the server offers it (libpq's `prefer`), plain when `pg` disables TLS.
+    pub tls: Option<PgTls>,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// How long a request waits for a pool connection (or to create or recycle one) and a
+    /// writer for its turn, before it is answered 503.
+    pub pool_timeout: Duration,
+    /// Server-side statement, lock and idle-transaction timeouts of every store connection.
+    pub session: SessionLimits,
+    /// Change-log events kept for watches and continue tokens.
+    pub retained_events: u64,
+    /// Server-wide maximum session lifetime.
+    pub max_session_ttl: SignedDuration,
+    /// Events queued per live watcher before it is cut off.
+    pub watcher_buffer: usize,
+    /// Recent events kept in memory for watchers that start slightly behind.
+    pub ring_capacity: usize,
+    /// Total encoded bytes of those events.
+    pub ring_bytes: usize,
+    /// Encoded bytes read from the change log per page (at least one row per page).
+    pub page_bytes: usize,
+    /// How long the change feed may go without confirming the database head before every
+    /// watch is ended with 410 and readiness fails.
+    pub staleness_bound: Duration,
+    /// How often the change log is trimmed.
+    pub trim_interval: Duration,
+}
+
+impl StoreConfig {
+    pub fn new(pg: tokio_postgres::Config) -> Self {
+        Self {
+            pg,
+            tls: None,
+            pool_size: 16,
+            pool_timeout: Duration::from_secs(5),
+            session: SessionLimits::default(),
+            retained_events: 100_000,
+            max_session_ttl: SignedDuration::from_hours(24),
+            watcher_buffer: 1024,
+            ring_capacity: 8192,
+            ring_bytes: 64 << 20,
+            page_bytes: 8 << 20,
+            staleness_bound: Duration::from_secs(5),
+            trim_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The PostgreSQL implementation of [`Store`]. Cheap to clone; background tasks stop when
+/// the last clone is dropped.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    write_gate: tokio::sync::Mutex<()>,
+    feed: Arc<Feed>,
+    config: StoreConfig,
+    /// The change feed and the log trimmer, aborted when the last clone is dropped.
+    tasks: Background,
+}
+
+pub(super) fn pg_err(e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    match e.as_db_error() {
+        // A statement, lock or idle-transaction timeout, a cancel, or a server going away:
+        // the request may succeed when retried, so 503 with Retry-After, never 500.
+        Some(db)
+            if [
+                SqlState::QUERY_CANCELED,
+                SqlState::LOCK_NOT_AVAILABLE,
+                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::TOO_MANY_CONNECTIONS,
+                // Only ever the echo of an earlier failure in the same transaction: a
+                // statement pipelined after the sync-state lock request (which timed out)
+                // can report first. The lock's own error is the cause.
+                SqlState::IN_FAILED_SQL_TRANSACTION,
+            ]
+            .contains(db.code()) =>
+        {
+            StoreError::Unavailable(format!("{}: {}", db.code().code(), db.message()))
+        }
+        Some(db) => StoreError::Internal(format!("{}: {}", db.code().code(), db.message())),
+        // tokio-postgres names only the step ("error performing TLS handshake"); the cause
+        // (e.g. the certificate is not valid for the host name) is its source. Neither
+        // carries the DSN or a password.
+        None => {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                message.push_str(": ");
+                message.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            StoreError::Unavailable(message)
+        }
+    }
+}
+
+pub(super) fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
+        // Timeouts (wait, create, recycle) and a closed pool: retry later.
+        e => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+impl PgStore {
+    /// Applies migrations, rotates the epoch (expiring every resourceVersion handed out
+    /// before), and starts the change feed and the log trimmer.
+    pub async fn start(config: StoreConfig) -> Result<Self> {
+        let tls = match &config.tls {
+            Some(tls) => tls.clone(),
+            None => PgTls::new(SslMode::Prefer, None)
+                .map_err(|e| StoreError::Internal(e.to_string()))?,
+        };
+        // Migrations may legitimately run long: no statement timeout, but keepalives and a
+        // connect timeout so a dead database fails startup instead of hanging it.
+        let setup = with_transport_limits(&config.pg, &config.session);
+        let (mut client, connection) = setup.connect(tls.clone()).await.map_err(pg_err)?;
+        let driver = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "setup connection ended");
+            }
+        });
+        apply_migrations(&mut client).await?;
+        let (epoch, head) = rotate_epoch(&client).await?;
+        drop(client);
+        driver.abort();
+        tracing::info!(
+            epoch,
+            head,
+            sslmode = tls.mode().as_str(),
+            "storage ready; epoch rotated"
+        );
+
+        let mut session = with_session_limits(&config.pg, &config.session);
+        if session.get_application_name().is_none() {
+            session.application_name("mcp-access");
+        }
+        let manager = Manager::from_config(
+            session.clone(),
+            tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(config.pool_timeout))
+            .create_timeout(Some(config.pool_timeout))
+            .recycle_timeout(Some(config.pool_timeout))
+            .build()
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let feed = Feed::new(
+            pool.clone(),
+            epoch,
+            head,
+            FeedLimits {
+                buffer: config.watcher_buffer,
+                ring_capacity: config.ring_capacity,
+                ring_bytes: config.ring_bytes,
+                page_bytes: config.page_bytes.max(1),
+                staleness_bound: config.staleness_bound,
+            },
+        );
+        let mut tasks = Background::default();
+        tasks.spawn("change feed", feed.clone().run(session, tls));
+        let trimmer = Trimmer {
+            pool: pool.clone(),
+            retained: config.retained_events,
+        };
+        let interval = config.trim_interval;
+        tasks.spawn("change log trimmer", async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(e) = trimmer.trim().await {
+                    tracing::warn!(error = %e, "change log trim failed");
+                }
+            }
+        });
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                write_gate: tokio::sync::Mutex::new(()),
+                feed,
+                config,
+                tasks,
+            }),
+        })
+    }
+
+    /// Deletes change-log entries beyond the retention, in small batches, outside the
+    /// sync-state lock. Returns how many were deleted.
+    pub async fn trim_log(&self) -> Result<u64> {
+        Trimmer {
+            pool: self.inner.pool.clone(),
+            retained: self.inner.config.retained_events,
+        }
+        .trim()
+        .await
+    }
+
+    /// Number of live change-feed subscribers.
+    pub fn live_subscribers(&self) -> usize {
+        self.inner.feed.subscriber_count()
+    }
+
+    /// Whether the change feed currently vouches for delivering every committed change
+    /// within its staleness bound (part of readiness).
+    pub fn change_feed_live(&self) -> bool {
+        self.inner.tasks.all_running() && self.inner.feed.is_live()
+    }
+
+    /// Resolves with a report when the change feed or the log trimmer ends or panics (they
+    /// run until the store is dropped): the process must not serve on without them.
+    pub fn task_ended(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        self.inner.tasks.ended()
+    }
+
+    /// The change feed's metrics (head, lag, cut-offs), to register before serving.
+    pub fn change_feed_metrics(&self) -> FeedMetrics {
+        self.inner.feed.metrics()
+    }
+
+    /// Events and encoded bytes held in the change feed's in-memory ring.
+    pub fn change_feed_ring(&self) -> (usize, usize) {
+        self.inner.feed.ring_usage()
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.inner.pool.get().await.map_err(pool_err)
+    }
+
+    /// A connection for a write transaction, and this process's turn to write. Writers are
+    /// serialized by the sync-state row lock anyway; queueing them here first keeps that
+    /// lock uncontended (cheap to take) and leaves pool connections to readers.
+    async fn writer(&self) -> Result<(tokio::sync::MutexGuard<'_, ()>, deadpool_postgres::Object)> {
+        // Bounded like a pool wait: a writer stuck behind the sync-state lock must not queue
+        // every later writer of this process indefinitely.
+        let wait = self.inner.config.pool_timeout;
+        let gate = tokio::time::timeout(wait, self.inner.write_gate.lock())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!("no turn to write within {wait:?}; retry"))
+            })?;
+        Ok((gate, self.client().await?))
+    }
+}
+
+async fn rotate_epoch(client: &tokio_postgres::Client) -> Result<(u32, u64)> {
+    loop {
+        let epoch = rand::rng().random_range(1..EPOCH_LIMIT) as i32;
+        let rows = client
+            .query(
+                "UPDATE sync_state SET epoch = $1 WHERE id = 1 AND epoch <> $1 RETURNING seq",
+                &[&epoch],
+            )
+            .await
+            .map_err(pg_err)?;
+        if let Some(row) = rows.first() {
+            client
+                .batch_execute(&format!("NOTIFY {CHANNEL}"))
+                .await
+                .map_err(pg_err)?;
+            return Ok((epoch as u32, row.get::<_, i64>(0) as u64));
+        }
+    }
+}
+
+struct Trimmer {
+    pool: Pool,
+    retained: u64,
+}
+
+impl Trimmer {
+    async fn trim(&self) -> Result<u64> {
+        const BATCH: i64 = 5000;
+        let client = self.pool.get().await.map_err(pool_err)?;
+        let mut total = 0;
+        loop {
+            let n = client
+                .execute(
+                    "DELETE FROM change_log WHERE seq IN (
+                         SELECT seq FROM change_log
+                          WHERE seq <= (SELECT seq FROM sync_state WHERE id = 1) - $1
+                          ORDER BY seq LIMIT $2)",
+                    &[&(self.retained as i64), &BATCH],
+                )
+                .await
+                .map_err(pg_err)?;
+            total += n;
+            if n < BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+impl PgStore {
+    /// The request's context under this server's configured limits.
+    fn with_limits(&self, ctx: &Context) -> Context {
+        Context {
+            max_session_ttl: self.inner.config.max_session_ttl,
+            ..ctx.clone()
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K> {
+        list::get(self, namespace, name).await
+    }
+
+    async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
+        list::list(self, query).await
+    }
+
+    async fn create<K: Strategy>(
+        &self,
+        mut object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>> {
+        transact::prepare_new(&mut object, ctx.now)?;
+        let ctx = self.with_limits(ctx);
+        let (_gate, mut client) = self.writer().await?;
+        let tx = WriteTx::begin(&mut client).await?;
+        transact::create(tx, object, &ctx, dry_run).await
+    }
+
+    async fn update<K: Strategy>(
+        &self,
+        object: K,
+        ctx: &Context,
+        dry_run: bool,
+    ) -> Result<Written<K>> {
+        transact::check_update(&object)?;
+        let (_gate, mut client) = self.writer().await?;
+        let tx = WriteTx::begin(&mut client).await?;
+        transact::update(tx, object, &self.with_limits(ctx), dry_run).await
+    }
+
+    async fn delete<K: Strategy>(
+        &self,
+        namespace: &str,
+        name: &str,
+        by: &Withdrawal,
+        ctx: &Context,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K> {
+        let (_gate, mut client) = self.writer().await?;
+        let tx = WriteTx::begin(&mut client).await?;
+        let ctx = self.with_limits(ctx);
+        transact::delete(tx, namespace, name, by, &ctx, preconditions, dry_run).await
+    }
+
+    async fn write_status<K: Strategy>(
+        &self,
+        namespace: &str,
+        name: &str,
+        requested: &Value,
+        ctx: &Context,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<K> {
+        let (_gate, mut client) = self.writer().await?;
+        let tx = WriteTx::begin(&mut client).await?;
+        let ctx = self.with_limits(ctx);
+        transact::write_status(tx, namespace, name, requested, &ctx, preconditions, dry_run).await
+    }
+
+    async fn current_version(&self) -> Result<ResourceVersion> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT epoch, seq FROM sync_state WHERE id = 1", &[])
+            .await
+            .map_err(pg_err)?;
+        Ok(ResourceVersion::new(
+            row.get::<_, i32>(0) as u32,
+            row.get::<_, i64>(1) as u64,
+        ))
+    }
+
+    async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        let epoch = row.get::<_, i32>(0) as u32;
+        let head = row.get::<_, i64>(1) as u64;
+        let horizon = row
+            .get::<_, Option<i64>>(2)
+            .map(|m| m as u64 - 1)
+            .unwrap_or(head);
+        if from.epoch != epoch {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from}: the change log was reset (apiserver restart)"
+            )));
+        }
+        if from.seq > head {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} is ahead of the current state ({}); relist",
+                ResourceVersion::new(epoch, head)
+            )));
+        }
+        if from.seq < horizon {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} ({})",
+                ResourceVersion::new(epoch, horizon)
+            )));
+        }
+        self.inner.feed.subscription(from)
+    }
+}

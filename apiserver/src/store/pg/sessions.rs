@@ -1,0 +1,75 @@
+//! SQL of the session facts: the sessions a selector selects, active-session counts and name
+//! reservations. Each narrows by an index; the typed rule in `apis` decides on the rows.
+
+use apis::locks::SessionSelector;
+use apis::strategy::ObjectKey;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::tx::Params;
+
+/// Whether a name is reserved by a deleted object.
+pub(super) fn name_reserved(key: &ObjectKey) -> (String, Params) {
+    (
+        "SELECT EXISTS (SELECT 1 FROM name_reservations WHERE resource = $1 AND namespace = $2 AND name = $3)".into(),
+        vec![
+            Box::new(key.resource.to_string()),
+            Box::new(key.namespace.clone()),
+            Box::new(key.name.clone()),
+        ],
+    )
+}
+
+/// The sessions a selector selects, in key order, generated from the typed selector so an
+/// index serves it; every row is re-checked with [`SessionSelector::matches`].
+pub(super) fn selected(selector: &SessionSelector) -> (String, Params) {
+    const COLUMNS: &str =
+        "SELECT namespace, name, seq, body FROM objects WHERE resource = 'accesssessions'";
+    match selector {
+        SessionSelector::One { namespace, name } => (
+            format!("{COLUMNS} AND namespace = $1 AND name = $2"),
+            vec![Box::new(namespace.clone()), Box::new(name.clone())],
+        ),
+        SessionSelector::Server {
+            namespace: Some(ns),
+            uid,
+        } => (
+            format!("{COLUMNS} AND namespace = $1 AND body #>> '{{spec,server,uid}}' = $2 ORDER BY namespace, name"),
+            vec![Box::new(ns.clone()), Box::new(uid.clone())],
+        ),
+        SessionSelector::Server {
+            namespace: None,
+            uid,
+        } => (
+            format!("{COLUMNS} AND body #>> '{{spec,server,uid}}' = $1 ORDER BY namespace, name"),
+            vec![Box::new(uid.clone())],
+        ),
+        SessionSelector::Subject { namespace, user } => (
+            format!("{COLUMNS} AND namespace = $1 AND body #>> '{{spec,subject,user}}' = $2 ORDER BY namespace, name"),
+            vec![Box::new(namespace.clone()), Box::new(user.clone())],
+        ),
+        SessionSelector::Agent { uid } => (
+            format!("{COLUMNS} AND body #>> '{{spec,agent,uid}}' = $1 ORDER BY namespace, name"),
+            vec![Box::new(uid.clone())],
+        ),
+    }
+}
+
+/// Counts, per agent uid, the sessions that count as active at `at`: the SQL form of
+/// [`apis::rules::counts_as_active`] (phase Active or PendingEnrollment, not expired;
+/// RFC 3339 times of second precision compare as strings).
+pub(super) fn active_counts(agent_uids: &[String], at: Timestamp) -> (String, Params) {
+    let at = serde_json::to_value(Time(at))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    (
+        "SELECT body #>> '{spec,agent,uid}', count(*) FROM objects
+          WHERE resource = 'accesssessions' AND body #>> '{spec,agent,uid}' = ANY($1)
+            AND body #>> '{status,phase}' IN ('Active', 'PendingEnrollment')
+            AND body #>> '{spec,expiresAt}' > $2
+          GROUP BY 1"
+            .into(),
+        vec![Box::new(agent_uids.to_vec()), Box::new(at)],
+    )
+}

@@ -1,0 +1,404 @@
+//! The PostgreSQL write transaction: the sync-state row lock, facts read under it, and the
+//! writes of a plan with their change-log events.
+
+use std::collections::HashMap;
+
+use apis::strategy::{Fact, ObjectKey, Read, Write};
+use apis::AccessSession;
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use serde_json::Value;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use super::pg_err;
+use super::{revocations, sessions};
+use crate::store::feed::set_resource_version;
+use crate::store::rv::ResourceVersion;
+use crate::store::transact::Backend;
+use crate::store::{Result, StoreError};
+
+/// The tail of every write statement: moves the sync-state sequence to `$seq` (the row is
+/// already locked by this transaction) and queues the commit notification for the feed.
+macro_rules! advance_sync_state {
+    ($seq:literal) => {
+        concat!(
+            "s AS (UPDATE sync_state SET seq = ",
+            $seq,
+            " WHERE id = 1 RETURNING 1) SELECT pg_notify('mcp_access_changes', '') FROM s"
+        )
+    };
+}
+
+/// A row of `objects` as read inside a transaction.
+#[derive(Clone, Debug)]
+pub(super) struct StoredRow {
+    pub seq: u64,
+    pub body: Value,
+}
+
+pub(super) const LOAD_SQL: &str =
+    "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3";
+
+/// Bound parameters of one statement.
+pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// One read as SQL: its statement text and parameters.
+pub(super) struct ReadQuery {
+    pub read: Read,
+    pub sql: String,
+    pub params: Params,
+}
+
+/// The SQL answering `read`.
+pub(super) fn query_for(read: Read) -> ReadQuery {
+    let (sql, params): (String, Params) = match &read {
+        Read::Object(key) => (
+            LOAD_SQL.into(),
+            vec![
+                Box::new(key.resource.to_string()),
+                Box::new(key.namespace.clone()),
+                Box::new(key.name.clone()),
+            ],
+        ),
+        Read::NameReserved(key) => sessions::name_reserved(key),
+        Read::Fenced {
+            server_uid,
+            namespace,
+        } => revocations::fenced(server_uid, namespace),
+        Read::Revocations {
+            namespace,
+            session,
+            subject,
+            server_uid,
+        } => revocations::candidates(namespace, session, subject.as_deref(), server_uid),
+        Read::Sessions(selector) => sessions::selected(selector),
+        Read::ActiveSessions { agent_uids, at } => sessions::active_counts(agent_uids, *at),
+    };
+    ReadQuery { read, sql, params }
+}
+
+/// Turns the rows of a read into its fact, decoding objects at `epoch`; object rows read
+/// are added to `rows` (the before-images of later writes).
+pub(super) fn fact_of(
+    read: &Read,
+    result: Vec<tokio_postgres::Row>,
+    epoch: u32,
+    rows: &mut HashMap<ObjectKey, StoredRow>,
+) -> Result<Fact> {
+    Ok(match read {
+        Read::Object(key) => match result.first() {
+            Some(row) => {
+                let stored = StoredRow {
+                    seq: row.get::<_, i64>(0) as u64,
+                    body: row.get(2),
+                };
+                let mut body = stored.body.clone();
+                set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
+                rows.insert(key.clone(), stored);
+                Fact::Object(Some(body))
+            }
+            None => Fact::Object(None),
+        },
+        Read::NameReserved(_) | Read::Fenced { .. } => {
+            Fact::Flag(result.first().is_some_and(|r| r.get::<_, bool>(0)))
+        }
+        Read::Revocations { .. } => Fact::Revocations(revocations::decode(&result)?),
+        Read::Sessions(selector) => {
+            let mut selected = Vec::with_capacity(result.len());
+            for row in result {
+                let (ns, name): (String, String) = (row.get(0), row.get(1));
+                let stored = StoredRow {
+                    seq: row.get::<_, i64>(2) as u64,
+                    body: row.get(3),
+                };
+                let mut body = stored.body.clone();
+                set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
+                let session: AccessSession = serde_json::from_value(body).map_err(|e| {
+                    StoreError::Internal(format!("stored AccessSession is unreadable: {e}"))
+                })?;
+                // The SQL only narrows; the typed selector decides.
+                if selector.matches(&ns, &name, &session.spec) {
+                    rows.insert(ObjectKey::of::<AccessSession>(&ns, &name), stored);
+                    selected.push(session);
+                }
+            }
+            Fact::Sessions(selected)
+        }
+        Read::ActiveSessions { .. } => Fact::Counts(
+            result
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
+                .collect(),
+        ),
+    })
+}
+
+/// Runs reads on `client` (pipelined: every statement is sent before the first answer is
+/// awaited), after `lock` when given.
+pub(super) async fn run_reads(
+    client: &impl GenericClient,
+    lock: Option<&str>,
+    reads: Vec<Read>,
+) -> Result<(
+    Option<tokio_postgres::Row>,
+    Vec<(Read, Vec<tokio_postgres::Row>)>,
+)> {
+    // Prepare first: the executions below must leave in order, the lock first.
+    let lock = match lock {
+        Some(sql) => Some(client.prepare_cached(sql).await.map_err(pg_err)?),
+        None => None,
+    };
+    let mut queries = Vec::with_capacity(reads.len());
+    for read in reads {
+        let q = query_for(read);
+        let stmt = client.prepare_cached(&q.sql).await.map_err(pg_err)?;
+        queries.push((q, stmt));
+    }
+    let lock_fut = async {
+        match &lock {
+            Some(stmt) => client.query_one(stmt, &[]).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    let reads_fut = futures::future::join_all(queries.iter().map(|(q, stmt)| {
+        let params: Vec<&(dyn ToSql + Sync)> = q
+            .params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        async move { client.query(stmt, &params).await }
+    }));
+    // Both run to completion and the lock's own error wins: after a lock timeout the
+    // pipelined statements only report the aborted transaction (25P02).
+    let (lock_row, results) = tokio::join!(lock_fut, reads_fut);
+    let lock_row = lock_row.map_err(pg_err)?;
+    let mut answers = Vec::with_capacity(queries.len());
+    for ((q, _), result) in queries.into_iter().zip(results) {
+        answers.push((q.read, result.map_err(pg_err)?));
+    }
+    Ok((lock_row, answers))
+}
+
+const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE";
+
+/// One write transaction: holds the sync-state row lock from its first read to `commit`.
+pub(super) struct WriteTx<'a> {
+    tx: deadpool_postgres::Transaction<'a>,
+    locked: bool,
+    epoch: u32,
+    seq: u64,
+    /// Every object row read, by key: the before-images of replacements and removals.
+    rows: HashMap<ObjectKey, StoredRow>,
+}
+
+impl<'a> WriteTx<'a> {
+    pub async fn begin(client: &'a mut deadpool_postgres::Object) -> Result<Self> {
+        let tx = client.transaction().await.map_err(pg_err)?;
+        Ok(Self {
+            tx,
+            locked: false,
+            epoch: 0,
+            seq: 0,
+            rows: HashMap::new(),
+        })
+    }
+
+    fn next_seq(&mut self) -> i64 {
+        self.seq += 1;
+        self.seq as i64
+    }
+
+    fn before(&self, key: &ObjectKey) -> Result<StoredRow> {
+        self.rows.get(key).cloned().ok_or_else(|| {
+            StoreError::Internal(format!("a plan writes {key:?}, which it never read"))
+        })
+    }
+
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
+        self.tx.execute(&stmt, params).await.map_err(pg_err)
+    }
+
+    /// Stores a new object and its ADDED event.
+    async fn insert(&mut self, key: &ObjectKey, uid: &str, body: &Value) -> Result<u64> {
+        let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let seq = self.next_seq();
+        self.execute(
+            concat!(
+                "WITH o AS (
+                 INSERT INTO objects (resource, namespace, name, uid, seq, body) VALUES ($1, $2, $3, $4, $5, $6)
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)
+             ),
+             ",
+                advance_sync_state!("$5")
+            ),
+            &[&key.resource, &key.namespace, &key.name, &uid, &seq, body],
+        )
+        .await?;
+        self.rows.insert(
+            key.clone(),
+            StoredRow {
+                seq: seq as u64,
+                body: body.clone(),
+            },
+        );
+        Ok(seq as u64)
+    }
+
+    /// Replaces objects of one resource in one statement, each with its MODIFIED event and
+    /// before-image.
+    async fn replace_many(&mut self, writes: Vec<(ObjectKey, Value)>) -> Result<Vec<u64>> {
+        let Some(resource) = writes.first().map(|(k, _)| k.resource) else {
+            return Ok(Vec::new());
+        };
+        let mut namespaces = Vec::with_capacity(writes.len());
+        let mut names = Vec::with_capacity(writes.len());
+        let mut seqs = Vec::with_capacity(writes.len());
+        let mut bodies = Vec::with_capacity(writes.len());
+        let mut befores = Vec::with_capacity(writes.len());
+        let mut prevs = Vec::with_capacity(writes.len());
+        for (key, body) in writes {
+            let before = self.before(&key)?;
+            let seq = self.next_seq();
+            seqs.push(seq);
+            namespaces.push(key.namespace.clone());
+            names.push(key.name.clone());
+            prevs.push(before.seq as i64);
+            befores.push(before.body);
+            self.rows.insert(
+                key,
+                StoredRow {
+                    seq: seq as u64,
+                    body: body.clone(),
+                },
+            );
+            bodies.push(body);
+        }
+        let last = self.seq as i64;
+        self.execute(
+            concat!(
+                "WITH d AS (
+                 SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::jsonb[], $7::bigint[])
+                     AS d(namespace, name, seq, body, before, prev_seq)
+             ), o AS (
+                 UPDATE objects SET seq = d.seq, body = d.body FROM d
+                  WHERE objects.resource = $1 AND objects.namespace = d.namespace AND objects.name = d.name
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+                 SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d
+             ),
+             ",
+                advance_sync_state!("$8")
+            ),
+            &[&resource, &namespaces, &names, &seqs, &bodies, &befores, &prevs, &last],
+        )
+        .await?;
+        Ok(seqs.into_iter().map(|s| s as u64).collect())
+    }
+
+    /// Deletes an object and records the DELETED event carrying its last state.
+    async fn remove(&mut self, key: &ObjectKey) -> Result<u64> {
+        let last = self.before(key)?;
+        let seq = self.next_seq();
+        let prev = last.seq as i64;
+        self.execute(
+            concat!(
+                "WITH o AS (
+                 DELETE FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3
+             ), c AS (
+                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+                 VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)
+             ),
+             ",
+                advance_sync_state!("$4")
+            ),
+            &[&key.resource, &key.namespace, &key.name, &seq, &last.body, &prev],
+        )
+        .await?;
+        self.rows.remove(key);
+        Ok(seq as u64)
+    }
+
+    async fn reserve_name(&self, key: &ObjectKey, uid: &str) -> Result<()> {
+        let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
+        self.execute(
+            "INSERT INTO name_reservations (resource, namespace, name, uid) VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING",
+            &[&key.resource, &key.namespace, &key.name, &uid],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for WriteTx<'_> {
+    /// The first read takes the sync-state row lock in the same round trip: the statements
+    /// are sent after the lock request on the same connection, so they run once the lock is
+    /// held and (READ COMMITTED) see every transaction that committed before.
+    async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
+        let lock = (!self.locked).then_some(LOCK_SQL);
+        let (lock_row, answers) = run_reads(&self.tx, lock, reads).await?;
+        if let Some(row) = lock_row {
+            self.locked = true;
+            self.epoch = row.get::<_, i32>(0) as u32;
+            self.seq = row.get::<_, i64>(1) as u64;
+        }
+        let mut facts = Vec::with_capacity(answers.len());
+        for (read, result) in answers {
+            let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
+            facts.push((read, fact));
+        }
+        Ok(facts)
+    }
+
+    async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
+        let mut versions = Vec::new();
+        let mut writes = writes.into_iter().peekable();
+        while let Some(write) = writes.next() {
+            match write {
+                Write::Create { key, uid, body } => {
+                    let seq = self.insert(&key, &uid, &body).await?;
+                    versions.push((key, ResourceVersion::new(self.epoch, seq)));
+                }
+                Write::Replace { key, body } => {
+                    // A run of replacements of one resource is one statement.
+                    let mut batch = vec![(key, body)];
+                    while let Some(Write::Replace { key, .. }) = writes.peek() {
+                        if key.resource != batch[0].0.resource {
+                            break;
+                        }
+                        if let Some(Write::Replace { key, body }) = writes.next() {
+                            batch.push((key, body));
+                        }
+                    }
+                    let keys: Vec<ObjectKey> = batch.iter().map(|(k, _)| k.clone()).collect();
+                    let seqs = self.replace_many(batch).await?;
+                    for (key, seq) in keys.into_iter().zip(seqs) {
+                        versions.push((key, ResourceVersion::new(self.epoch, seq)));
+                    }
+                }
+                Write::Remove { key } => {
+                    let seq = self.remove(&key).await?;
+                    versions.push((key, ResourceVersion::new(self.epoch, seq)));
+                }
+                Write::ReserveName { key, uid } => self.reserve_name(&key, &uid).await?,
+                Write::Fence { fence, revocation } => {
+                    let (sql, params) = revocations::install_fence(&fence, &revocation);
+                    let refs: Vec<&(dyn ToSql + Sync)> = params
+                        .iter()
+                        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+                        .collect();
+                    self.execute(sql, &refs).await?;
+                }
+            }
+        }
+        Ok(versions)
+    }
+
+    async fn commit(self) -> Result<()> {
+        self.tx.commit().await.map_err(pg_err)
+    }
+}
