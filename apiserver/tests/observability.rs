@@ -1,11 +1,13 @@
-//! Observability of the runtime: every request runs in a span naming what it addresses and who asked.
+//! Observability of the runtime: request spans and the change feed's metrics.
 mod support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use apiserver::store::{PgStore, Store};
 use support::server::{TestServer, USER_TOKEN};
+use support::{mk_session, StoreExt, TestDb};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
@@ -105,4 +107,61 @@ async fn every_request_runs_in_a_span_naming_what_it_addresses_and_who_asked() {
     assert_eq!(field("namespace"), Some("observed"), "{span:?}");
     assert_eq!(field("user"), Some("alice"), "{span:?}");
     assert_eq!(field("code"), Some("404"), "{span:?}");
+}
+
+/// The feed's sample lines, as `/metrics` shows them.
+fn feed_metrics(store: &PgStore) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    store.change_feed_metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+/// A subscriber that never reads is cut off as a slow consumer and counted; the head follows
+/// the writes and the lag drains to zero once the feed has fanned them out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_change_feed_reports_its_head_lag_and_cut_offs() {
+    let db = TestDb::new().await;
+    let mut config = db.store_config();
+    config.watcher_buffer = 2;
+    config.ring_capacity = 2;
+    let store = PgStore::start(config).await.unwrap();
+    let text = feed_metrics(&store);
+    assert!(
+        text.contains(
+            "\nmcp_access_apiserver_change_feed_cutoffs_total{reason=\"slow_consumer\"} 0\n"
+        ),
+        "{text}"
+    );
+    let start = store.current_version().await.unwrap();
+    let mut stuck = store.subscribe(start).await.unwrap();
+    store
+        .create_session(mk_session("feed-metrics", "first", "srv"), false)
+        .await
+        .unwrap();
+    // Attached live with its first event; from here on it reads nothing.
+    assert_eq!(stuck.next().await.unwrap().name, "first");
+    for i in 0..6 {
+        store
+            .create_session(mk_session("feed-metrics", &format!("s-{i}"), "srv"), false)
+            .await
+            .unwrap();
+    }
+    let head = store.current_version().await.unwrap().seq;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = feed_metrics(&store);
+        if text.contains(
+            "\nmcp_access_apiserver_change_feed_cutoffs_total{reason=\"slow_consumer\"} 1\n",
+        ) && text.contains(&format!("\nmcp_access_apiserver_change_feed_head {head}\n"))
+            && text.contains("\nmcp_access_apiserver_change_feed_lag_events 0\n")
+            && text.contains("\nmcp_access_apiserver_change_feed_subscribers 0\n")
+            && text.contains("\nmcp_access_apiserver_change_feed_live 1\n")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "head {head}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
