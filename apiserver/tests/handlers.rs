@@ -519,7 +519,10 @@ async fn patches_merge_json_and_strategic() {
         )
         .await;
     let message = server.status(422, "Invalid");
-    assert!(message.ends_with("spec.server: field is immutable"), "{message}");
+    assert!(
+        message.ends_with("spec.server: field is immutable"),
+        "{message}"
+    );
     assert_eq!(server.body["details"]["causes"][0]["field"], "spec.server");
     assert_eq!(
         api.get(&path).await.body["spec"]["server"]["uid"],
