@@ -646,4 +646,50 @@ async fn lists_with_selectors_match() {
         let [a, b] = pages;
         assert_eq!(a, b, "pages of {limit}");
     }
+
+    // A list continued after writes reads the snapshot of its first page in both.
+    let first = ListQuery {
+        limit: Some(5),
+        ..Default::default()
+    };
+    let (a, b) = both!(w, |s| s.list::<AccessSession>(&first));
+    let (a, b) = (a.expect("PostgreSQL lists"), b.expect("memory lists"));
+    let next = |page: &apiserver::store::ObjectList<AccessSession>| ListQuery {
+        limit: Some(1000),
+        at: ListAt::Exact {
+            rv: page.resource_version,
+            after: page.items.last().map(|s| {
+                (
+                    s.metadata.namespace.clone().unwrap_or_default(),
+                    s.metadata.name.clone().unwrap_or_default(),
+                )
+            }),
+        },
+        ..Default::default()
+    };
+    let (rest_a, rest_b) = (next(&a), next(&b));
+    let (x, y) = both!(w, |s| s.remove::<AccessSession>(
+        "n1",
+        "team-srv-b",
+        &Preconditions::default(),
+        false
+    ));
+    assert_eq!(x.is_ok(), y.is_ok());
+    let r = mk_revocation("n2", "late", target_subject("alice"), "compromised");
+    w.revoke(r, RevokerAuthority::Namespace).await;
+    let (x, y) = (
+        w.pg.list::<AccessSession>(&rest_a)
+            .await
+            .expect("PostgreSQL continues"),
+        w.mem
+            .list::<AccessSession>(&rest_b)
+            .await
+            .expect("memory continues"),
+    );
+    let (x, y): (Vec<Value>, Vec<Value>) = (
+        x.items.iter().map(norm).collect(),
+        y.items.iter().map(norm).collect(),
+    );
+    assert!(x.iter().any(|s| s["metadata"]["name"] == "team-srv-b"));
+    assert_eq!(x, y, "the rest of a list continued after writes");
 }
