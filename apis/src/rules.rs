@@ -883,8 +883,8 @@ mod tests {
             Err(SessionRuleError::RevocationStands { .. })
         ));
         assert_eq!(
-            crate::locks::withdraw(&mut s, "r1"),
-            crate::locks::Withdrawal::StillRevoked
+            crate::locks::uncover(&mut s, "r1"),
+            crate::locks::Uncovered::StillRevoked
         );
         assert!(unrevoke_session(&mut s, false).unwrap());
         assert_eq!(s.phase(), SessionPhase::Active);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apis::{AccessSession, AccessSessionSpec, ServerRef};
-use apiserver::store::{PgStore, Store, StoreConfig};
+use apiserver::store::{Context, PgStore, Requester, Store, StoreConfig};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -323,7 +323,11 @@ async fn main() {
             tasks.push(tokio::spawn(async move {
                 for i in (w..SESSIONS).step_by(8) {
                     store
-                        .create_session(session("bulk", &format!("s-{i:05}"), "srv-bulk"), false)
+                        .create(
+                            session("bulk", &format!("s-{i:05}"), "srv-bulk"),
+                            &Context::new(apiserver::store::now(), Requester::default()),
+                            false,
+                        )
                         .await
                         .expect("seed");
                 }

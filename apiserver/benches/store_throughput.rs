@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apis::{AccessSession, AccessSessionSpec, ServerRef};
-use apiserver::store::{PgStore, Store, StoreConfig};
+use apiserver::store::{Context, PgStore, Requester, Store, StoreConfig};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -48,7 +48,11 @@ async fn store_rate(store: &PgStore, writers: usize, secs: u64, tag: &str) -> f6
             let mut i = 0u64;
             while Instant::now() < deadline {
                 store
-                    .create_session(session(&format!("{tag}-w{w}"), &format!("s-{i}")), false)
+                    .create(
+                        session(&format!("{tag}-w{w}"), &format!("s-{i}")),
+                        &Context::new(apiserver::store::now(), Requester::default()),
+                        false,
+                    )
                     .await
                     .expect("create");
                 committed.fetch_add(1, Ordering::Relaxed);

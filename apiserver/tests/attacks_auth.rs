@@ -9,20 +9,13 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::StoreExt;
 
 use apiserver::auth::{
-    AllowAuthenticated, Authenticator, Authorizer, DelegatedAuthenticator, DelegatedOptions,
-    SubjectAccessReviewer, TokenFile,
+    AllowAuthenticated, DelegatedAuthenticator, DelegatedOptions, SubjectAccessReviewer,
 };
-use apiserver::http::{AppState, HttpConfig, HttpMetrics};
-use apiserver::tls::{self, ReloadingCert};
-use prometheus_client::registry::Registry;
 use serde_json::Value;
-use support::TestDb;
+use support::server::{static_tokens, TestServer, ADMIN_TOKEN, USER_TOKEN};
 
-const ADMIN_TOKEN: &str = "admin-token-0123456789";
-const USER_TOKEN: &str = "user-token-0123456789";
 const SESSIONS: &str = "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/default/accesssessions";
 
 /// A kube client for an API server that is down: its port was just released, so every
@@ -37,62 +30,9 @@ fn unreachable_kube() -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-fn static_tokens() -> Arc<TokenFile> {
-    Arc::new(
-        TokenFile::parse(
-            &format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n{USER_TOKEN},alice,alice-uid,\"devs\"\n"),
-            "test",
-        )
-        .unwrap(),
-    )
-}
-
-struct Served {
-    _db: TestDb,
-    url: String,
-    http: reqwest::Client,
-    _shutdown: tokio::sync::watch::Sender<bool>,
-}
-
-async fn serve(authenticator: Arc<dyn Authenticator>, authorizer: Arc<dyn Authorizer>) -> Served {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let db = TestDb::new().await;
-    let store = db.store().await;
-    let (key, ca_pem) = tls::self_signed(&["127.0.0.1".into()]).unwrap();
-    let tls_config = tls::server_config(ReloadingCert::fixed(key), None).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
-    let mut registry = Registry::default();
-    let app = AppState::new(
-        store,
-        authenticator,
-        authorizer,
-        HttpConfig::default(),
-        HttpMetrics::register(&mut registry),
-        shutdown_rx.clone(),
-    );
-    tokio::spawn(apiserver::server::serve_api(
-        listener,
-        tls_config,
-        app,
-        shutdown_rx,
-    ));
-    let http = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
-        .build()
-        .unwrap();
-    Served {
-        _db: db,
-        url: format!("https://127.0.0.1:{port}"),
-        http,
-        _shutdown: shutdown,
-    }
-}
-
 /// Status code, `Retry-After` and the Status body of a GET.
-async fn get(s: &Served, token: Option<&str>, path: &str) -> (u16, Option<String>, Value) {
-    let mut request = s.http.get(format!("{}{path}", s.url));
+async fn get(s: &TestServer, token: Option<&str>, path: &str) -> (u16, Option<String>, Value) {
+    let mut request = s.http().get(format!("{}{path}", s.url));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -123,7 +63,7 @@ async fn subject_access_review_outage_answers_503_not_403() {
         Duration::from_secs(300),
         Duration::from_secs(300),
     );
-    let s = serve(static_tokens(), Arc::new(reviewer)).await;
+    let s = TestServer::start_with_auth(static_tokens(), Arc::new(reviewer)).await;
 
     let started = Instant::now();
     let first = get(&s, Some(USER_TOKEN), SESSIONS).await;
@@ -155,7 +95,7 @@ async fn subject_access_review_outage_answers_503_not_403() {
 async fn token_review_outage_answers_503_not_401() {
     let (authenticator, _handshake) =
         DelegatedAuthenticator::tokens_only(unreachable_kube(), DelegatedOptions::default());
-    let s = serve(authenticator, Arc::new(AllowAuthenticated)).await;
+    let s = TestServer::start_with_auth(authenticator, Arc::new(AllowAuthenticated)).await;
 
     let started = Instant::now();
     let first = get(&s, Some("some-service-account-token"), SESSIONS).await;

@@ -16,25 +16,16 @@ use apiserver::server::Health;
 use apiserver::store::{
     PgStore, ResourceVersion, Store, StoreConfig, StoreError, FEED_APPLICATION_NAME,
 };
-use serde_json::{json, Value};
+
 use support::server::{TestServer, ADMIN_TOKEN};
+use support::watch::{Next, WatchStream};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// A watch response read line by line.
-struct Watch {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    ended: bool,
-}
-
-enum Next {
-    Event(Value),
-    End,
-    Idle,
-}
+/// A watch of every namespace's sessions.
+struct Watch;
 
 impl Watch {
     async fn open(server: &TestServer, query: &str) -> reqwest::Response {
@@ -50,56 +41,10 @@ impl Watch {
             .await
             .unwrap()
     }
-
-    fn new(resp: reqwest::Response) -> Self {
-        assert_eq!(resp.status(), 200);
-        Self {
-            resp,
-            buf: Vec::new(),
-            ended: false,
-        }
-    }
-
-    async fn next(&mut self, within: Duration) -> Next {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Next::Event(serde_json::from_slice(&line[..line.len() - 1]).unwrap());
-            }
-            if self.ended {
-                return Next::End;
-            }
-            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) | Ok(Err(_)) => self.ended = true,
-                Err(_) => return Next::Idle,
-            }
-        }
-    }
-}
-
-/// A session as a request body.
-fn body(ns: &str, name: &str) -> Value {
-    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).unwrap();
-    v["apiVersion"] = json!(apis::API_VERSION);
-    v["kind"] = json!("AccessSession");
-    v
 }
 
 async fn post_session(server: &TestServer, ns: &str, name: &str) -> reqwest::Response {
-    server
-        .http()
-        .post(format!(
-            "{}/apis/{}/namespaces/{ns}/accesssessions",
-            server.url,
-            apis::API_VERSION
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body(ns, name))
-        .send()
-        .await
-        .unwrap()
+    server.post_session(ns, &session_body(ns, name)).await
 }
 
 /// Serves `/readyz` for `store` as the binary wires it; returns its URL.
@@ -273,7 +218,7 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     assert_eq!(readyz(&ready).await, 200);
     let admin = server.db.client().await;
     let rv = server.store.current_version().await.unwrap();
-    let mut watch = Watch::new(
+    let mut watch = WatchStream::lenient(
         Watch::open(
             &server,
             &format!("watch=1&allowWatchBookmarks=true&resourceVersion={rv}"),
@@ -351,7 +296,7 @@ async fn a_stopped_feed_backend_ends_watches_with_410_within_the_bound() {
     eprintln!("ready again {:?} after the write", written.elapsed());
     let rv = server.store.current_version().await.unwrap();
     let mut watch =
-        Watch::new(Watch::open(&server, &format!("watch=1&resourceVersion={rv}")).await);
+        WatchStream::lenient(Watch::open(&server, &format!("watch=1&resourceVersion={rv}")).await);
     server
         .store
         .create_session(mk_session("stall", "after", "srv-1"), false)

@@ -8,10 +8,10 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::StoreExt;
 
 use apiserver::http::{HttpConfig, Limits};
 use serde_json::{json, Value};
+use support::cause_fields;
 use support::server::{TestServer, ADMIN_TOKEN, USER_TOKEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -67,6 +67,24 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, Value, reqwest::header::Hea
     let text = resp.text().await.unwrap();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, body, headers)
+}
+
+/// A JSON patch of `url` whose every copy doubles the annotations: 2^40 KiB if nothing
+/// stops it.
+async fn copy_bomb(server: &TestServer, url: &str) -> (u16, Value) {
+    let mut ops = vec![
+        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
+    ];
+    for i in 0..40 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
+    }
+    patch(
+        server,
+        url,
+        "application/json-patch+json",
+        serde_json::to_vec(&ops).unwrap(),
+    )
+    .await
 }
 
 async fn patch(server: &TestServer, url: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
@@ -134,20 +152,7 @@ async fn json_patch_copy_bomb_is_refused() {
     let server = TestServer::start().await;
     create_session(&server, "bomb", "s1").await;
     let url = format!("{}/s1", ns_url(&server, "bomb", "accesssessions"));
-    // Every copy doubles the annotations: 2^40 KiB if nothing stops it.
-    let mut ops = vec![
-        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
-    ];
-    for i in 0..40 {
-        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
-    }
-    let (code, body) = patch(
-        &server,
-        &url,
-        "application/json-patch+json",
-        serde_json::to_vec(&ops).unwrap(),
-    )
-    .await;
+    let (code, body) = copy_bomb(&server, &url).await;
     assert_eq!(code, 422, "{body}");
     assert!(
         body["message"].as_str().unwrap().contains("unable to copy"),
@@ -280,19 +285,7 @@ async fn status_patch_bombs_are_refused() {
     .await;
     assert_eq!(code, 201, "{body}");
     let url = format!("{}/e1/status", ns_url(&server, "st", "enrollments"));
-    let mut ops = vec![
-        json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1024)}}),
-    ];
-    for i in 0..40 {
-        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}));
-    }
-    let (code, body) = patch(
-        &server,
-        &url,
-        "application/json-patch+json",
-        serde_json::to_vec(&ops).unwrap(),
-    )
-    .await;
+    let (code, body) = copy_bomb(&server, &url).await;
     assert_eq!(code, 422, "{body}");
     let mut ops = vec![json!({"op": "add", "path": "/status/a", "value": {}})];
     for _ in 0..3000 {
@@ -399,12 +392,7 @@ async fn oversized_objects_are_413_and_metadata_is_validated() {
         )
         .await;
         assert_eq!(code, 422, "{patch_body}: {status}");
-        let fields: Vec<&str> = status["details"]["causes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["field"].as_str())
-            .collect();
+        let fields = cause_fields(&status);
         assert!(fields.contains(&field), "{field} in {status}");
     }
     let (code, status) = patch(

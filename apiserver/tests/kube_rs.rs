@@ -20,7 +20,7 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::ResourceExt;
 use serde_json::json;
-use support::server::{TestServer, ADMIN_TOKEN};
+use support::server::{short_log, TestServer};
 use support::*;
 
 fn sessions() -> ApiResource {
@@ -324,18 +324,7 @@ async fn watcher_sees_init_then_changes(config: watcher::Config) {
         Api::namespaced_with(server.kube_client().await, ns, &sessions());
     let mut body = serde_json::to_value(dyn_session(ns, "live-0", "srv-1", &[])).unwrap();
     body["metadata"]["labels"] = json!({"via": "http"});
-    let resp = server
-        .http()
-        .post(format!(
-            "{}/apis/{}/namespaces/{ns}/accesssessions",
-            server.url,
-            apis::API_VERSION
-        ))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = server.post_session(ns, &body).await;
     assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
     match next().await {
         Event::Apply(o) => {
@@ -520,10 +509,7 @@ async fn reflectors_converge_after_a_thousand_writes() {
                         api.delete(&name, &DeleteParams::default()).await.unwrap();
                     }
                     1 => {
-                        store
-                            .revoke_session(ns, &name, "manual", None)
-                            .await
-                            .unwrap();
+                        support::revoke(&store, ns, &name, "manual").await;
                     }
                     _ => {
                         api.patch(
@@ -578,10 +564,7 @@ async fn reflectors_converge_after_a_thousand_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_relists_after_its_resource_version_is_trimmed() {
     let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
+        short_log,
         // No bookmarks: nothing advances the watcher's resourceVersion.
         HttpConfig {
             bookmark_interval: Duration::from_secs(3600),
@@ -703,14 +686,7 @@ async fn watcher_relists_after_its_resource_version_is_trimmed() {
 /// resourceVersions; later writes still reach them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_relist_after_an_apiserver_restart() {
-    let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
-        HttpConfig::default(),
-    )
-    .await;
+    let server = TestServer::start_with(short_log, HttpConfig::default()).await;
     let client = server.kube_client().await;
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &sessions());
     for i in 0..20 {
@@ -758,10 +734,7 @@ async fn watchers_relist_after_an_apiserver_restart() {
             .await
             .unwrap();
     }
-    restarted
-        .revoke_session("rs", "s-3", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&restarted, "rs", "s-3", "manual").await;
     server
         .store
         .remove::<apis::AccessSession>("rs", "s-4", &Preconditions::default(), false)

@@ -9,7 +9,8 @@ use support::StoreExt;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
-use support::server::{Output, TestServer};
+use support::kubectl::*;
+use support::server::TestServer;
 use support::{mk_agent, mk_agent_session, mk_human_session, mk_session};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -22,114 +23,6 @@ const AGENT_HEADER: [&str; 5] = ["NAME", "ACTIVE", "TEAMS", "SESSIONS", "AGE"];
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// A `kubectl get` table: column names and rows, cut at the header's column positions (so
-/// empty cells, as `-L` prints them, and cells with spaces are read correctly).
-#[derive(Debug)]
-struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn parse(text: &str) -> Self {
-        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-        let header_line = lines
-            .next()
-            .unwrap_or_else(|| panic!("no table header in {text:?}"));
-        let mut starts = Vec::new();
-        let bytes = header_line.as_bytes();
-        for i in 0..bytes.len() {
-            let starts_word = bytes[i] != b' '
-                && (i == 0 || (bytes[i - 1] == b' ' && (i < 2 || bytes[i - 2] == b' ')));
-            if starts_word {
-                starts.push(i);
-            }
-        }
-        let cut = |line: &str| -> Vec<String> {
-            starts
-                .iter()
-                .enumerate()
-                .map(|(k, &start)| {
-                    let end = starts
-                        .get(k + 1)
-                        .copied()
-                        .unwrap_or(usize::MAX)
-                        .min(line.len());
-                    line.get(start.min(line.len())..end)
-                        .unwrap_or("")
-                        .trim()
-                        .to_string()
-                })
-                .collect()
-        };
-        let header = cut(header_line);
-        let rows = lines.map(cut).collect();
-        Self { header, rows }
-    }
-
-    fn column(&self, name: &str) -> usize {
-        self.header
-            .iter()
-            .position(|h| h == name)
-            .unwrap_or_else(|| panic!("no column {name} in {:?}", self.header))
-    }
-
-    /// The row whose NAME is `name`.
-    fn row(&self, name: &str) -> &Vec<String> {
-        let col = self.column("NAME");
-        self.rows
-            .iter()
-            .find(|r| r[col] == name)
-            .unwrap_or_else(|| panic!("no row {name} in {self:?}"))
-    }
-
-    fn cell(&self, name: &str, column: &str) -> &str {
-        &self.row(name)[self.column(column)]
-    }
-
-    fn names(&self) -> Vec<String> {
-        let col = self.column("NAME");
-        let mut names: Vec<String> = self.rows.iter().map(|r| r[col].clone()).collect();
-        names.sort();
-        names
-    }
-}
-
-fn ok(out: &Output) {
-    assert!(out.success, "kubectl failed: {out:#?}");
-}
-
-fn failed(out: &Output) {
-    assert!(!out.success, "kubectl should have failed: {out:#?}");
-}
-
-async fn get_table(server: &TestServer, args: &[&str]) -> Table {
-    let mut full = vec!["get"];
-    full.extend_from_slice(args);
-    let out = server.kubectl(&full).await;
-    ok(&out);
-    Table::parse(&out.stdout)
-}
-
-async fn get_json(server: &TestServer, args: &[&str]) -> Value {
-    let mut full = vec!["get"];
-    full.extend_from_slice(args);
-    full.extend_from_slice(&["-o", "json"]);
-    let out = server.kubectl(&full).await;
-    ok(&out);
-    serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("-o json is not JSON ({e}): {}", out.stdout))
-}
-
-/// An RFC 3339 time `secs` from now, at second precision.
-fn in_secs(secs: i64) -> String {
-    let t = Timestamp::now() + SignedDuration::from_secs(secs);
-    Timestamp::from_second(t.as_second())
-        .unwrap()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
 
 fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
     Some(
@@ -257,12 +150,6 @@ impl Watch {
     }
 }
 
-fn is_age(cell: &str) -> bool {
-    cell.len() >= 2
-        && cell.ends_with('s')
-        && cell[..cell.len() - 1].chars().all(|c| c.is_ascii_digit())
-}
-
 // ---------------------------------------------------------------------------------------------
 // get: tables and output formats
 // ---------------------------------------------------------------------------------------------
@@ -376,11 +263,7 @@ async fn get_wide_shows_extra_columns() {
     server.store.create_agent(agent, false).await.unwrap();
     seed_session(&server, "default", "s1", &[]).await;
     seed_session(&server, "default", "s2", &[]).await;
-    server
-        .store
-        .revoke_session("default", "s2", "compromised", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "compromised").await;
 
     let t = get_table(&server, &["acs", "-o", "wide"]).await;
     let mut wide_header: Vec<&str> = SESSION_HEADER.to_vec();
@@ -715,11 +598,7 @@ async fn get_field_selectors() {
     let mut gitlab = mk_human_session("default", "s3", "srv-uid-2", "bob@example.com");
     gitlab.spec.server.name = "gitlab".into();
     server.store.create_session(gitlab, false).await.unwrap();
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "manual").await;
 
     for (selector, want) in [
         ("spec.server.name=github", vec!["s1", "s2"]),
@@ -898,12 +777,8 @@ async fn watch_collection_sees_changes() {
         .await;
     ok(&out);
 
-    // A revocation through the store shows up as a change of phase.
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    // A Revocation of s2 (created through the store) shows up as a change of its phase.
+    support::revoke(&server.store, "default", "s2", "manual").await;
     w.until("MODIFIED s2 Revoked", |c| {
         c.starts_with(&["MODIFIED", "s2"]) && c.contains(&"Revoked")
     })
@@ -967,11 +842,7 @@ async fn watch_single_object_sees_changes() {
     // Changes of another object are not shown; a revocation of this one is.
     let out = server.kubectl(&["label", "acs", "s2", "color=red"]).await;
     ok(&out);
-    server
-        .store
-        .revoke_session("default", "s1", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s1", "manual").await;
     w.until("s1 Revoked", |c| {
         c.first() == Some(&"s1") && c.contains(&"Revoked")
     })
@@ -1350,40 +1221,28 @@ async fn describe_shows_spec_and_status() {
         )
         .await
         .unwrap();
-    server
-        .store
-        .revoke_session("default", "s1", "compromised", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s1", "compromised").await;
 
     let out = server.kubectl(&["describe", "acs", "s1"]).await;
     ok(&out);
-    let lines = normalized_lines(&out.stdout);
-    for want in [
-        "Name: s1",
-        "Namespace: default",
-        "Kind: AccessSession",
-        "Phase: Revoked",
-        "Cause: compromised",
-        "Name: billing-bot",
-        "UID: srv-uid-1",
-    ] {
-        assert!(
-            lines.iter().any(|l| l == want),
-            "missing {want:?} in\n{}",
-            out.stdout
-        );
-    }
+    assert_lines(
+        &out.stdout,
+        &[
+            "Name: s1",
+            "Namespace: default",
+            "Kind: AccessSession",
+            "Phase: Revoked",
+            "Cause: compromised",
+            "Name: billing-bot",
+            "UID: srv-uid-1",
+        ],
+    );
     let out = server.kubectl(&["describe", "agent", "billing-bot"]).await;
     ok(&out);
-    let lines = normalized_lines(&out.stdout);
-    for want in ["Name: billing-bot", "Kind: Agent", "Active: true"] {
-        assert!(
-            lines.iter().any(|l| l == want),
-            "missing {want:?} in\n{}",
-            out.stdout
-        );
-    }
+    assert_lines(
+        &out.stdout,
+        &["Name: billing-bot", "Kind: Agent", "Active: true"],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1730,12 +1589,6 @@ async fn delete_by_selector_and_collection() {
 // explain, dry run, field validation
 // ---------------------------------------------------------------------------------------------
 
-fn normalized_lines(text: &str) -> Vec<String> {
-    text.lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect()
-}
-
 /// `kubectl explain` (OpenAPI v3) shows the fields and their descriptions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_shows_fields_and_descriptions() {
@@ -1743,48 +1596,40 @@ async fn explain_shows_fields_and_descriptions() {
 
     let out = server.kubectl(&["explain", "accesssession.spec"]).await;
     ok(&out);
-    let lines = normalized_lines(&out.stdout);
-    for want in [
-        "GROUP: access.mcp-runtime.dev",
-        "KIND: AccessSession",
-        "VERSION: v1alpha1",
-        "FIELD: spec <AccessSessionSpec>",
-        "server <ServerRef> -required-",
-        "The MCPServer generation this session is for.",
-        "agent <AgentRef>",
-        "subject <Subject>",
-        "teams <[]string>",
-        "Authority teams.",
-        "expiresAt <string>",
-        "When the session stops being valid; clamped by the server.",
-    ] {
-        assert!(
-            lines.iter().any(|l| l == want),
-            "missing {want:?} in\n{}",
-            out.stdout
-        );
-    }
+    assert_lines(
+        &out.stdout,
+        &[
+            "GROUP: access.mcp-runtime.dev",
+            "KIND: AccessSession",
+            "VERSION: v1alpha1",
+            "FIELD: spec <AccessSessionSpec>",
+            "server <ServerRef> -required-",
+            "The MCPServer generation this session is for.",
+            "agent <AgentRef>",
+            "subject <Subject>",
+            "teams <[]string>",
+            "Authority teams.",
+            "expiresAt <string>",
+            "When the session stops being valid; clamped by the server.",
+        ],
+    );
 
     let out = server.kubectl(&["explain", "agent.spec"]).await;
     ok(&out);
-    let lines = normalized_lines(&out.stdout);
-    for want in [
-        "KIND: Agent",
-        "FIELD: spec <AgentSpec>",
-        "active <boolean>",
-        "Whether the agent may hold sessions; false revokes all of them.",
-        "teams <[]string>",
-        "maxSessionTTL <string>",
-        "Longest session this agent may hold, as a Go duration (`8h`, `90m`).",
-        "maxActiveSessions <integer>",
-        "owners <[]string>",
-    ] {
-        assert!(
-            lines.iter().any(|l| l == want),
-            "missing {want:?} in\n{}",
-            out.stdout
-        );
-    }
+    assert_lines(
+        &out.stdout,
+        &[
+            "KIND: Agent",
+            "FIELD: spec <AgentSpec>",
+            "active <boolean>",
+            "Whether the agent may hold sessions; false revokes all of them.",
+            "teams <[]string>",
+            "maxSessionTTL <string>",
+            "Longest session this agent may hold, as a Go duration (`8h`, `90m`).",
+            "maxActiveSessions <integer>",
+            "owners <[]string>",
+        ],
+    );
 
     // Short name and a nested field.
     let out = server.kubectl(&["explain", "acs.spec.server.uid"]).await;
@@ -2060,11 +1905,7 @@ async fn agent_sessions_column_counts_active_sessions() {
             .await
             .unwrap();
     }
-    server
-        .store
-        .revoke_session("default", "s2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "default", "s2", "manual").await;
     let t = get_table(&server, &["agents"]).await;
     assert_eq!(t.cell("billing-bot", "SESSIONS"), "1", "{t:?}");
 }
@@ -2078,7 +1919,7 @@ async fn explain_with_openapi_v2() {
     let out = server
         .kubectl(&["explain", "agent.spec", "--output=plaintext-openapiv2"])
         .await;
-    assert!(!out.success, "{out:?}");
+    failed(&out);
     assert!(out.stderr.contains("NotAcceptable"), "{}", out.stderr);
     assert!(!out.stderr.contains("proto:"), "{}", out.stderr);
 }

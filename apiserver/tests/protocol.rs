@@ -9,11 +9,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use support::StoreExt;
 
-use apis::AccessSession;
+use apis::{AccessSession, SessionPhase};
 use apiserver::http::HttpConfig;
 use apiserver::store::{PgStore, Preconditions, ResourceVersion, Store, StoreError};
 use serde_json::{json, Value};
-use support::server::{TestServer, ADMIN_TOKEN};
+use support::server::{short_log, TestServer, ADMIN_TOKEN};
+use support::watch::{Next, WatchStream};
 use support::*;
 
 const TABLE_ACCEPT: &str =
@@ -25,23 +26,11 @@ const STREAMING: &str =
     "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
 
 fn collection(server: &TestServer, ns: &str) -> String {
-    format!(
-        "{}/apis/{}/namespaces/{ns}/accesssessions",
-        server.url,
-        apis::API_VERSION
-    )
+    server.sessions_url(ns)
 }
 
 fn item(server: &TestServer, ns: &str, name: &str) -> String {
     format!("{}/{name}", collection(server, ns))
-}
-
-/// A team session as a request body.
-fn body(ns: &str, name: &str) -> Value {
-    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).unwrap();
-    v["apiVersion"] = json!(apis::API_VERSION);
-    v["kind"] = json!("AccessSession");
-    v
 }
 
 async fn create(server: &TestServer, ns: &str, name: &str) -> AccessSession {
@@ -118,19 +107,8 @@ fn assert_status_object(v: &Value, code: u16, reason: &str) {
     assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
 }
 
-/// A watch response read line by line.
-struct Watch {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    ended: bool,
-}
-
-#[derive(Debug)]
-enum Next {
-    Event(Value),
-    End,
-    Idle,
-}
+/// A watch of the server, held to the wire format ([`WatchStream::strict`]).
+struct Watch(WatchStream);
 
 impl Watch {
     async fn open(server: &TestServer, url: &str, accept: Option<&str>) -> Self {
@@ -140,54 +118,15 @@ impl Watch {
             resp.headers().get("content-type").unwrap(),
             "application/json"
         );
-        Self {
-            resp,
-            buf: Vec::new(),
-            ended: false,
-        }
+        Self(WatchStream::strict(resp))
     }
 
-    /// The next newline-terminated event; every line must be exactly one JSON object.
     async fn next(&mut self, within: Duration) -> Next {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                let text = &line[..line.len() - 1];
-                let v: Value = serde_json::from_slice(text).unwrap_or_else(|e| {
-                    panic!(
-                        "watch line is not one JSON value ({e}): {}",
-                        String::from_utf8_lossy(text)
-                    )
-                });
-                assert!(v.is_object(), "{v}");
-                let keys: BTreeSet<&str> =
-                    v.as_object().unwrap().keys().map(String::as_str).collect();
-                assert_eq!(keys, BTreeSet::from(["object", "type"]), "{v}");
-                return Next::Event(v);
-            }
-            if self.ended {
-                assert!(
-                    self.buf.is_empty(),
-                    "stream ended inside an unterminated line: {}",
-                    String::from_utf8_lossy(&self.buf)
-                );
-                return Next::End;
-            }
-            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
-                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
-                Ok(Ok(None)) => self.ended = true,
-                Ok(Err(e)) => panic!("watch stream failed: {e}"),
-                Err(_) => return Next::Idle,
-            }
-        }
+        self.0.next(within).await
     }
 
     async fn event(&mut self) -> Value {
-        match self.next(Duration::from_secs(10)).await {
-            Next::Event(v) => v,
-            other => panic!("expected an event, got {other:?}"),
-        }
+        self.0.event().await
     }
 
     /// The next event that is not a periodic bookmark.
@@ -252,7 +191,7 @@ async fn watch_events_are_json_lines_with_type_meta() {
         .http()
         .post(collection(&server, "w"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("w", "second"))
+        .json(&session_body("w", "second"))
         .send()
         .await
         .unwrap();
@@ -429,11 +368,7 @@ async fn streaming_list_ends_with_the_initial_events_bookmark() {
     );
     create(&server, "s", "d").await;
     create(&server, "other", "not-mine").await;
-    server
-        .store
-        .revoke_session("s", "a", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&server.store, "s", "a", "manual").await;
     assert_event(&w.change().await, "ADDED", "d");
     let e = w.change().await;
     assert_event(&e, "MODIFIED", "a");
@@ -501,14 +436,7 @@ async fn expect_expired_watch(server: &TestServer, url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_watches_are_one_error_event() {
-    let server = TestServer::start_with(
-        |c| {
-            c.retained_events = 50;
-            c.watcher_buffer = 8;
-        },
-        HttpConfig::default(),
-    )
-    .await;
+    let server = TestServer::start_with(short_log, HttpConfig::default()).await;
     let oldest = rv(&create(&server, "e", "s-0").await);
     for i in 1..100 {
         create(&server, "e", &format!("s-{i}")).await;
@@ -625,16 +553,13 @@ async fn expired_continue_token_is_410() {
     expect_status(resp, 400, "BadRequest").await;
 
     for i in 0..60 {
-        server
-            .store
-            .revoke_session(
-                "c",
-                &format!("s-{}", i % 10),
-                if i < 10 { "manual" } else { "again" },
-                None,
-            )
-            .await
-            .unwrap();
+        support::revoke(
+            &server.store,
+            "c",
+            &format!("s-{}", i % 10),
+            if i < 10 { "manual" } else { "again" },
+        )
+        .await;
         create(&server, "c", &format!("t-{i}")).await;
     }
     assert!(server.store.trim_log().await.unwrap() > 0);
@@ -710,10 +635,7 @@ async fn invalid_resource_version_match_is_422() {
             "Invalid",
         )
         .await;
-        let causes = v["details"]["causes"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{query}: no causes: {v}"));
-        assert!(causes.iter().any(|c| c["field"] == field), "{query}: {v}");
+        assert!(cause_fields(&v).contains(&field), "{query}: {v}");
     }
 }
 
@@ -742,7 +664,7 @@ async fn unsupported_media_types_are_415() {
         .post(collection(&server, "m"))
         .bearer_auth(ADMIN_TOKEN)
         .header("Content-Type", "text/plain")
-        .body(body("m", "two").to_string())
+        .body(session_body("m", "two").to_string())
         .send()
         .await
         .unwrap();
@@ -762,7 +684,7 @@ async fn oversized_bodies_are_413_and_store_nothing() {
     let server = TestServer::start().await;
     let existing = create(&server, "big", "existing").await;
     let before = list_rv(&server, "big").await;
-    let mut huge = body("big", "huge");
+    let mut huge = session_body("big", "huge");
     huge["metadata"]["annotations"] = json!({"blob": "x".repeat(3 * 1024 * 1024 + 1024)});
     let bytes = huge.to_string().into_bytes();
     assert!(bytes.len() > apiserver::http::MAX_BODY_BYTES);
@@ -806,7 +728,7 @@ async fn oversized_bodies_are_413_and_store_nothing() {
     let now = get_json(&server, &item(&server, "big", "existing"), None).await;
     assert_eq!(now["metadata"]["resourceVersion"], rv(&existing));
     // A body just under the limit is fine.
-    let mut ok = body("big", "large");
+    let mut ok = session_body("big", "large");
     ok["metadata"]["annotations"] = json!({"blob": "z".repeat(200 * 1024)});
     let resp = server
         .http()
@@ -839,7 +761,7 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
@@ -848,7 +770,7 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
@@ -912,14 +834,14 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "dup"))
+        .json(&session_body("st", "dup"))
         .send()
         .await
         .unwrap();
     expect_status(resp, 409, "AlreadyExists").await;
 
     // 422 Invalid with causes naming the fields.
-    let mut invalid = body("st", "bad");
+    let mut invalid = session_body("st", "bad");
     invalid["spec"]["server"]["uid"] = json!("");
     invalid["spec"].as_object_mut().unwrap().remove("expiresAt");
     let resp = http
@@ -933,12 +855,7 @@ async fn failures_are_kubernetes_statuses() {
     assert_eq!(v["details"]["name"], "bad");
     assert_eq!(v["details"]["kind"], "AccessSession");
     assert_eq!(v["details"]["group"], apis::GROUP);
-    let fields: BTreeSet<&str> = v["details"]["causes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["field"].as_str())
-        .collect();
+    let fields: BTreeSet<&str> = cause_fields(&v).into_iter().collect();
     assert!(
         fields.contains("spec.server.uid") && fields.contains("spec.expiresAt"),
         "{v}"
@@ -946,19 +863,12 @@ async fn failures_are_kubernetes_statuses() {
     let resp = http
         .post(collection(&server, "st"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("st", "Bad_Name"))
+        .json(&session_body("st", "Bad_Name"))
         .send()
         .await
         .unwrap();
     let v = expect_status(resp, 422, "Invalid").await;
-    assert!(
-        v["details"]["causes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["field"] == "metadata.name"),
-        "{v}"
-    );
+    assert!(cause_fields(&v).contains(&"metadata.name"), "{v}");
 }
 
 fn assert_table(t: &Value, rows: usize, with_columns: bool) {
@@ -1217,7 +1127,7 @@ async fn dry_run_writes_nothing() {
     let resp = http
         .post(format!("{}?dryRun=All", collection(&server, "d")))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("d", "ghost"))
+        .json(&session_body("d", "ghost"))
         .send()
         .await
         .unwrap();
@@ -1285,7 +1195,7 @@ async fn dry_run_writes_nothing() {
     let resp = http
         .post(collection(&server, "d"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&body("d", "ghost"))
+        .json(&session_body("d", "ghost"))
         .send()
         .await
         .unwrap();
@@ -1297,7 +1207,7 @@ async fn field_validation_warns_rejects_or_ignores() {
     let server = TestServer::start().await;
     let http = server.http();
     let with_unknown = |name: &str| {
-        let mut b = body("fv", name);
+        let mut b = session_body("fv", name);
         b["spec"]["bogus"] = json!(1);
         b
     };
@@ -1353,7 +1263,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         "NotFound",
     )
     .await;
-    let mut b = body("fv", "strict-meta");
+    let mut b = session_body("fv", "strict-meta");
     b["metadata"]["bogus"] = json!("x");
     let v = expect_status(
         post("?fieldValidation=Strict", b).await.unwrap(),
@@ -1369,7 +1279,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         "{v}"
     );
     // A clean body passes Strict.
-    let resp = post("?fieldValidation=Strict", body("fv", "clean"))
+    let resp = post("?fieldValidation=Strict", session_body("fv", "clean"))
         .await
         .unwrap();
     assert_eq!(resp.status(), 201);
@@ -1398,7 +1308,7 @@ async fn field_validation_warns_rejects_or_ignores() {
         vec![r#"299 - "unknown field \"spec.nope\"""#.to_string()]
     );
 
-    let resp = post("?fieldValidation=Loose", body("fv", "x"))
+    let resp = post("?fieldValidation=Loose", session_body("fv", "x"))
         .await
         .unwrap();
     expect_status(resp, 400, "BadRequest").await;
@@ -1427,7 +1337,7 @@ async fn unauthenticated_requests_are_401() {
     let resp = server
         .http()
         .post(collection(&server, "a"))
-        .json(&body("a", "two"))
+        .json(&session_body("a", "two"))
         .send()
         .await
         .unwrap();
@@ -1511,11 +1421,10 @@ async fn selector_watches_see_objects_enter_and_leave() {
     let a = create(&server, "sel", "a").await;
     let e = active.event().await;
     assert_event(&e, "ADDED", "a");
-    let revoked = server
-        .store
-        .revoke_session("sel", "a", "manual", None)
-        .await
-        .unwrap();
+    // Revoking and restoring go through a Revocation of the session (created, then deleted);
+    // the session's own resourceVersion after each is the one its change was written at.
+    let revocation = support::revoke(&server.store, "sel", "a", "manual").await;
+    let revoked: AccessSession = server.store.get("sel", "a").await.unwrap();
     let e = active.event().await;
     assert_event(&e, "DELETED", "a");
     assert_eq!(
@@ -1528,7 +1437,11 @@ async fn selector_watches_see_objects_enter_and_leave() {
         "…at the resourceVersion of the change"
     );
     assert_ne!(rv(&revoked), rv(&a));
-    let restored = server.store.unrevoke_session("sel", "a").await.unwrap();
+    support::withdraw(&server.store, "sel", &revocation)
+        .await
+        .unwrap();
+    let restored: AccessSession = server.store.get("sel", "a").await.unwrap();
+    assert_eq!(restored.phase(), SessionPhase::Active);
     let e = active.event().await;
     assert_event(&e, "ADDED", "a");
     assert_eq!(event_rv(&e), rv(&restored));
@@ -1649,7 +1562,7 @@ async fn bookmarks_never_skip_events_a_cut_off_watcher_missed() {
 async fn field_validation_handles_duplicate_fields() {
     let server = TestServer::start().await;
     let post = |mode: &str, name: &str| {
-        let b = body("dup", name).to_string();
+        let b = session_body("dup", name).to_string();
         let duplicated = b.replacen("\"spec\":{", "\"spec\":{\"teams\":[\"first\"],", 1);
         assert_ne!(duplicated, b);
         server

@@ -1,7 +1,6 @@
 mod support;
 
 use support::server::{TestServer, ADMIN_TOKEN};
-use support::StoreExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_discovery_to_kubectl_and_http() {
@@ -9,7 +8,7 @@ async fn serves_discovery_to_kubectl_and_http() {
     let out = server
         .kubectl(&["api-resources", "--api-group=access.mcp-runtime.dev"])
         .await;
-    assert!(out.success, "{out:?}");
+    support::kubectl::ok(&out);
     assert!(out.stdout.contains("accesssessions"), "{}", out.stdout);
     let resp = server
         .http()

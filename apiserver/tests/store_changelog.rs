@@ -89,10 +89,7 @@ async fn paginated_list_at_one_version_while_writes_land() {
             let name = format!("s-{i:05}");
             match w % 4 {
                 0 => {
-                    store
-                        .revoke_session(ns, &name, "manual", None)
-                        .await
-                        .unwrap();
+                    support::revoke(&store, ns, &name, "manual").await;
                 }
                 1 => {
                     store

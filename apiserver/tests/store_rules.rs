@@ -7,8 +7,10 @@ use apis::rules::SessionRuleError;
 use apis::rules::{CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED};
 use apis::selector::{FieldSelector, LabelSelector};
 use apis::{AccessSession, Agent, Kind, ServerRef, SessionPhase};
-use apiserver::store::Refusal;
-use apiserver::store::{apply_migrations, EventType, ListQuery, Preconditions, Store, StoreError};
+use apiserver::store::{
+    apply_migrations, EventType, ListQuery, Preconditions, Refusal, RevokerAuthority, Store,
+    StoreError,
+};
 use support::StoreExt;
 use support::*;
 
@@ -134,10 +136,7 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
         "{err:?}"
     );
     // A revoked session no longer counts.
-    store
-        .revoke_session("ns", "bot-2", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&store, "ns", "bot-2", "manual").await;
     store
         .create_session(
             mk_agent_session("ns", "bot-3", "srv-1", "billing-bot", &[]),
@@ -155,7 +154,7 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
     assert_eq!(store.current_version().await.unwrap(), before);
     assert!(matches!(
         store.get::<AccessSession>("ns", "dry").await,
-        Err(StoreError::NotFound { .. })
+        Err(StoreError::NotFound)
     ));
 }
 
@@ -281,8 +280,16 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
     let mut s = mk_session("ns", "alice-github", "srv-1");
     s.metadata.labels = Some([("app".to_string(), "x".to_string())].into());
     let created = store.create_session(s, false).await.unwrap().object;
+    let target = apis::RevocationTarget {
+        session: Some("alice-github".into()),
+        ..Default::default()
+    };
     store
-        .revoke_session("ns", "alice-github", "manual", Some("r1"))
+        .create_revocation(
+            mk_revocation("ns", "r1", target, "manual"),
+            RevokerAuthority::Namespace,
+            false,
+        )
         .await
         .unwrap();
 
@@ -321,24 +328,33 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
     assert_eq!(last.phase(), SessionPhase::Revoked);
     assert!(matches!(
         store.get::<AccessSession>("ns", "alice-github").await,
-        Err(StoreError::NotFound { .. })
+        Err(StoreError::NotFound)
     ));
 
-    // The DELETED event carries the last state.
+    // The DELETED event carries the last state. The feed up to the head holds the session's
+    // three changes and, beside them, the ADDED of Revocation r1 (the revocation that revoked
+    // it, written in the same transaction as the session's MODIFIED).
     let mut sub = store.subscribe(start).await.unwrap();
-    let kinds: Vec<EventType> = [
-        sub.next().await.unwrap(),
-        sub.next().await.unwrap(),
-        sub.next().await.unwrap(),
-    ]
-    .iter()
-    .map(|e| e.event_type)
-    .collect();
+    let head = store.current_version().await.unwrap();
+    let mut kinds = Vec::new();
+    while sub.cursor() != head {
+        let e = sub.next().await.unwrap();
+        kinds.push((e.resource.clone(), e.event_type));
+    }
+    let session_kinds: Vec<EventType> = kinds
+        .iter()
+        .filter(|(resource, _)| resource == AccessSession::PLURAL)
+        .map(|(_, t)| *t)
+        .collect();
     assert_eq!(
-        kinds,
+        session_kinds,
         [EventType::Added, EventType::Modified, EventType::Deleted]
     );
-    let head = store.current_version().await.unwrap();
+    assert_eq!(
+        kinds.len(),
+        4,
+        "the session's changes and r1's ADDED: {kinds:?}"
+    );
     assert_eq!(sub.cursor(), head);
     let mut sub = store.subscribe(start).await.unwrap();
     let deleted = loop {
@@ -360,7 +376,7 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
             .create_session(mk_session("ns", "alice-github", uid), false)
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::NameReserved { .. }), "{err:?}");
+        assert!(matches!(err, StoreError::NameReserved), "{err:?}");
         assert!(err.to_string().contains("used before"), "{err}");
     }
     // Other namespaces are unaffected.
@@ -378,14 +394,14 @@ async fn tombstones_carry_the_last_state_and_names_stay_reserved() {
         store
             .create_session(mk_session("ns", "alice-github", "srv-3"), false)
             .await,
-        Err(StoreError::NameReserved { .. })
+        Err(StoreError::NameReserved)
     ));
     // A live name is AlreadyExists.
     assert!(matches!(
         store
             .create_session(mk_session("other", "alice-github", "srv-2"), false)
             .await,
-        Err(StoreError::AlreadyExists { .. })
+        Err(StoreError::AlreadyExists)
     ));
 }
 
@@ -407,20 +423,19 @@ async fn retirement_fences_the_server_uid() {
         .create_session(mk_session("ns", "new-0", "srv-new"), false)
         .await
         .unwrap();
-    store
-        .revoke_session("ns", "new-0", "manual", None)
-        .await
-        .unwrap();
+    let new_0 = support::revoke(&store, "ns", "new-0", "manual").await;
 
+    // Retirement is a `server_retired` Revocation by a cluster-wide revoker: its fence and
+    // its revocations reach every namespace (old-x in other-ns too).
     let server = ServerRef {
         name: "github".into(),
         uid: "srv-old".into(),
     };
-    let outcome = store
-        .retire_server("ns", &server, Some("github-retired"))
-        .await
-        .unwrap();
-    assert_eq!(outcome.revoked.len(), 6);
+    let retired = support::retire(&store, "ns", "github-retired", &server).await;
+    let status = retired.object.status.unwrap();
+    assert_eq!(status.revoked_sessions, 6);
+    assert!(status.cluster_wide);
+    assert!(retired.warnings.is_empty(), "none was revoked before");
     let s: AccessSession = store.get("ns", "old-3").await.unwrap();
     let revocation = s.status.unwrap().revocation.unwrap();
     assert_eq!(revocation.cause, CAUSE_SERVER_RETIRED);
@@ -438,32 +453,49 @@ async fn retirement_fences_the_server_uid() {
         support::conflict_message(&err).is_some_and(|m| m.contains("retired")),
         "{err:?}"
     );
-    // Unrevoking one of its sessions: 409, still revoked.
+    // Restoring one of its sessions: 409, still revoked. The production paths to a restore
+    // are withdrawals: withdrawing the retirement is refused (fences are permanent), and
+    // withdrawing another revocation of the session does not lift it.
     assert!(matches!(
-        store.unrevoke_session("ns", "old-1").await,
-        Err(ref e) if support::is_conflict(e)
+        support::withdraw(&store, "ns", "github-retired").await,
+        Err(ref e) if support::conflict_message(e).is_some_and(|m| m.contains("fences are permanent"))
     ));
     assert_eq!(
-        store
-            .get::<AccessSession>("ns", "old-1")
+        support::try_restore(&store, "ns", "old-1")
             .await
             .unwrap()
             .phase(),
         SessionPhase::Revoked
     );
-    // Retiring again is idempotent.
-    assert!(store
-        .retire_server("ns", &server, None)
-        .await
-        .unwrap()
-        .revoked
-        .is_empty());
-    // Another server is unaffected: issuing and unrevoking work.
+    // Retiring again is idempotent: it revokes nothing new (every session it covers was
+    // revoked already, and says so) and the first retirement stays the one on record.
+    let again = support::retire(&store, "ns", "github-retired-again", &server).await;
+    assert_eq!(again.object.status.unwrap().revoked_sessions, 6);
+    assert!(
+        again
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("6 of the sessions")),
+        "{:?}",
+        again.warnings
+    );
+    let s: AccessSession = store.get("ns", "old-3").await.unwrap();
+    assert_eq!(
+        s.status
+            .unwrap()
+            .revocation
+            .unwrap()
+            .revocation_name
+            .as_deref(),
+        Some("github-retired")
+    );
+    // Another server is unaffected: issuing and restoring (withdrawing its revocation) work.
     store
         .create_session(mk_session("ns", "new-1", "srv-new"), false)
         .await
         .unwrap();
-    let restored = store.unrevoke_session("ns", "new-0").await.unwrap();
+    support::withdraw(&store, "ns", &new_0).await.unwrap();
+    let restored: AccessSession = store.get("ns", "new-0").await.unwrap();
     assert_eq!(restored.phase(), SessionPhase::Active);
     assert!(restored.status.unwrap().revocation.is_none());
 }
@@ -521,10 +553,14 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
         ),
         "{err:?}"
     );
-    assert!(matches!(
-        store.unrevoke_session("ns", "a").await,
-        Err(ref e) if support::is_conflict(e)
-    ));
+    // (A restore is a withdrawal; with the agent inactive it leaves the session revoked for
+    // the deactivation.)
+    let held = support::try_restore(&store, "ns", "a").await.unwrap();
+    assert_eq!(held.phase(), SessionPhase::Revoked);
+    assert_eq!(
+        held.status.unwrap().revocation.unwrap().cause,
+        CAUSE_AGENT_DEACTIVATED
+    );
 
     // Delete and re-create the agent under the same name: old sessions stay revoked and
     // cannot be restored, because they bind the old uid.
@@ -539,10 +575,13 @@ async fn deleting_or_deactivating_an_agent_revokes_its_sessions_for_good() {
         .unwrap()
         .object;
     assert_ne!(again.metadata.uid, agent.metadata.uid);
-    assert!(matches!(
-        store.unrevoke_session("ns", "a").await,
-        Err(ref e) if support::is_conflict(e)
-    ));
+    assert_eq!(
+        support::try_restore(&store, "ns", "a")
+            .await
+            .unwrap()
+            .phase(),
+        SessionPhase::Revoked
+    );
     let mut stale_ref = mk_agent_session("ns", "d", "srv", "bot", &[]);
     stale_ref.spec.agent.as_mut().unwrap().uid = agent.metadata.uid.clone();
     assert!(matches!(
@@ -634,10 +673,7 @@ async fn lists_filter_by_namespace_labels_and_fields() {
         s.metadata.labels = Some([("env".to_string(), env.to_string())].into());
         store.create_session(s, false).await.unwrap();
     }
-    store
-        .revoke_session("b", "s1", "manual", None)
-        .await
-        .unwrap();
+    support::revoke(&store, "b", "s1", "manual").await;
     let names = |l: Vec<AccessSession>| {
         l.iter()
             .map(|s| {

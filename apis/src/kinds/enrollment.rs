@@ -25,16 +25,14 @@ fn key_of(enrollment: &Enrollment) -> (String, String) {
     )
 }
 
-/// The pending session an enrollment creates: same namespace, name and uid.
+/// The pending session an enrollment requested by `owner` at `requested_at` creates: same
+/// namespace, name and uid.
 pub fn pending_session(
     enrollment: &Enrollment,
     owner: &crate::strategy::Requester,
+    requested_at: k8s_openapi::jiff::Timestamp,
 ) -> AccessSession {
-    let requested_at = enrollment
-        .status
-        .as_ref()
-        .and_then(|s| s.requested_at.clone())
-        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let requested_at = Time(requested_at);
     let mut session = AccessSession {
         metadata: ObjectMeta {
             name: enrollment.metadata.name.clone(),
@@ -95,7 +93,7 @@ impl Strategy for Enrollment {
             completed_at: None,
         });
         enrollment.set_type_meta();
-        let session = pending_session(&enrollment, owner);
+        let session = pending_session(&enrollment, owner, ctx.now);
         Ok(Plan {
             writes: vec![Write::put(&session, true)?, Write::put(&enrollment, true)?],
             object: enrollment,

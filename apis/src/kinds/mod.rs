@@ -103,3 +103,6 @@ pub(crate) fn revoke_selected(
     }
     Ok((writes, revoked, already))
 }
+
+#[cfg(test)]
+mod tests;

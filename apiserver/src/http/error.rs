@@ -17,7 +17,8 @@ pub struct ApiError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
-    details: Option<StatusDetails>,
+    /// Boxed: most errors carry none, and `ApiResult` stays small.
+    details: Option<Box<StatusDetails>>,
     /// Seconds a client should wait before retrying (`Retry-After`).
     retry_after: Option<u64>,
 }
@@ -34,7 +35,7 @@ impl ApiError {
     }
 
     fn with_details(mut self, details: StatusDetails) -> Self {
-        self.details = Some(details);
+        self.details = Some(Box::new(details));
         self
     }
 
@@ -270,7 +271,7 @@ impl ApiError {
     pub fn to_status(&self) -> Value {
         let status = Status {
             code: Some(i32::from(self.code.as_u16())),
-            details: self.details.clone(),
+            details: self.details.as_deref().cloned(),
             message: Some(self.message.clone()),
             reason: Some(self.reason.to_string()),
             status: Some("Failure".to_string()),

@@ -4,8 +4,14 @@
 
 use std::str::FromStr;
 
-use apis::{AccessSession, AccessSessionSpec, Agent, AgentRef, ServerRef, Subject};
-use apiserver::store::{PgStore, StoreConfig};
+use apis::rules::CAUSE_SERVER_RETIRED;
+use apis::{
+    AccessSession, AccessSessionSpec, Agent, AgentRef, Revocation, RevocationTarget, ServerRef,
+    Subject,
+};
+use apiserver::store::{
+    PgStore, Preconditions, RevokerAuthority, Store, StoreConfig, StoreError, Written,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -104,10 +110,12 @@ pub fn mk_agent_session(
     s
 }
 
+pub mod kubectl;
 pub mod server;
 pub mod store_ext;
 #[allow(unused_imports)]
 pub use store_ext::{conflict_message, is_conflict, status_of, StoreExt};
+pub mod watch;
 
 /// A Revocation of `target` in `ns`.
 pub fn mk_revocation(
@@ -134,4 +142,97 @@ pub fn mk_agent(name: &str, teams: &[&str]) -> Agent {
     a.metadata.name = Some(name.into());
     a.spec.teams = teams.iter().map(|t| t.to_string()).collect();
     a
+}
+
+/// A session-target Revocation's name: unique, so revoking, withdrawing and revoking again
+/// never collide.
+fn revocation_name(session: &str) -> String {
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{session}-{}", &suffix[..8])
+}
+
+/// Revokes one session the way production does: a Revocation targeting it, created by a
+/// namespace revoker. Returns the Revocation's name (what lifts it again, [`withdraw`]).
+pub async fn revoke(store: &impl Store, ns: &str, session: &str, cause: &str) -> String {
+    let name = revocation_name(session);
+    let target = RevocationTarget {
+        session: Some(session.into()),
+        ..Default::default()
+    };
+    store
+        .create_revocation(
+            mk_revocation(ns, &name, target, cause),
+            RevokerAuthority::Namespace,
+            false,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("revoking {ns}/{session}: {e}"));
+    name
+}
+
+/// Lifts a revocation the way production does: deletes the Revocation, restoring what no
+/// other revocation covers.
+pub async fn withdraw(
+    store: &impl Store,
+    ns: &str,
+    revocation: &str,
+) -> Result<Revocation, StoreError> {
+    store
+        .delete_revocation(ns, revocation, true, &Preconditions::default(), false)
+        .await
+}
+
+/// Retires a server generation the way production does: a `server_retired` Revocation of
+/// the server, created by a cluster-wide revoker (its fence and its revocations reach every
+/// namespace).
+pub async fn retire(
+    store: &impl Store,
+    ns: &str,
+    name: &str,
+    server: &ServerRef,
+) -> Written<Revocation> {
+    let target = RevocationTarget {
+        server: Some(server.clone()),
+        ..Default::default()
+    };
+    store
+        .create_revocation(
+            mk_revocation(ns, name, target, CAUSE_SERVER_RETIRED),
+            RevokerAuthority::Cluster,
+            false,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("retiring {}: {e}", server.uid))
+}
+
+/// Tries to restore a revoked session through the only production path that restores one:
+/// withdrawing a revocation that covers it. A revocation of the session is created and
+/// deleted again; the session as it then stands is returned (still revoked while anything
+/// else covers it, its server is fenced or its agent is unusable), or the refusal.
+pub async fn try_restore(
+    store: &impl Store,
+    ns: &str,
+    session: &str,
+) -> Result<AccessSession, StoreError> {
+    let probe = revoke(store, ns, session, "manual").await;
+    withdraw(store, ns, &probe).await?;
+    store.get::<AccessSession>(ns, session).await
+}
+
+/// A team session of server uid `srv-1` as an HTTP request body.
+pub fn session_body(ns: &str, name: &str) -> serde_json::Value {
+    let mut v = serde_json::to_value(mk_session(ns, name, "srv-1")).expect("a session serializes");
+    v["apiVersion"] = serde_json::json!(apis::API_VERSION);
+    v["kind"] = serde_json::json!("AccessSession");
+    v
+}
+
+/// The fields named by a Status's `details.causes` (what a 422 says was invalid).
+pub fn cause_fields(status: &serde_json::Value) -> Vec<&str> {
+    status["details"]["causes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no details.causes in {status}"))
+        .iter()
+        .filter_map(|c| c["field"].as_str())
+        .collect()
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::auth::{AllowAuthenticated, Authorizer, TokenFile};
+use apiserver::auth::{AllowAuthenticated, Authenticator, Authorizer, TokenFile};
 use apiserver::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use apiserver::store::{PgStore, StoreConfig};
 use apiserver::tls::{self, ReloadingCert};
@@ -30,6 +30,25 @@ pub struct TestServer {
     /// The server's metrics registry (what `/metrics` encodes).
     pub registry: Arc<std::sync::Mutex<Registry>>,
     shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+/// The static token file every test server accepts: [`ADMIN_TOKEN`] (admin, in
+/// `system:masters`) and [`USER_TOKEN`] (alice, in `devs`).
+pub fn static_tokens() -> Arc<TokenFile> {
+    Arc::new(
+        TokenFile::parse(
+            &format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n{USER_TOKEN},alice,alice-uid,\"devs\"\n"),
+            "test",
+        )
+        .expect("the test token file parses"),
+    )
+}
+
+/// A store tweak for tests of expiry: 50 events retained, so the log trims past a watcher
+/// soon, and 8-event watcher buffers.
+pub fn short_log(config: &mut StoreConfig) {
+    config.retained_events = 50;
+    config.watcher_buffer = 8;
 }
 
 /// Output of a command.
@@ -60,7 +79,14 @@ impl TestServer {
         http: HttpConfig,
         limits: Limits,
     ) -> Self {
-        Self::start_full_limited(tweak, http, Arc::new(AllowAuthenticated), limits).await
+        Self::start_parts(
+            tweak,
+            http,
+            static_tokens(),
+            Arc::new(AllowAuthenticated),
+            limits,
+        )
+        .await
     }
 
     async fn start_full(
@@ -68,12 +94,28 @@ impl TestServer {
         http: HttpConfig,
         authorizer: Arc<dyn Authorizer>,
     ) -> Self {
-        Self::start_full_limited(tweak, http, authorizer, Limits::default()).await
+        Self::start_parts(tweak, http, static_tokens(), authorizer, Limits::default()).await
     }
 
-    async fn start_full_limited(
+    /// A server that authenticates with `authenticator` and authorizes with `authorizer`.
+    pub async fn start_with_auth(
+        authenticator: Arc<dyn Authenticator>,
+        authorizer: Arc<dyn Authorizer>,
+    ) -> Self {
+        Self::start_parts(
+            |_| {},
+            HttpConfig::default(),
+            authenticator,
+            authorizer,
+            Limits::default(),
+        )
+        .await
+    }
+
+    async fn start_parts(
         tweak: impl FnOnce(&mut StoreConfig),
         http: HttpConfig,
+        authenticator: Arc<dyn Authenticator>,
         authorizer: Arc<dyn Authorizer>,
         limits: Limits,
     ) -> Self {
@@ -86,11 +128,6 @@ impl TestServer {
             std::env::temp_dir().join(format!("mcp-access-test-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
 
-        let tokens = TokenFile::parse(
-            &format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n{USER_TOKEN},alice,alice-uid,\"devs\"\n"),
-            "test",
-        )
-        .unwrap();
         let (key, ca_pem) = tls::self_signed(&["localhost".into(), "127.0.0.1".into()]).unwrap();
         let tls_config = tls::server_config(ReloadingCert::fixed(key), None).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -99,7 +136,7 @@ impl TestServer {
         let mut registry = Registry::default();
         let app = AppState::new(
             store.clone(),
-            Arc::new(tokens),
+            authenticator,
             authorizer,
             http,
             HttpMetrics::register(&mut registry),
@@ -198,6 +235,26 @@ impl TestServer {
             .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
             .build()
             .unwrap()
+    }
+
+    /// The URL of the AccessSession collection in `ns`.
+    pub fn sessions_url(&self, ns: &str) -> String {
+        format!(
+            "{}/apis/{}/namespaces/{ns}/accesssessions",
+            self.url,
+            apis::API_VERSION
+        )
+    }
+
+    /// POSTs `body` to the AccessSession collection in `ns` as the admin.
+    pub async fn post_session(&self, ns: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.http()
+            .post(self.sessions_url(ns))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .expect("POST reaches the server")
     }
 
     /// A kube-rs client for the admin.
