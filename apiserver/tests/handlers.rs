@@ -1256,3 +1256,127 @@ async fn paging_reads_one_snapshot_while_writes_go_on() {
         .await;
     future.status(410, "Expired");
 }
+
+#[tokio::test]
+async fn refusals_name_their_reason_and_write_nothing() {
+    let api = Api::new();
+    let sessions = ns_path("team-a", "accesssessions");
+    let revocations = ns_path("team-a", "revocations");
+    let enrollments = ns_path("team-a", "enrollments");
+    api.post(
+        ADMIN,
+        &cluster_path("agents"),
+        json!({"metadata": {"name": "bot"}, "spec": {"teams": ["payments"]}}),
+    )
+    .await
+    .ok(201);
+    api.post(ADMIN, &sessions, agent_session("s1", "bot", &["payments"]))
+        .await
+        .ok(201);
+    api.post(
+        ADMIN,
+        &revocations,
+        revocation("r1", json!({"session": "s1"}), "compromised"),
+    )
+    .await
+    .ok(201);
+    api.patch(
+        ADMIN,
+        &format!("{}/bot", cluster_path("agents")),
+        "application/merge-patch+json",
+        json!({"spec": {"active": false}}),
+    )
+    .await
+    .ok(200);
+    // Withdrawing the revocation restores nothing: the deactivation covers the session too.
+    api.delete(ADMIN, &format!("{revocations}/r1"))
+        .await
+        .ok(200);
+    let s1 = api.get(&format!("{sessions}/s1")).await.body;
+    assert_eq!(phase_of(&s1), "Revoked");
+    assert_eq!(
+        s1["status"]["revocation"]["coveredBy"],
+        json!([{"cause": "agent_deactivated"}]),
+        "{s1}"
+    );
+
+    // A revoked pending session cannot be completed.
+    api.post(ALICE, &enrollments, human_session("e1", "srv-1", "alice"))
+        .await
+        .ok(201);
+    api.post(
+        ADMIN,
+        &revocations,
+        revocation("r2", json!({"session": "e1"}), "compromised"),
+    )
+    .await
+    .ok(201);
+    let completion = api
+        .patch(
+            ADMIN,
+            &format!("{enrollments}/e1/status"),
+            "application/merge-patch+json",
+            json!({"status": {"phase": "Completed"}}),
+        )
+        .await;
+    let message = completion.status(409, "Conflict");
+    assert!(
+        message.starts_with("cannot complete enrollment \"e1\": the session was revoked"),
+        "{message}"
+    );
+    assert!(message.contains("revocation \"r2\""), "{message}");
+    assert_eq!(
+        api.get(&format!("{enrollments}/e1")).await.body["status"]["phase"],
+        "Pending"
+    );
+
+    // Delete preconditions.
+    let stored = api.get(&format!("{sessions}/s1")).await.body;
+    let uid = stored["metadata"]["uid"].as_str().unwrap().to_string();
+    let wrong_uid = api
+        .send(
+            ADMIN,
+            Method::DELETE,
+            &format!("{sessions}/s1"),
+            Some(json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "not-it"}})),
+            "application/json",
+            None,
+        )
+        .await;
+    assert_eq!(
+        wrong_uid.status(409, "Conflict"),
+        format!("Precondition failed: UID in precondition: not-it, UID in object meta: {uid}")
+    );
+    let stale = api
+        .send(
+            ADMIN,
+            Method::DELETE,
+            &format!("{sessions}/s1"),
+            Some(json!({"preconditions": {"resourceVersion": "1"}})),
+            "application/json",
+            None,
+        )
+        .await;
+    stale.status(409, "Conflict");
+    api.get(&format!("{sessions}/s1")).await.ok(200);
+    let matching = api
+        .send(
+            ADMIN,
+            Method::DELETE,
+            &format!("{sessions}/s1"),
+            Some(json!({"preconditions": {"uid": uid, "resourceVersion": stored["metadata"]["resourceVersion"]}})),
+            "application/json",
+            None,
+        )
+        .await;
+    matching.ok(200);
+
+    // A namespaced kind is not created at the cluster scope.
+    api.post(
+        ADMIN,
+        &cluster_path("accesssessions"),
+        session("s9", "srv-1", json!({})),
+    )
+    .await
+    .status(405, "MethodNotAllowed");
+}
