@@ -470,6 +470,16 @@ async fn revocations_select_and_restore_the_same_sessions() {
         b.map(|x| norm(&x)).map_err(|e| format!("{e:?}"))
     );
     w.assert_same_state("after deleting doomed").await;
+    // Re-created under the same name it is another agent (another uid): the old sessions
+    // are not its sessions, neither counted nor issuable against it.
+    let (a, b) = both!(w, |s| s
+        .create_agent(mk_agent("doomed", &["payments"]), false));
+    w.expect_same("re-creating doomed", a, b).await;
+    let (a, b) = both!(w, |s| s
+        .create_session(agent_session("n3", "doomed-3", "srv-a", "doomed"), false));
+    w.expect_same("issuing for the re-created doomed", a, b)
+        .await;
+    w.assert_same_state("after re-creating doomed").await;
     // Reactivating restores nothing.
     w.set_active("free", true).await;
     w.assert_same_state("after reactivating free").await;
