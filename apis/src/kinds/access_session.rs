@@ -7,8 +7,11 @@ use crate::strategy::{
     merge_metadata, Context, Facts, ObjectKey, Plan, Read, Rejection, Stop, Strategy, Withdrawal,
     Write,
 };
+use crate::table::{age, human_duration, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{AccessSession, AccessSessionStatus, Kind, SessionPhase};
 use crate::validation::FieldError;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
 
 use super::{admit_issuance, check_session_name, issuance_reads};
 
@@ -17,6 +20,100 @@ fn key_of(session: &AccessSession) -> (String, String) {
         session.metadata.namespace.clone().unwrap_or_default(),
         session.metadata.name.clone().unwrap_or_default(),
     )
+}
+
+impl TableRow for AccessSession {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Server",
+            "string",
+            "",
+            "The MCPServer this session is for.",
+            0,
+        ),
+        Column::new(
+            "Agent",
+            "string",
+            "",
+            "The agent acting under this session.",
+            0,
+        ),
+        Column::new(
+            "Subject",
+            "string",
+            "",
+            "The human subject, or the teams of a team session.",
+            0,
+        ),
+        Column::new(
+            "Phase",
+            "string",
+            "",
+            "Active, PendingEnrollment, Revoked or Expired.",
+            0,
+        ),
+        Column::new(
+            "Expires",
+            "string",
+            "",
+            "Time left until the session expires.",
+            0,
+        ),
+        AGE,
+        Column::new(
+            "Server UID",
+            "string",
+            "",
+            "UID of the MCPServer generation.",
+            1,
+        ),
+        Column::new("Teams", "string", "", "Authority teams.", 1),
+        Column::new(
+            "Revocation",
+            "string",
+            "",
+            "Why the session was revoked.",
+            1,
+        ),
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let subject = match &self.spec.subject {
+            Some(s) => Some(s.user.clone()),
+            None if !self.spec.teams.is_empty() => {
+                Some(format!("team:{}", self.spec.teams.join(",")))
+            }
+            None => None,
+        };
+        let expires = match self
+            .spec
+            .expires_at
+            .as_ref()
+            .map(|t| t.0.as_second() - now.as_second())
+        {
+            Some(left) if left > 0 => human_duration(left),
+            Some(_) => "expired".into(),
+            None => "<none>".into(),
+        };
+        let status = self.status.as_ref();
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            or_none(Some(&self.spec.server.name)),
+            or_none(self.spec.agent.as_ref().map(|a| a.name.as_str())),
+            or_none(subject.as_deref()),
+            Value::String(self.phase().as_str().into()),
+            Value::String(expires),
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+            or_none(Some(&self.spec.server.uid)),
+            or_none(Some(&self.spec.teams.join(","))),
+            or_none(
+                status
+                    .and_then(|s| s.revocation.as_ref())
+                    .map(|r| r.cause.as_str()),
+            ),
+        ]
+    }
 }
 
 impl Strategy for AccessSession {

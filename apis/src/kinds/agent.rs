@@ -4,6 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
 
 use crate::locks::SessionSelector;
 use crate::resources::{ResourceInfo, AGENTS};
@@ -11,6 +12,7 @@ use crate::rules::{validate_agent_spec, validate_metadata, CAUSE_AGENT_DEACTIVAT
 use crate::strategy::{
     merge_metadata, Context, Fact, Facts, Plan, Read, Rejection, Stop, Strategy, Withdrawal, Write,
 };
+use crate::table::{age, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{Agent, AgentStatus, Kind};
 use crate::validation::FieldError;
 
@@ -28,6 +30,61 @@ fn uids(agents: &[Agent]) -> Vec<String> {
         .iter()
         .filter_map(|a| a.metadata.uid.clone())
         .collect()
+}
+
+impl TableRow for Agent {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Active",
+            "boolean",
+            "",
+            "Whether the agent may hold sessions.",
+            0,
+        ),
+        Column::new("Teams", "string", "", "Teams the agent may act for.", 0),
+        Column::new(
+            "Sessions",
+            "integer",
+            "",
+            "Sessions of this agent that are active or pending.",
+            0,
+        ),
+        AGE,
+        Column::new("Display Name", "string", "", "Human-readable name.", 1),
+        Column::new(
+            "Owners",
+            "string",
+            "",
+            "Users responsible for the agent.",
+            1,
+        ),
+        Column::new(
+            "Max TTL",
+            "string",
+            "",
+            "Longest session the agent may hold.",
+            1,
+        ),
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let sessions = self
+            .status
+            .as_ref()
+            .and_then(|s| s.active_sessions)
+            .map_or(json!(0), |n| json!(n));
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            Value::Bool(self.spec.active),
+            or_none(Some(&self.spec.teams.join(","))),
+            sessions,
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+            or_none(self.spec.display_name.as_deref()),
+            or_none(Some(&self.spec.owners.join(","))),
+            or_none(self.spec.max_session_ttl.as_deref()),
+        ]
+    }
 }
 
 impl Strategy for Agent {

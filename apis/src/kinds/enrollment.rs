@@ -3,6 +3,7 @@
 //! withdrawing it while pending (its owner only) deletes the session and reserves its name.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 use crate::resources::{ResourceInfo, ENROLLMENTS};
@@ -10,6 +11,7 @@ use crate::rules::{self, check_completion, is_enrollment_owner};
 use crate::strategy::{
     Context, Facts, ObjectKey, Plan, Read, Refusal, Rejection, Stop, Strategy, Withdrawal, Write,
 };
+use crate::table::{age, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{
     AccessSession, AccessSessionStatus, Agent, Enrollment, EnrollmentInfo, EnrollmentPhase,
     EnrollmentStatus, Kind, SessionPhase,
@@ -58,6 +60,47 @@ pub fn pending_session(
     };
     session.set_type_meta();
     session
+}
+
+impl TableRow for Enrollment {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Server",
+            "string",
+            "",
+            "The MCPServer the session is for.",
+            0,
+        ),
+        Column::new(
+            "Agent",
+            "string",
+            "",
+            "The agent acting under the session.",
+            0,
+        ),
+        Column::new(
+            "Owner",
+            "string",
+            "",
+            "The user who requested the enrollment.",
+            0,
+        ),
+        Column::new("Phase", "string", "", "Pending or Completed.", 0),
+        AGE,
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let status = self.status.as_ref();
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            or_none(Some(&self.spec.server.name)),
+            or_none(self.spec.agent.as_ref().map(|a| a.name.as_str())),
+            or_none(status.and_then(|s| s.owner.as_deref())),
+            Value::String(format!("{:?}", self.phase())),
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+        ]
+    }
 }
 
 impl Strategy for Enrollment {

@@ -3,6 +3,8 @@
 //! sessions nothing else covers.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
 
 use crate::locks::{self, Uncovered};
 use crate::resources::{ResourceInfo, REVOCATIONS};
@@ -10,6 +12,7 @@ use crate::rules::{self, CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED};
 use crate::strategy::{
     Context, Facts, ObjectKey, Plan, Read, Refusal, Rejection, Stop, Strategy, Withdrawal, Write,
 };
+use crate::table::{age, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{AccessSession, Agent, Kind, Revocation, RevocationStatus};
 use crate::validation::FieldError;
 
@@ -20,6 +23,47 @@ fn key_of(revocation: &Revocation) -> (String, String) {
         revocation.metadata.namespace.clone().unwrap_or_default(),
         revocation.metadata.name.clone().unwrap_or_default(),
     )
+}
+
+impl TableRow for Revocation {
+    const COLUMNS: &'static [Column] = &[
+        NAME,
+        Column::new(
+            "Target",
+            "string",
+            "",
+            "What was revoked: session/NAME, server/NAME or subject/USER.",
+            0,
+        ),
+        Column::new("Cause", "string", "", "Why.", 0),
+        Column::new(
+            "Revoked",
+            "integer",
+            "",
+            "Sessions this revocation revoked.",
+            0,
+        ),
+        AGE,
+        Column::new("Message", "string", "", "Explanation.", 1),
+    ];
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let t = &self.spec.target;
+        let target = match (&t.session, &t.server, &t.subject) {
+            (Some(s), _, _) => format!("session/{s}"),
+            (_, Some(s), _) => format!("server/{}", s.name),
+            (_, _, Some(u)) => format!("subject/{u}"),
+            _ => "<none>".into(),
+        };
+        vec![
+            or_none(self.metadata.name.as_deref()),
+            Value::String(target),
+            or_none(Some(&self.spec.cause)),
+            json!(self.status.as_ref().map_or(0, |s| s.revoked_sessions)),
+            age(self.metadata.creation_timestamp.as_ref().map(|t| t.0), now),
+            or_none(self.spec.message.as_deref()),
+        ]
+    }
 }
 
 impl Strategy for Revocation {

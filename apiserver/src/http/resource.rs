@@ -205,6 +205,36 @@ fn type_meta(object: &impl Kind) -> (String, String) {
     )
 }
 
+/// The object a create, update or patch asks for: decoded as `fieldValidation` says, its
+/// identity checked against the path (`namespace`, `name`), its size bounded.
+fn requested_object<K: Strategy>(
+    body: &[u8],
+    validation: FieldValidation,
+    (namespace, name): (Option<&str>, Option<&str>),
+    warnings: &mut Vec<String>,
+) -> ApiResult<K> {
+    let mut object: K = decode_object(body, validation, warnings)?;
+    let tm = type_meta(&object);
+    reconcile_identity(&mut object, (&tm.0, &tm.1), namespace, name)?;
+    check_object_size(&object)?;
+    Ok(object)
+}
+
+/// The answer to a write: the object as written, with the request's and the write's warnings.
+fn written_response<K: Strategy>(
+    code: StatusCode,
+    written: store::Written<K>,
+    rendering: Rendering,
+    mut warnings: Vec<String>,
+) -> ApiResult<Response> {
+    warnings.extend(written.warnings);
+    Ok(json_response(
+        code,
+        &render_object(&written.object, rendering)?,
+        &warnings,
+    ))
+}
+
 /// Refuses an object whose encoding exceeds [`MAX_OBJECT_BYTES`]: every stored object is
 /// kept in memory by the change feed and sent to every watcher, so its size bounds memory.
 fn check_object_size<T: serde::Serialize + ?Sized>(object: &T) -> ApiResult<()> {
@@ -304,21 +334,18 @@ pub async fn create<K: Strategy, S: Store>(
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
     let mut warnings = Vec::new();
-    let mut object: K = decode_object(&req.body, req.params.field_validation()?, &mut warnings)?;
-    let tm = type_meta(&object);
-    reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, None)?;
-    check_object_size(&object)?;
+    let object: K = requested_object(
+        &req.body,
+        req.params.field_validation()?,
+        (req.namespace, None),
+        &mut warnings,
+    )?;
     let name = object.meta().name.clone().unwrap_or_default();
     let written = store
         .create(object, &context(&req), dry_run)
         .await
         .map_err(store_err::<K>(&name))?;
-    warnings.extend(written.warnings);
-    Ok(json_response(
-        StatusCode::CREATED,
-        &render_object(&written.object, rendering)?,
-        &warnings,
-    ))
+    written_response(StatusCode::CREATED, written, rendering, warnings)
 }
 
 pub async fn update<K: Strategy, S: Store>(
@@ -330,20 +357,17 @@ pub async fn update<K: Strategy, S: Store>(
     let dry_run = req.params.dry_run()?;
     let name = req.name.unwrap_or_default();
     let mut warnings = Vec::new();
-    let mut object: K = decode_object(&req.body, req.params.field_validation()?, &mut warnings)?;
-    let tm = type_meta(&object);
-    reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
-    check_object_size(&object)?;
+    let object: K = requested_object(
+        &req.body,
+        req.params.field_validation()?,
+        (req.namespace, Some(name)),
+        &mut warnings,
+    )?;
     let written = store
         .update(object, &context(&req), dry_run)
         .await
         .map_err(store_err::<K>(name))?;
-    warnings.extend(written.warnings);
-    Ok(json_response(
-        StatusCode::OK,
-        &render_object(&written.object, rendering)?,
-        &warnings,
-    ))
+    written_response(StatusCode::OK, written, rendering, warnings)
 }
 
 pub async fn patch<K: Strategy, S: Store>(
@@ -372,18 +396,15 @@ pub async fn patch<K: Strategy, S: Store>(
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
         let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut warnings = Vec::new();
-        let mut object: K = decode_object(&bytes, validation, &mut warnings)?;
-        let tm = type_meta(&object);
-        reconcile_identity(&mut object, (&tm.0, &tm.1), req.namespace, Some(name))?;
-        check_object_size(&object)?;
+        let object: K = requested_object(
+            &bytes,
+            validation,
+            (req.namespace, Some(name)),
+            &mut warnings,
+        )?;
         match store.update(object, &context(&req), dry_run).await {
             Ok(written) => {
-                warnings.extend(written.warnings);
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &render_object(&written.object, rendering)?,
-                    &warnings,
-                ));
+                return written_response(StatusCode::OK, written, rendering, warnings);
             }
             Err(StoreError::Modified | StoreError::UidPrecondition { .. })
                 if !pinned && attempts < 5 =>

@@ -1,7 +1,8 @@
 //! An in-memory implementation of the storage port for handler tests without PostgreSQL. It
 //! runs the same generic transaction and kind strategies as [`super::PgStore`]; what the
 //! SQL narrows by index it decides with the pure rules directly. It keeps no change log:
-//! `subscribe` (watch) is answered 503.
+//! `subscribe` (watch) is answered 503; lists at an exact resourceVersion (continue tokens)
+//! are served from the recent committed states, as PostgreSQL serves them from its log.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,6 +24,10 @@ use super::{
 
 /// The epoch of every resourceVersion the memory store hands out.
 const EPOCH: u32 = 1;
+
+/// Committed states kept to serve lists at an exact resourceVersion; older ones are
+/// answered 410 Expired, like versions trimmed from PostgreSQL's change log.
+const HISTORY: usize = 256;
 
 #[derive(Clone, Debug, Default)]
 struct State {
@@ -102,10 +107,37 @@ impl State {
     }
 }
 
+/// The current state and the recent committed ones, by their sequence number.
+#[derive(Default)]
+struct Shared {
+    current: State,
+    history: BTreeMap<u64, Arc<State>>,
+}
+
+impl Shared {
+    /// The state a list at `rv` reads: the last one committed at or before it, while kept.
+    fn at(&self, rv: &ResourceVersion) -> Option<&State> {
+        if rv.epoch != EPOCH || rv.seq > self.current.seq {
+            return None;
+        }
+        if rv.seq == self.current.seq {
+            return Some(&self.current);
+        }
+        let oldest = *self.history.keys().next()?;
+        if rv.seq < oldest {
+            return None;
+        }
+        self.history
+            .range(..=rv.seq)
+            .next_back()
+            .map(|(_, state)| state.as_ref())
+    }
+}
+
 /// The in-memory store. Cheap to clone; clones share the state.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<Shared>>,
 }
 
 impl MemoryStore {
@@ -115,14 +147,14 @@ impl MemoryStore {
 
     async fn begin(&self) -> MemoryTx {
         let guard = self.state.clone().lock_owned().await;
-        let staged = guard.clone();
+        let staged = guard.current.clone();
         MemoryTx { guard, staged }
     }
 }
 
 /// A transaction: holds the state's lock and works on a copy, installed on commit.
 struct MemoryTx {
-    guard: OwnedMutexGuard<State>,
+    guard: OwnedMutexGuard<Shared>,
     staged: State,
 }
 
@@ -184,7 +216,16 @@ impl Backend for MemoryTx {
     }
 
     async fn commit(mut self) -> Result<()> {
-        *self.guard = self.staged;
+        let shared = &mut *self.guard;
+        if self.staged.seq != shared.current.seq {
+            shared
+                .history
+                .insert(self.staged.seq, Arc::new(self.staged.clone()));
+            while shared.history.len() > HISTORY {
+                shared.history.pop_first();
+            }
+        }
+        shared.current = self.staged;
         Ok(())
     }
 }
@@ -213,30 +254,30 @@ fn complete<K: Strategy>(state: &State, items: &mut [K]) -> Result<()> {
 #[async_trait]
 impl Store for MemoryStore {
     async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K> {
-        let state = self.state.lock().await;
+        let shared = self.state.lock().await;
+        let state = &shared.current;
         let body = state
             .body(&ObjectKey::of::<K>(namespace, name))
             .ok_or(StoreError::NotFound)?;
         let mut items = [decode::<K>(body)?];
-        complete(&state, &mut items)?;
+        complete(state, &mut items)?;
         let [object] = items;
         Ok(object)
     }
 
     async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
-        let state = self.state.lock().await;
-        // Without a change log only the current state is served.
-        let after = match &query.at {
-            ListAt::Latest => None,
-            ListAt::Exact { rv, after } if rv.epoch == EPOCH && rv.seq == state.seq => {
-                after.clone()
-            }
-            ListAt::Exact { rv, .. } => {
-                return Err(StoreError::Expired(format!(
-                    "The provided continue parameter is too old to display a consistent list result. \
-                     You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
-                )))
-            }
+        let shared = self.state.lock().await;
+        let (state, after) = match &query.at {
+            ListAt::Latest => (&shared.current, None),
+            ListAt::Exact { rv, after } => match shared.at(rv) {
+                Some(state) => (state, after.clone()),
+                None => {
+                    return Err(StoreError::Expired(format!(
+                        "The provided continue parameter is too old to display a consistent list result. \
+                         You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
+                    )))
+                }
+            },
         };
         let want = query.limit.filter(|l| *l > 0);
         let mut items = Vec::new();
@@ -271,7 +312,11 @@ impl Store for MemoryStore {
             }
             items.push((key.clone(), decode::<K>(body)?));
         }
-        let rv = ResourceVersion::new(EPOCH, state.seq);
+        // Every page of one list carries the version it reads at.
+        let rv = match &query.at {
+            ListAt::Exact { rv, .. } => *rv,
+            ListAt::Latest => ResourceVersion::new(EPOCH, state.seq),
+        };
         let continue_token = more.then(|| {
             let key = items.last().map(|(k, _)| k.clone());
             ContinueToken {
@@ -285,7 +330,8 @@ impl Store for MemoryStore {
             .encode()
         });
         let mut objects: Vec<K> = items.into_iter().map(|(_, o)| o).collect();
-        complete(&state, &mut objects)?;
+        // Computed fields are read now, as PostgreSQL reads them on its current rows.
+        complete(&shared.current, &mut objects)?;
         Ok(ObjectList {
             items: objects,
             resource_version: rv,
@@ -340,7 +386,10 @@ impl Store for MemoryStore {
     }
 
     async fn current_version(&self) -> Result<ResourceVersion> {
-        Ok(ResourceVersion::new(EPOCH, self.state.lock().await.seq))
+        Ok(ResourceVersion::new(
+            EPOCH,
+            self.state.lock().await.current.seq,
+        ))
     }
 
     async fn subscribe(&self, _from: ResourceVersion) -> Result<Subscription> {

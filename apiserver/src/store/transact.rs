@@ -3,6 +3,7 @@
 //! [`Plan`] they return — on PostgreSQL ([`super::PgStore`]) or in memory
 //! ([`super::MemoryStore`]) alike, through a [`Backend`].
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use apis::strategy::{
@@ -46,12 +47,13 @@ pub async fn transact<K, B: Backend>(
     let mut facts = Facts::default();
     let mut reads = first;
     for round in 0..MAX_ROUNDS {
-        let mut wanted = Vec::new();
-        for read in reads {
-            if !facts.contains(&read) && !wanted.contains(&read) {
-                wanted.push(read);
-            }
-        }
+        // Each fact once, in the order asked (a withdrawal may ask for the same fence for
+        // thousands of sessions).
+        let mut seen = HashSet::new();
+        let wanted: Vec<Read> = reads
+            .into_iter()
+            .filter(|r| !facts.contains(r) && seen.insert(r.clone()))
+            .collect();
         // The first round always reads: it takes the lock.
         if round == 0 || !wanted.is_empty() {
             for (read, fact) in backend.read(wanted).await? {
