@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use apiserver::store::{PgStore, Store};
-use support::server::{TestServer, USER_TOKEN};
-use support::{mk_session, StoreExt, TestDb};
+use support::server::{TestServer, ADMIN_TOKEN, USER_TOKEN};
+use support::{mk_session, session_body, StoreExt, TestDb};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
@@ -64,13 +64,21 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for RequestSpans {
     }
 }
 
-/// The server, the client and the spans all run on this test's one thread, where the
-/// collecting subscriber is the default.
-#[tokio::test(flavor = "current_thread")]
+/// The collecting subscriber, global to this test binary: a scoped default would miss
+/// spans whose callsites another test's thread registered first.
+fn request_spans() -> &'static RequestSpans {
+    static SPANS: std::sync::OnceLock<RequestSpans> = std::sync::OnceLock::new();
+    SPANS.get_or_init(|| {
+        let spans = RequestSpans::default();
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans.clone()))
+            .expect("no other global subscriber in this test binary");
+        spans
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_runs_in_a_span_naming_what_it_addresses_and_who_asked() {
-    let spans = RequestSpans::default();
-    let _default =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let spans = request_spans();
     let server = TestServer::start().await;
     let url = format!(
         "{}/apis/{}/namespaces/observed/accesssessions/nobody-here",
@@ -164,4 +172,72 @@ async fn the_change_feed_reports_its_head_lag_and_cut_offs() {
         assert!(Instant::now() < deadline, "head {head}:\n{text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Reads the watch body until a line contains `needle` (within 10 s); returns that line.
+async fn read_until(resp: &mut reqwest::Response, buffer: &mut String, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(line) = buffer.lines().find(|l| l.contains(needle)) {
+            let line = line.to_string();
+            buffer.clear();
+            return line;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let chunk = tokio::time::timeout(left, resp.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no {needle} within 10s: {buffer}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the watch ended before {needle}: {buffer}"));
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// A restart of another replica rotates the epoch: the feed ends every watch with 410, and
+/// /metrics counts it on both sides (the watch's resource and reason, the feed's cause).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ended_by_the_server_is_counted_as_a_cut_off() {
+    let server = TestServer::start().await;
+    let sessions = format!(
+        "{}/apis/{}/namespaces/cut/accesssessions",
+        server.url,
+        apis::API_VERSION
+    );
+    let mut watch = server
+        .http()
+        .get(format!("{sessions}?watch=true&resourceVersion=0"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let created = server
+        .http()
+        .post(&sessions)
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&session_body("cut", "watched"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let mut buffer = String::new();
+    read_until(&mut watch, &mut buffer, "\"watched\"").await;
+
+    let _restarted = PgStore::start(server.db.store_config()).await.unwrap();
+    let error = read_until(&mut watch, &mut buffer, "\"ERROR\"").await;
+    assert!(error.contains("\"code\":410"), "{error}");
+
+    let text = server.metrics_text();
+    assert!(
+        text.contains(
+            "\nmcp_access_apiserver_watch_cutoffs_total{resource=\"accesssessions\",reason=\"Expired\"} 1\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "\nmcp_access_apiserver_change_feed_cutoffs_total{reason=\"epoch_rotated\"} 1\n"
+        ),
+        "{text}"
+    );
 }
