@@ -492,6 +492,9 @@ mod tests {
         let err = message(standalone(&["--database-url", dsn]));
         assert!(err.starts_with("--database-url: "), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
+        // Nor does the validated configuration, should anyone log it.
+        let ok = standalone(&["--database-url", "host=db password=hunter2"]).unwrap();
+        assert!(!format!("{ok:?}").contains("hunter2"));
     }
 
     #[test]
