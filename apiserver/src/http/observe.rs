@@ -1,0 +1,272 @@
+//! What the HTTP layer tells operators: request, watch and cut-off metrics, and the span of
+//! every request (verb, resource, namespace, name, user, code).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use apis::resources::RESOURCES;
+use axum::extract::Request;
+use axum::response::Response;
+use http::Method;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::request;
+use super::route::Target;
+use crate::auth::{AuthenticationError, Authenticator, ConnectionInfo, UserInfo};
+
+/// The `verb` label: one of a fixed set, whatever the request said.
+pub(crate) fn verb_label(verb: &str, method: &Method) -> &'static str {
+    const VERBS: &[&str] = &[
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    if let Some(v) = VERBS.iter().find(|v| **v == verb) {
+        return v;
+    }
+    if !verb.is_empty() {
+        return "other";
+    }
+    // Before the request was understood (unauthenticated, unparsable): by method only.
+    match *method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+/// The `resource` label: a served resource's plural, or `""` for none.
+pub(crate) fn resource_label(resource: &str) -> &'static str {
+    if resource.is_empty() {
+        return "";
+    }
+    RESOURCES
+        .iter()
+        .find(|r| r.plural == resource)
+        .map_or("other", |r| r.plural)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    verb: String,
+    resource: String,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ResourceLabels {
+    resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CutoffLabels {
+    resource: &'static str,
+    /// The Status reason the watch ended with (`Expired`, `ServiceUnavailable`, …).
+    reason: &'static str,
+}
+
+/// Upper bounds of the request latency buckets, in seconds (kube-apiserver's).
+pub(crate) const LATENCY_BUCKETS: [f64; 23] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+];
+
+pub(crate) fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// Metrics of the HTTP layer. Every label comes from a fixed set.
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+    /// Until the response head: for a watch, until its stream starts.
+    latency: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    watches: Gauge,
+    watchers: Family<ResourceLabels, Gauge>,
+    cutoffs: Family<CutoffLabels, Counter>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            watches: Gauge::default(),
+            watchers: Family::default(),
+            cutoffs: Family::default(),
+        }
+    }
+}
+
+impl HttpMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<Self> {
+        let metrics = Self::default();
+        // The cut-offs the feed causes exist from the start, at zero.
+        for info in RESOURCES.iter() {
+            for reason in ["Expired", "ServiceUnavailable"] {
+                let _ = metrics.cutoffs.get_or_create(&CutoffLabels {
+                    resource: info.plural,
+                    reason,
+                });
+            }
+        }
+        let sub = registry.sub_registry_with_prefix("mcp_access_apiserver");
+        sub.register(
+            "requests",
+            "API requests by verb, resource and code",
+            metrics.requests.clone(),
+        );
+        sub.register_with_unit(
+            "request_duration",
+            "Time to the response head of API requests by verb, resource and code (for a watch: until its stream starts)",
+            prometheus_client::registry::Unit::Seconds,
+            metrics.latency.clone(),
+        );
+        sub.register(
+            "open_watches",
+            "Watches currently streaming",
+            metrics.watches.clone(),
+        );
+        sub.register(
+            "watchers",
+            "Watches currently streaming, by resource",
+            metrics.watchers.clone(),
+        );
+        sub.register(
+            "watch_cutoffs",
+            "Watches the server ended with an error event (feed stalled or rotated, consumer too slow, store unavailable), by resource and reason",
+            metrics.cutoffs.clone(),
+        );
+        Arc::new(metrics)
+    }
+
+    /// A watch on `resource` started streaming; the returned guard ends it.
+    pub(crate) fn watch_started(self: &Arc<Self>, resource: &str) -> WatchGauge {
+        let resource = resource_label(resource);
+        self.watches.inc();
+        self.watchers
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
+        WatchGauge {
+            metrics: self.clone(),
+            resource,
+        }
+    }
+
+    /// The server ended a watch on `resource` with an error event of `reason`.
+    pub(crate) fn watch_cut_off(&self, resource: &str, reason: &'static str) {
+        self.cutoffs
+            .get_or_create(&CutoffLabels {
+                resource: resource_label(resource),
+                reason,
+            })
+            .inc();
+    }
+}
+
+/// Counts one streaming watch until dropped, however the watch ends.
+pub(crate) struct WatchGauge {
+    metrics: Arc<HttpMetrics>,
+    resource: &'static str,
+}
+
+impl Drop for WatchGauge {
+    fn drop(&mut self) {
+        self.metrics.watches.dec();
+        self.metrics
+            .watchers
+            .get_or_create(&ResourceLabels {
+                resource: self.resource,
+            })
+            .dec();
+    }
+}
+
+/// Records the authenticated user on the request's span: the user is known only once the
+/// authenticator has answered, inside routing.
+pub(crate) struct RecordUser(pub(crate) Arc<dyn Authenticator>);
+
+#[async_trait::async_trait]
+impl Authenticator for RecordUser {
+    async fn authenticate(
+        &self,
+        request: &http::request::Parts,
+        connection: &ConnectionInfo,
+    ) -> Result<Option<UserInfo>, AuthenticationError> {
+        let user = self.0.authenticate(request, connection).await;
+        if let Ok(Some(user)) = &user {
+            tracing::Span::current().record("user", user.name.as_str());
+        }
+        user
+    }
+}
+
+/// The span of one request: what it addresses from its path, the rest recorded as it is
+/// learned (user on authentication, verb, resource and code at the end).
+pub(crate) fn request_span(request: &Request) -> tracing::Span {
+    let path = request.uri().path();
+    let segments: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(request::percent_decode)
+        .collect();
+    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let (namespace, name) = match Target::parse(&segs) {
+        Target::Resource {
+            namespace, name, ..
+        } => (namespace, name),
+        _ => (None, None),
+    };
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path,
+        verb = tracing::field::Empty,
+        resource = tracing::field::Empty,
+        namespace = namespace.as_deref().unwrap_or_default(),
+        name = name.as_deref().unwrap_or_default(),
+        user = tracing::field::Empty,
+        code = tracing::field::Empty,
+    )
+}
+
+impl HttpMetrics {
+    /// Counts a request, times it and completes its span. Every label comes from a fixed
+    /// set: a label taken from the request would let any client grow `/metrics` without
+    /// bound.
+    pub(crate) fn count(
+        &self,
+        (verb, method): (&str, &Method),
+        resource: &str,
+        response: &Response,
+        started: Instant,
+    ) {
+        let (verb, resource) = (verb_label(verb, method), resource_label(resource));
+        let code = response.status().as_u16();
+        let span = tracing::Span::current();
+        span.record("verb", verb);
+        span.record("resource", resource);
+        span.record("code", code);
+        let labels = RequestLabels {
+            verb: verb.to_string(),
+            resource: resource.to_string(),
+            code,
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
