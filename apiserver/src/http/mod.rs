@@ -185,11 +185,7 @@ impl<S: Store + Clone> AppState<S> {
     ) -> Result<(String, String, Response), (String, String, ApiError)> {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path().to_string();
-        let segments: Vec<String> = path
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .map(request::percent_decode)
-            .collect();
+        let segments = route::segments(&path);
         let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
         let fail = |verb: &str, resource: &str| {
             let (verb, resource) = (verb.to_string(), resource.to_string());

@@ -15,7 +15,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::request;
 use super::route::Target;
 use crate::auth::{AuthenticationError, Authenticator, ConnectionInfo, UserInfo};
 
@@ -217,11 +216,7 @@ impl Authenticator for RecordUser {
 /// learned (user on authentication, verb, resource and code at the end).
 pub(crate) fn request_span(request: &Request) -> tracing::Span {
     let path = request.uri().path();
-    let segments: Vec<String> = path
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .map(request::percent_decode)
-        .collect();
+    let segments = super::route::segments(path);
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let (namespace, name) = match Target::parse(&segs) {
         Target::Resource {

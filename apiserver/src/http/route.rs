@@ -9,6 +9,14 @@ use super::error::{ApiError, ApiResult};
 use super::request::Params;
 use crate::auth::Attributes;
 
+/// A path's segments, percent-decoded.
+pub(crate) fn segments(path: &str) -> Vec<String> {
+    path.split('/')
+        .filter(|s| !s.is_empty())
+        .map(super::request::percent_decode)
+        .collect()
+}
+
 /// What a path addresses.
 #[derive(Debug)]
 pub(crate) enum Target {

@@ -15,6 +15,34 @@ use crate::store::feed::set_resource_version;
 use crate::store::rv::{ContinueToken, ResourceVersion};
 use crate::store::{now, ListAt, ListQuery, ObjectList, Result, StoreError};
 
+/// Where the change log stands: its epoch, its head and the horizon after which every change
+/// is still in the log.
+pub(super) struct Head {
+    pub epoch: u32,
+    pub seq: u64,
+    pub horizon: u64,
+}
+
+/// Reads the log's [`Head`].
+pub(super) async fn head(client: &impl GenericClient) -> Result<Head> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
+        )
+        .await
+        .map_err(pg_err)?;
+    let row = client.query_one(&stmt, &[]).await.map_err(pg_err)?;
+    let seq = row.get::<_, i64>(1) as u64;
+    Ok(Head {
+        epoch: row.get::<_, i32>(0) as u32,
+        seq,
+        horizon: row
+            .get::<_, Option<i64>>(2)
+            .map(|min| min as u64 - 1)
+            .unwrap_or(seq),
+    })
+}
+
 /// Rows fetched per query while assembling a list page.
 const LIST_CHUNK: usize = 1000;
 
@@ -87,20 +115,11 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
         .start()
         .await
         .map_err(pg_err)?;
-    let head_stmt = tx
-        .prepare_cached(
-            "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
-        )
-        .await
-        .map_err(pg_err)?;
-    let head = tx.query_one(&head_stmt, &[]).await.map_err(pg_err)?;
-    let epoch = head.get::<_, i32>(0) as u32;
-    let head_seq = head.get::<_, i64>(1) as u64;
-    // Every change after `horizon` is still in the log.
-    let horizon = head
-        .get::<_, Option<i64>>(2)
-        .map(|min| min as u64 - 1)
-        .unwrap_or(head_seq);
+    let Head {
+        epoch,
+        seq: head_seq,
+        horizon,
+    } = head(&tx).await?;
     let (at, mut after) = match &query.at {
         ListAt::Latest => (head_seq, (String::new(), String::new())),
         ListAt::Exact { rv, after } => {

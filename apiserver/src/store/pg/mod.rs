@@ -427,19 +427,11 @@ impl Store for PgStore {
 
     async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription> {
         let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT epoch, seq, (SELECT min(seq) FROM change_log) FROM sync_state WHERE id = 1",
-                &[],
-            )
-            .await
-            .map_err(pg_err)?;
-        let epoch = row.get::<_, i32>(0) as u32;
-        let head = row.get::<_, i64>(1) as u64;
-        let horizon = row
-            .get::<_, Option<i64>>(2)
-            .map(|m| m as u64 - 1)
-            .unwrap_or(head);
+        let list::Head {
+            epoch,
+            seq: head,
+            horizon,
+        } = list::head(&client).await?;
         if from.epoch != epoch {
             return Err(StoreError::Expired(format!(
                 "too old resource version: {from}: the change log was reset (apiserver restart)"
