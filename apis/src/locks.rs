@@ -196,7 +196,7 @@ pub enum Uncovered {
 }
 
 /// Removes revocation `name` from a session's coverage and says what follows. The session
-/// is changed only in its `coveredBy` list; restoring is [`crate::rules::unrevoke_session`].
+/// is changed only in its `coveredBy` list; restoring is [`restore`].
 pub fn uncover(session: &mut AccessSession, name: &str) -> Uncovered {
     let Some(info) = session.status.as_mut().and_then(|s| s.revocation.as_mut()) else {
         return Uncovered::NotCovered;
@@ -244,7 +244,7 @@ pub fn keep_revoked(session: &mut AccessSession, cause: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{revoke_session, unrevoke_session, RevokeEffect, SessionRuleError};
+    use crate::rules::{revoke_session, RevokeEffect};
     use crate::types::{
         AgentRef, RevocationStatus, RevocationTarget, ServerRef, SessionPhase, Subject,
     };
@@ -446,11 +446,10 @@ mod tests {
         let info = s.status.as_ref().unwrap().revocation.clone().unwrap();
         assert_eq!(info.revocation_name.as_deref(), Some("r1"));
         assert_eq!(info.covered_by.len(), 2);
-        // An administrative restore is refused while a Revocation object covers it.
-        assert!(matches!(
-            unrevoke_session(&mut s.clone(), false),
-            Err(SessionRuleError::RevocationStands { .. })
-        ));
+        // Nothing restores it while a Revocation object covers it.
+        let mut held = s.clone();
+        restore(&mut held);
+        assert_eq!(held.phase(), SessionPhase::Revoked);
 
         assert_eq!(uncover(&mut s, "r1"), Uncovered::StillRevoked);
         assert_eq!(s.phase(), SessionPhase::Revoked);

@@ -443,36 +443,6 @@ pub fn revoke_session(
     RevokeEffect::Revoked
 }
 
-/// Lifts a session's revocation (an administrative restore). Refused for a fenced server and
-/// while a Revocation object still covers the session; the caller checks agent state.
-pub fn unrevoke_session(
-    session: &mut AccessSession,
-    server_fenced: bool,
-) -> Result<bool, SessionRuleError> {
-    if server_fenced {
-        return Err(SessionRuleError::ServerFenced(
-            session.spec.server.uid.clone(),
-        ));
-    }
-    let Some(status) = session.status.as_mut() else {
-        return Ok(false);
-    };
-    let Some(info) = status.revocation.as_ref() else {
-        return Ok(false);
-    };
-    if let Some(standing) = covering(info)
-        .into_iter()
-        .find(|c| c.revocation_name.is_some())
-    {
-        return Err(SessionRuleError::RevocationStands {
-            name: standing.revocation_name.unwrap_or_default(),
-            cause: standing.cause,
-        });
-    }
-    reinstate(status);
-    Ok(true)
-}
-
 /// Clears a revocation: the session returns to the phase it had (pending while its
 /// enrollment is). Callers have decided that nothing covers it any more.
 pub(crate) fn reinstate(status: &mut AccessSessionStatus) {
@@ -873,21 +843,13 @@ mod tests {
         );
         assert_eq!(s.phase(), SessionPhase::Revoked);
         assert!(!counts_as_active(&s, now()));
-        assert!(matches!(
-            unrevoke_session(&mut s, true),
-            Err(SessionRuleError::ServerFenced(_))
-        ));
-        // Covered by Revocation r1: an administrative restore must wait for its withdrawal.
-        assert!(matches!(
-            unrevoke_session(&mut s, false),
-            Err(SessionRuleError::RevocationStands { .. })
-        ));
+        // Withdrawing r1 leaves the deactivation's cover: restoring changes nothing.
         assert_eq!(
             crate::locks::uncover(&mut s, "r1"),
             crate::locks::Uncovered::StillRevoked
         );
-        assert!(unrevoke_session(&mut s, false).unwrap());
-        assert_eq!(s.phase(), SessionPhase::Active);
-        assert!(counts_as_active(&s, now()));
+        crate::locks::restore(&mut s);
+        assert_eq!(s.phase(), SessionPhase::Revoked);
+        assert!(!counts_as_active(&s, now()));
     }
 }
