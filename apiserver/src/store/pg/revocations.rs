@@ -41,17 +41,14 @@ pub(super) fn candidates(
     )
 }
 
-/// Decodes the rows [`candidates`] returns, by name.
-pub(super) fn decode(rows: Vec<serde_json::Value>) -> Result<Vec<Revocation>> {
-    let mut revocations = rows
-        .into_iter()
-        .map(|mut row| {
-            serde_json::from_value::<Revocation>(row["body"].take())
+/// Decodes the rows [`candidates`] returns.
+pub(super) fn decode(rows: &[tokio_postgres::Row]) -> Result<Vec<Revocation>> {
+    rows.iter()
+        .map(|row| {
+            serde_json::from_value(row.get(0))
                 .map_err(|e| StoreError::Internal(format!("stored Revocation is unreadable: {e}")))
         })
-        .collect::<Result<Vec<_>>>()?;
-    revocations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    Ok(revocations)
+        .collect()
 }
 
 /// Installs a fence; a cluster-wide one widens an existing namespace fence, never narrows.

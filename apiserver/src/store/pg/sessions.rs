@@ -64,7 +64,7 @@ pub(super) fn active_counts(agent_uids: &[String], at: Timestamp) -> (String, Pa
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     (
-        "SELECT body #>> '{spec,agent,uid}' AS uid, count(*) AS count FROM objects
+        "SELECT body #>> '{spec,agent,uid}', count(*) FROM objects
           WHERE resource = 'accesssessions' AND body #>> '{spec,agent,uid}' = ANY($1)
             AND body #>> '{status,phase}' IN ('Active', 'PendingEnrollment')
             AND body #>> '{spec,expiresAt}' > $2

@@ -78,25 +78,21 @@ pub(super) fn query_for(read: Read) -> ReadQuery {
     ReadQuery { read, sql, params }
 }
 
-/// Turns the rows of a read (as JSON objects, one per row) into its fact, decoding objects at
-/// `epoch`; object rows read are added to `rows` (the before-images of later writes).
+/// Turns the rows of a read into its fact, decoding objects at `epoch`; object rows read
+/// are added to `rows` (the before-images of later writes).
 pub(super) fn fact_of(
     read: &Read,
-    result: Vec<Value>,
+    result: Vec<tokio_postgres::Row>,
     epoch: u32,
     rows: &mut HashMap<ObjectKey, StoredRow>,
 ) -> Result<Fact> {
-    let unreadable = |what: &str| StoreError::Internal(format!("unreadable {what} row"));
-    let stored = |row: &mut Value| -> Result<StoredRow> {
-        Ok(StoredRow {
-            seq: row["seq"].as_u64().ok_or_else(|| unreadable("object"))?,
-            body: row["body"].take(),
-        })
-    };
     Ok(match read {
-        Read::Object(key) => match result.into_iter().next() {
-            Some(mut row) => {
-                let stored = stored(&mut row)?;
+        Read::Object(key) => match result.first() {
+            Some(row) => {
+                let stored = StoredRow {
+                    seq: row.get::<_, i64>(0) as u64,
+                    body: row.get(2),
+                };
                 let mut body = stored.body.clone();
                 set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
                 rows.insert(key.clone(), stored);
@@ -104,19 +100,18 @@ pub(super) fn fact_of(
             }
             None => Fact::Object(None),
         },
-        Read::NameReserved(_) | Read::Fenced { .. } => Fact::Flag(
-            result
-                .first()
-                .and_then(|r| r["exists"].as_bool())
-                .unwrap_or(false),
-        ),
-        Read::Revocations { .. } => Fact::Revocations(revocations::decode(result)?),
+        Read::NameReserved(_) | Read::Fenced { .. } => {
+            Fact::Flag(result.first().is_some_and(|r| r.get::<_, bool>(0)))
+        }
+        Read::Revocations { .. } => Fact::Revocations(revocations::decode(&result)?),
         Read::Sessions(selector) => {
             let mut selected = Vec::with_capacity(result.len());
-            for mut row in result {
-                let ns = row["namespace"].as_str().unwrap_or_default().to_string();
-                let name = row["name"].as_str().unwrap_or_default().to_string();
-                let stored = stored(&mut row)?;
+            for row in result {
+                let (ns, name): (String, String) = (row.get(0), row.get(1));
+                let stored = StoredRow {
+                    seq: row.get::<_, i64>(2) as u64,
+                    body: row.get(3),
+                };
                 let mut body = stored.body.clone();
                 set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
                 let session: AccessSession = serde_json::from_value(body).map_err(|e| {
@@ -128,105 +123,59 @@ pub(super) fn fact_of(
                     selected.push(session);
                 }
             }
-            // In key order, whatever order the aggregate kept.
-            selected.sort_by(|a, b| {
-                (&a.metadata.namespace, &a.metadata.name)
-                    .cmp(&(&b.metadata.namespace, &b.metadata.name))
-            });
             Fact::Sessions(selected)
         }
         Read::ActiveSessions { .. } => Fact::Counts(
             result
                 .iter()
-                .filter_map(|r| Some((r["uid"].as_str()?.to_string(), r["count"].as_u64()? as u32)))
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
                 .collect(),
         ),
     })
 }
 
-/// Renumbers the placeholders of one read's SQL to start after `offset`.
-fn shift_placeholders(sql: &str, offset: usize) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            let mut n = 0usize;
-            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
-                n = n * 10 + d as usize;
-                chars.next();
-            }
-            out.push('$');
-            out.push_str(&(n + offset).to_string());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Runs reads on `client` as one statement (one execution however many facts a round asks
-/// for: each read is a subquery aggregated to a JSON array of its rows), after `lock` when
-/// given, pipelined with it.
+/// Runs reads on `client` (pipelined: every statement is sent before the first answer is
+/// awaited), after `lock` when given.
 pub(super) async fn run_reads(
     client: &impl GenericClient,
     lock: Option<&str>,
     reads: Vec<Read>,
-) -> Result<(Option<tokio_postgres::Row>, Vec<(Read, Vec<Value>)>)> {
-    let mut columns = Vec::with_capacity(reads.len());
-    let mut params: Params = Vec::new();
-    let mut order = Vec::with_capacity(reads.len());
-    for read in reads {
-        let q = query_for(read);
-        columns.push(format!(
-            "(SELECT coalesce(jsonb_agg(to_jsonb(q)), '[]'::jsonb) FROM ({}) q)",
-            shift_placeholders(&q.sql, params.len())
-        ));
-        params.extend(q.params);
-        order.push(q.read);
-    }
+) -> Result<(
+    Option<tokio_postgres::Row>,
+    Vec<(Read, Vec<tokio_postgres::Row>)>,
+)> {
     // Prepare first: the executions below must leave in order, the lock first.
     let lock = match lock {
         Some(sql) => Some(client.prepare_cached(sql).await.map_err(pg_err)?),
         None => None,
     };
-    let stmt = if columns.is_empty() {
-        None
-    } else {
-        let sql = format!("SELECT {}", columns.join(", "));
-        Some(client.prepare_cached(&sql).await.map_err(pg_err)?)
-    };
+    let mut queries = Vec::with_capacity(reads.len());
+    for read in reads {
+        let q = query_for(read);
+        let stmt = client.prepare_cached(&q.sql).await.map_err(pg_err)?;
+        queries.push((q, stmt));
+    }
     let lock_fut = async {
         match &lock {
             Some(stmt) => client.query_one(stmt, &[]).await.map(Some),
             None => Ok(None),
         }
     };
-    let refs: Vec<&(dyn ToSql + Sync)> = params
-        .iter()
-        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-        .collect();
-    let reads_fut = async {
-        match &stmt {
-            Some(stmt) => client.query_one(stmt, &refs).await.map(Some),
-            None => Ok(None),
-        }
-    };
+    let reads_fut = futures::future::join_all(queries.iter().map(|(q, stmt)| {
+        let params: Vec<&(dyn ToSql + Sync)> = q
+            .params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        async move { client.query(stmt, &params).await }
+    }));
     // Both run to completion and the lock's own error wins: after a lock timeout the
-    // pipelined statement only reports the aborted transaction (25P02).
-    let (lock_row, row) = tokio::join!(lock_fut, reads_fut);
+    // pipelined statements only report the aborted transaction (25P02).
+    let (lock_row, results) = tokio::join!(lock_fut, reads_fut);
     let lock_row = lock_row.map_err(pg_err)?;
-    let row = row.map_err(pg_err)?;
-    let mut answers = Vec::with_capacity(order.len());
-    for (i, read) in order.into_iter().enumerate() {
-        let rows: Value = match &row {
-            Some(row) => row.get(i),
-            None => Value::Array(Vec::new()),
-        };
-        let rows = match rows {
-            Value::Array(rows) => rows,
-            _ => return Err(StoreError::Internal("a read answered no array".into())),
-        };
-        answers.push((read, rows));
+    let mut answers = Vec::with_capacity(queries.len());
+    for ((q, _), result) in queries.into_iter().zip(results) {
+        answers.push((q.read, result.map_err(pg_err)?));
     }
     Ok((lock_row, answers))
 }
