@@ -530,6 +530,20 @@ pub fn merge_metadata(
     }
 }
 
+/// The metadata an update stores: the user-owned fields of `requested` over `stored`,
+/// validated.
+pub fn updated_metadata(
+    stored: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    requested: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, Stop> {
+    let meta = merge_metadata(stored, requested);
+    let errors = rules::validate_metadata(&meta);
+    if !errors.is_empty() {
+        return Err(Rejection::Invalid(errors).into());
+    }
+    Ok(meta)
+}
+
 /// An update of a kind whose spec is fixed at creation: metadata only; a changed spec is
 /// refused, status is kept.
 pub fn update_metadata_only<K: Kind>(current: K, requested: K) -> Result<Plan<K>, Stop> {
@@ -541,11 +555,7 @@ pub fn update_metadata_only<K: Kind>(current: K, requested: K) -> Result<Plan<K>
         );
     }
     let mut updated = current.clone();
-    *updated.meta_mut() = merge_metadata(current.meta(), requested.meta());
-    let errors = rules::validate_metadata(updated.meta());
-    if !errors.is_empty() {
-        return Err(Rejection::Invalid(errors).into());
-    }
+    *updated.meta_mut() = updated_metadata(current.meta(), requested.meta())?;
     if encode(&updated)? == current_body {
         return Ok(Plan::unchanged(current));
     }

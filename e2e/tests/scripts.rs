@@ -188,37 +188,21 @@ impl Drop for DevScript {
     }
 }
 
-#[test]
-fn dev_sh_fails_loudly_when_the_metrics_port_is_taken() {
-    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let metrics_port = taken.local_addr().expect("addr").port();
-    impostor(taken);
-    let mut dev = DevScript::start(free_port(), metrics_port, &need("MCP_ACCESS_APISERVER_BIN"));
-    assert!(
-        dev.exit_or_ready(Duration::from_secs(60)),
-        "hack/dev.sh reported ready while another server held its metrics port: {}",
-        dev.output()
-    );
-    let status = dev.child.wait().expect("exit status");
-    assert!(!status.success(), "{status}: {}", dev.output());
-    assert!(
-        dev.seen_stderr
-            .iter()
-            .any(|l| l.contains(&format!("port {metrics_port} is already in use"))),
-        "{}",
-        dev.output()
-    );
-}
-
-#[test]
-fn dev_sh_fails_loudly_when_the_api_port_is_taken() {
+/// dev.sh started while another server holds its API port (`api`) or its metrics port:
+/// it must exit non-zero naming the port, never report ready.
+fn dev_sh_refuses_a_taken_port(api: bool, what: &str) {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     impostor(taken);
-    let mut dev = DevScript::start(port, free_port(), &need("MCP_ACCESS_APISERVER_BIN"));
+    let (api_port, metrics_port) = if api {
+        (port, free_port())
+    } else {
+        (free_port(), port)
+    };
+    let mut dev = DevScript::start(api_port, metrics_port, &need("MCP_ACCESS_APISERVER_BIN"));
     assert!(
         dev.exit_or_ready(Duration::from_secs(60)),
-        "hack/dev.sh reported ready while another server held its port: {}",
+        "hack/dev.sh reported ready while another server held its {what}: {}",
         dev.output()
     );
     let status = dev.child.wait().expect("exit status");
@@ -230,6 +214,16 @@ fn dev_sh_fails_loudly_when_the_api_port_is_taken() {
         "{}",
         dev.output()
     );
+}
+
+#[test]
+fn dev_sh_fails_loudly_when_the_metrics_port_is_taken() {
+    dev_sh_refuses_a_taken_port(false, "metrics port");
+}
+
+#[test]
+fn dev_sh_fails_loudly_when_the_api_port_is_taken() {
+    dev_sh_refuses_a_taken_port(true, "port");
 }
 
 /// The port is free when dev.sh checks it and taken by someone else before its apiserver

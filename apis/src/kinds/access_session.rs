@@ -2,10 +2,9 @@
 //! a deleted session's name is reserved forever.
 
 use crate::resources::{ResourceInfo, ACCESS_SESSIONS};
-use crate::rules::{self, admit_session_update, validate_metadata};
+use crate::rules::{self, admit_session_update};
 use crate::strategy::{
-    merge_metadata, Context, Facts, ObjectKey, Plan, Read, Rejection, Stop, Strategy, Withdrawal,
-    Write,
+    updated_metadata, Context, Facts, ObjectKey, Plan, Read, Stop, Strategy, Withdrawal, Write,
 };
 use crate::table::{age, human_duration, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{AccessSession, AccessSessionStatus, Kind, SessionPhase};
@@ -153,11 +152,7 @@ impl Strategy for AccessSession {
     ) -> Result<Plan<Self>, Stop> {
         let admission = admit_session_update(&current.spec, &requested.spec)?;
         let mut updated = current.clone();
-        updated.metadata = merge_metadata(&current.metadata, &requested.metadata);
-        let errors = validate_metadata(&updated.metadata);
-        if !errors.is_empty() {
-            return Err(Rejection::Invalid(errors).into());
-        }
+        updated.metadata = updated_metadata(&current.metadata, &requested.metadata)?;
         if admission.spec != current.spec {
             updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
         }

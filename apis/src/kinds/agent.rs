@@ -8,9 +8,10 @@ use serde_json::{json, Value};
 
 use crate::locks::SessionSelector;
 use crate::resources::{ResourceInfo, AGENTS};
-use crate::rules::{validate_agent_spec, validate_metadata, CAUSE_AGENT_DEACTIVATED};
+use crate::rules::{validate_agent_spec, CAUSE_AGENT_DEACTIVATED};
 use crate::strategy::{
-    merge_metadata, Context, Fact, Facts, Plan, Read, Rejection, Stop, Strategy, Withdrawal, Write,
+    updated_metadata, Context, Fact, Facts, Plan, Read, Rejection, Stop, Strategy, Withdrawal,
+    Write,
 };
 use crate::table::{age, or_none, Column, TableRow, AGE, NAME};
 use crate::types::{Agent, AgentStatus, Kind};
@@ -123,11 +124,7 @@ impl Strategy for Agent {
         facts: &Facts,
     ) -> Result<Plan<Self>, Stop> {
         let mut updated = current.clone();
-        updated.metadata = merge_metadata(&current.metadata, &requested.metadata);
-        let errors = validate_metadata(&updated.metadata);
-        if !errors.is_empty() {
-            return Err(Rejection::Invalid(errors).into());
-        }
+        updated.metadata = updated_metadata(&current.metadata, &requested.metadata)?;
         updated.spec = requested.spec;
         if updated.spec != current.spec {
             updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);

@@ -475,12 +475,13 @@ pub async fn delete<K: Strategy, S: Store>(
     let rendering = req.rendering()?;
     let (preconditions, dry_run) = delete_options(&req)?;
     let name = req.name.unwrap_or_default();
+    let ctx = context(&req);
     let last: K = store
         .delete(
             req.namespace.unwrap_or_default(),
             name,
-            &Withdrawal::ByCaller(context(&req).requester),
-            &context(&req),
+            &Withdrawal::ByCaller(ctx.requester.clone()),
+            &ctx,
             &preconditions,
             dry_run,
         )
