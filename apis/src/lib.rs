@@ -9,6 +9,7 @@ pub mod locks;
 pub mod openapi;
 pub mod resources;
 pub mod rules;
+pub mod runtime;
 pub mod selector;
 pub mod strategy;
 pub mod table;
