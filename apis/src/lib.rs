@@ -5,6 +5,7 @@
 pub mod discovery;
 pub mod duration;
 pub mod kinds;
+pub mod kube_resource;
 pub mod locks;
 pub mod openapi;
 pub mod resources;

@@ -1,0 +1,8 @@
+//! `mcp-access-authz`: a forward-auth sidecar on [`crate::SessionCache`], so a proxy that can
+//! call out (Envoy `ext_authz` HTTP, Traefik `ForwardAuth`, nginx `auth_request`) enforces
+//! MCP Access without linking the library.
+
+pub mod cli;
+pub mod http;
+
+pub use cli::{main, run, Cli};

@@ -1,0 +1,507 @@
+//! [`SessionCache`]: a live, server-scoped snapshot of AccessSessions kept by list+watch, and
+//! the decisions and subscriptions a gateway takes from it.
+//!
+//! The sync loop owns every write to the state. Its contract:
+//! - a complete list replaces the snapshot and grants authority; the watch then resumes from
+//!   the list's resourceVersion, asking for bookmarks, and each event or bookmark renews
+//!   freshness;
+//! - a 401 or 403 on any request (list, watch, get-on-miss) or a 410 Expired (an apiserver
+//!   restart rotates the epoch, so an old resourceVersion is refused; a log trimmed past the
+//!   watch looks the same and is treated the same) drops the snapshot at once, then relists,
+//!   the first retry after an auth failure without delay (the token file is read again);
+//! - any other failure keeps the snapshot, which then ages out through the stale window.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use apis::validation::{is_dns1123_label, is_dns1123_subdomain};
+use apis::AccessSession;
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
+
+use crate::client;
+use crate::config::{CacheConfig, Clock};
+use crate::decision::{evaluate, expires_at, Decision, DenyReason};
+use crate::metrics::CacheMetrics;
+use crate::state::{Lookup, State};
+
+/// A session cache. Cheap to clone; every clone shares one snapshot.
+#[derive(Clone)]
+pub struct SessionCache {
+    shared: Arc<Shared>,
+}
+
+/// The sync loop of a [`SessionCache`]. Its owner watches it (it only ends by panicking) and
+/// dropping it stops syncing, after which the cache goes stale and denies: fail closed.
+#[must_use = "dropping the sync task stops the cache from syncing"]
+pub struct SyncTask(JoinHandle<()>);
+
+impl Future for SyncTask {
+    type Output = Result<(), JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl Drop for SyncTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A snapshot of the cache's sync state, for readiness checks, logs and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncStatus {
+    /// A complete list is held and fresh: decisions are taken from the snapshot.
+    pub ready: bool,
+    pub sessions: usize,
+    /// Where the watch resumes; its epoch changes when the apiserver restarts.
+    pub resource_version: Option<String>,
+    /// Seconds since the last proof of being caught up; -1 without authority.
+    pub sync_age_seconds: f64,
+}
+
+pub(crate) struct Shared {
+    state: RwLock<State>,
+    /// The state's generation after each change subscribers must see.
+    changes: watch::Sender<u64>,
+    /// Bumped when a request outside the sync loop (get-on-miss) dropped authority, so the
+    /// loop abandons its watch and relists.
+    invalidated: watch::Sender<u64>,
+    client: kube::Client,
+    window: Duration,
+    watch_timeout: Duration,
+    retry_max: Duration,
+    misses: Semaphore,
+    clock: Clock,
+    metrics: CacheMetrics,
+}
+
+/// What the sync loop does after a failed request.
+#[derive(Debug, PartialEq, Eq)]
+enum After {
+    /// Authority was dropped: relist (the first time without waiting).
+    Relist,
+    /// Transient: keep the snapshot, wait, try again.
+    Retry,
+}
+
+impl Shared {
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-written in a way that
+        // grants more than before (every method finishes its writes before returning), so a
+        // poisoned lock is still read.
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `f` to the state and wakes subscribers when it changed something they see.
+    fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut st = self.write();
+        let before = st.generation();
+        let result = f(&mut st);
+        let after = st.generation();
+        drop(st);
+        if after != before {
+            self.changes.send_replace(after);
+        }
+        result
+    }
+
+    pub(crate) fn sync_age_seconds(&self) -> f64 {
+        self.read().sync_age_seconds(Instant::now())
+    }
+
+    fn invalidate(&self, why: &str) {
+        tracing::warn!(reason = why, "session authority dropped; relisting");
+        self.metrics.invalidations.inc();
+        self.update(State::invalidate);
+    }
+
+    /// Classifies a failed request, dropping authority on 401/403/410.
+    fn on_error(&self, what: &str, err: &kube::Error) -> After {
+        match err {
+            kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+                self.invalidate(if status.code == 401 {
+                    "401 Unauthorized"
+                } else {
+                    "403 Forbidden"
+                });
+                After::Relist
+            }
+            kube::Error::Api(status) if status.code == 410 => {
+                self.invalidate("410 Expired (epoch reset or log trimmed)");
+                After::Relist
+            }
+            other => {
+                tracing::warn!(request = what, error = %other, "session feed request failed");
+                After::Retry
+            }
+        }
+    }
+
+    fn api(&self) -> Api<AccessSession> {
+        Api::all(self.client.clone())
+    }
+}
+
+impl SessionCache {
+    /// Validates the configuration (fail closed) and starts syncing. Decisions are
+    /// `sync_not_ready` until the first complete list.
+    pub fn start(config: CacheConfig) -> Result<(Self, SyncTask), crate::CacheError> {
+        Self::start_with_metrics(config, CacheMetrics::default())
+    }
+
+    /// [`SessionCache::start`], recording into `metrics`.
+    pub fn start_with_metrics(
+        config: CacheConfig,
+        metrics: CacheMetrics,
+    ) -> Result<(Self, SyncTask), crate::CacheError> {
+        if config.stale_window.is_zero() || config.stale_window > crate::config::MAX_STALE_WINDOW {
+            return Err(crate::CacheError::StaleWindow(format!(
+                "{:?} is outside (0, 10m]",
+                config.stale_window
+            )));
+        }
+        let client = client::build(&config)?;
+        let shared = Arc::new(Shared {
+            state: RwLock::new(State::new()),
+            changes: watch::channel(0).0,
+            invalidated: watch::channel(0).0,
+            client,
+            window: config.stale_window,
+            watch_timeout: config.watch_timeout.max(Duration::from_secs(1)),
+            retry_max: config.retry_max.max(Duration::from_millis(100)),
+            misses: Semaphore::new(config.miss_concurrency),
+            clock: config.clock,
+            metrics,
+        });
+        shared.metrics.sync_age.attach(&shared);
+        let task = tokio::spawn(sync_loop(shared.clone()));
+        Ok((Self { shared }, SyncTask(task)))
+    }
+
+    /// The decision for `ns/name` at `now`, taken from the snapshot on every call.
+    pub async fn authorize(&self, ns: &str, name: &str, now: Timestamp) -> Decision {
+        self.decide(ns, name, now).await.0
+    }
+
+    /// The decision and the session object it was taken from.
+    async fn decide(
+        &self,
+        ns: &str,
+        name: &str,
+        now: Timestamp,
+    ) -> (Decision, Option<Arc<AccessSession>>) {
+        let lookup = self
+            .shared
+            .read()
+            .lookup(ns, name, Instant::now(), self.shared.window);
+        match lookup {
+            Lookup::Denied(reason) => (Decision::Deny(reason), None),
+            Lookup::Found(s) => (evaluate(&s, now), Some(s)),
+            // Without a known server UID a fetched object could not be checked: not trusted.
+            Lookup::Missing { server_uid: None } => {
+                (Decision::Deny(DenyReason::SessionNotFound), None)
+            }
+            Lookup::Missing {
+                server_uid: Some(uid),
+            } => self.get_on_miss(ns, name, &uid, now).await,
+        }
+    }
+
+    /// A session created after the last event may not have reached the watch yet: fetch it by
+    /// name. The answer is used for this decision only; it neither enters the snapshot nor
+    /// renews freshness (a get says nothing about the other sessions).
+    async fn get_on_miss(
+        &self,
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+        now: Timestamp,
+    ) -> (Decision, Option<Arc<AccessSession>>) {
+        let not_found = (Decision::Deny(DenyReason::SessionNotFound), None);
+        // Names go into the URL path: only what Kubernetes accepts as names is sent.
+        if !is_dns1123_label(ns) || !is_dns1123_subdomain(name) {
+            return not_found;
+        }
+        let Ok(_permit) = self.shared.misses.try_acquire() else {
+            return not_found;
+        };
+        let api: Api<AccessSession> = Api::namespaced(self.shared.client.clone(), ns);
+        let fetched = match api.get_opt(name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return not_found,
+            Err(e) => {
+                if self.shared.on_error("get", &e) == After::Relist {
+                    self.shared.invalidated.send_modify(|n| *n += 1);
+                    return (Decision::Deny(DenyReason::SyncNotReady), None);
+                }
+                return not_found;
+            }
+        };
+        // The snapshot may have moved while the request was out: it wins if it can answer.
+        match self
+            .shared
+            .read()
+            .lookup(ns, name, Instant::now(), self.shared.window)
+        {
+            Lookup::Denied(reason) => return (Decision::Deny(reason), None),
+            Lookup::Found(s) => return (evaluate(&s, now), Some(s)),
+            Lookup::Missing { .. } => {}
+        }
+        let same_object = fetched.metadata.namespace.as_deref() == Some(ns)
+            && fetched.metadata.name.as_deref() == Some(name)
+            && fetched.spec.server.uid == server_uid;
+        if !same_object {
+            return not_found;
+        }
+        let fetched = Arc::new(fetched);
+        (evaluate(&fetched, now), Some(fetched))
+    }
+
+    /// Resolves with the reason the moment `ns/name` stops being usable: revoked, deleted,
+    /// expired, or the cache lost authority (invalidated or stale). Resolves at once if it is
+    /// not usable now. Cancel-safe: drop it to stop watching.
+    pub fn subscribe(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = DenyReason> + Send + 'static {
+        let cache = self.clone();
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let mut changes = self.shared.changes.subscribe();
+        async move {
+            loop {
+                changes.borrow_and_update();
+                let now = (cache.shared.clock)();
+                let (decision, session) = cache.decide(&ns, &name, now).await;
+                if let Decision::Deny(reason) = decision {
+                    return reason;
+                }
+                let stale_at = cache.shared.read().stale_at(cache.shared.window);
+                // Wake at expiry by the wall clock (re-checked on waking: the clock rules).
+                let until_expiry = session
+                    .as_deref()
+                    .and_then(expires_at)
+                    .map(|at| {
+                        let left = at.duration_since(now);
+                        Duration::try_from(left).unwrap_or(Duration::ZERO)
+                    })
+                    .unwrap_or(Duration::ZERO)
+                    .min(Duration::from_secs(3600));
+                let stale = async {
+                    match stale_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            return DenyReason::SyncNotReady;
+                        }
+                    }
+                    _ = stale => {}
+                    _ = tokio::time::sleep(until_expiry + Duration::from_millis(1)) => {}
+                }
+            }
+        }
+    }
+
+    /// Whether decisions are being taken from a fresh snapshot.
+    pub fn is_ready(&self) -> bool {
+        self.shared
+            .read()
+            .authority(Instant::now(), self.shared.window)
+            .is_ok()
+    }
+
+    /// Waits until the cache holds a complete, fresh list.
+    pub async fn ready(&self) {
+        let mut changes = self.shared.changes.subscribe();
+        while !self.is_ready() {
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    pub fn status(&self) -> SyncStatus {
+        let st = self.shared.read();
+        let now = Instant::now();
+        SyncStatus {
+            ready: st.authority(now, self.shared.window).is_ok(),
+            sessions: st.len(),
+            resource_version: st.resource_version().map(str::to_string),
+            sync_age_seconds: st.sync_age_seconds(now),
+        }
+    }
+
+    /// The stale window in force.
+    pub fn stale_window(&self) -> Duration {
+        self.shared.window
+    }
+}
+
+/// Exponential backoff between reconnections, with jitter so that many gateways cut off by one
+/// apiserver restart do not come back in lockstep.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+    /// The next wait is skipped (after authority was dropped: the token may have rotated).
+    immediate: bool,
+    /// The skip was used since the last success: a persistent failure backs off.
+    skipped: bool,
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(100);
+
+    fn new(max: Duration) -> Self {
+        Self {
+            next: Self::MIN,
+            max,
+            immediate: false,
+            skipped: false,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+        self.immediate = false;
+        self.skipped = false;
+    }
+
+    /// The next attempt goes out at once, unless that was already tried since the last success.
+    fn retry_now(&mut self) {
+        if !self.skipped {
+            self.immediate = true;
+            self.skipped = true;
+        }
+    }
+
+    async fn wait(&mut self) {
+        if std::mem::take(&mut self.immediate) {
+            return;
+        }
+        let jitter = rand::random_range(0.5..1.0);
+        tokio::time::sleep(self.next.mul_f64(jitter)).await;
+        self.next = (self.next * 2).min(self.max);
+    }
+}
+
+/// Lists, then watches from the list's resourceVersion, forever.
+async fn sync_loop(shared: Arc<Shared>) {
+    let mut backoff = Backoff::new(shared.retry_max);
+    let mut invalidated = shared.invalidated.subscribe();
+    let api = shared.api();
+    loop {
+        invalidated.borrow_and_update();
+        let list = match api.list(&ListParams::default()).await {
+            Ok(list) => list,
+            Err(e) => {
+                if shared.on_error("list", &e) == After::Relist {
+                    backoff.retry_now();
+                }
+                backoff.wait().await;
+                continue;
+            }
+        };
+        shared.metrics.relists.inc();
+        let rv = list.metadata.resource_version.clone();
+        let count = list.items.len();
+        shared.update(|st| st.replace(list.items, rv, Instant::now()));
+        tracing::info!(sessions = count, "session snapshot listed");
+        backoff.reset();
+
+        // Watch until authority is dropped (then relist).
+        'watch: loop {
+            let Some(rv) = shared.read().resource_version().map(str::to_string) else {
+                break 'watch;
+            };
+            let timeout = u32::try_from(shared.watch_timeout.as_secs()).unwrap_or(290);
+            let mut params = WatchParams::default().timeout(timeout);
+            params.bookmarks = true;
+            let stream = tokio::select! {
+                stream = api.watch(&params, &rv) => stream,
+                _ = invalidated.changed() => {
+                    backoff.retry_now();
+                    break 'watch;
+                }
+            };
+            let stream = match stream {
+                Ok(stream) => stream,
+                Err(e) => match shared.on_error("watch", &e) {
+                    After::Relist => {
+                        backoff.retry_now();
+                        break 'watch;
+                    }
+                    After::Retry => {
+                        backoff.wait().await;
+                        continue 'watch;
+                    }
+                },
+            };
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                let item = tokio::select! {
+                    item = stream.next() => item,
+                    _ = invalidated.changed() => {
+                        backoff.retry_now();
+                        break 'watch;
+                    }
+                };
+                match item {
+                    // The server ended the watch (timeoutSeconds): resume where it stopped.
+                    None => continue 'watch,
+                    Some(Ok(event)) => {
+                        if apply(&shared, event) == After::Relist {
+                            backoff.retry_now();
+                            break 'watch;
+                        }
+                        backoff.reset();
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "session watch broke; resuming");
+                        backoff.wait().await;
+                        continue 'watch;
+                    }
+                }
+            }
+        }
+        backoff.wait().await;
+    }
+}
+
+/// Applies one watch event; `Relist` when it dropped authority.
+fn apply(shared: &Shared, event: WatchEvent<AccessSession>) -> After {
+    let now = Instant::now();
+    match event {
+        WatchEvent::Added(s) | WatchEvent::Modified(s) => shared.update(|st| st.upsert(s, now)),
+        WatchEvent::Deleted(s) => shared.update(|st| st.remove(&s, now)),
+        WatchEvent::Bookmark(b) => {
+            shared.update(|st| st.bookmark(Some(b.metadata.resource_version), now));
+        }
+        WatchEvent::Error(status) => {
+            let err = kube::Error::Api(status);
+            return match shared.on_error("watch event", &err) {
+                After::Relist => After::Relist,
+                // Any other ERROR ends this watch; resuming from the last position is safe.
+                After::Retry => After::Retry,
+            };
+        }
+    }
+    After::Retry
+}
