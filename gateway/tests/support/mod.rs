@@ -1,0 +1,365 @@
+//! The real `mcp-access-apiserver` binary (standalone mode, static token file) over a database
+//! of its own, started, stopped and restarted on one port with one certificate, so a cache sees
+//! exactly what it would see across an outage or a restart (a new epoch). Its main API has the
+//! same paths and wire format as the gateway sync listener.
+//!
+//! Needs (set by `hack/test.sh`): `MCP_TEST_DATABASE_URL`, `MCP_ACCESS_APISERVER_BIN`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use gateway::{CacheConfig, CacheMetrics, SessionCache, SyncTask};
+use serde_json::{json, Value};
+
+/// The gateway's tokens (user `gateway`); both valid.
+pub const GATEWAY_TOKEN: &str = "gateway-token-0123456789abcdef";
+pub const GATEWAY_TOKEN_ROTATED: &str = "gateway-token-rotated-0123456789";
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+const API_VERSION: &str = "access.mcp-runtime.dev/v1alpha1";
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn private_file(path: &Path, contents: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, contents).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+pub fn scratch_dir() -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("mcp-gateway-test-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A standalone apiserver process. Dropping it kills the process(es) and removes its files.
+pub struct Apiserver {
+    child: Option<Child>,
+    peer: Option<Child>,
+    pub port: u16,
+    metrics_port: u16,
+    pub dir: PathBuf,
+    pub url: String,
+    pub ca_file: PathBuf,
+    ca_pem: String,
+    dsn: String,
+    extra: Vec<String>,
+    /// The writer: this process's URL, or a peer's while this one is stopped.
+    write_url: String,
+}
+
+impl Drop for Apiserver {
+    fn drop(&mut self) {
+        for child in [self.child.take(), self.peer.take()].into_iter().flatten() {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn create_database() -> String {
+    let base = std::env::var("MCP_TEST_DATABASE_URL").expect(
+        "MCP_TEST_DATABASE_URL is not set: run the tests through hack/test.sh, which starts PostgreSQL",
+    );
+    let admin = tokio_postgres::Config::from_str(&base).expect("MCP_TEST_DATABASE_URL parses");
+    let (client, conn) = admin
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to test PostgreSQL");
+    tokio::spawn(conn);
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create test database");
+    format!("{base} dbname={name}")
+}
+
+fn apiserver_bin() -> String {
+    std::env::var("MCP_ACCESS_APISERVER_BIN").expect(
+        "MCP_ACCESS_APISERVER_BIN is not set: run through hack/test.sh, which builds the binary",
+    )
+}
+
+impl Apiserver {
+    /// Files, database and port, without starting the process (see [`Apiserver::launch`]).
+    /// `extra` flags are passed on every start.
+    pub async fn prepare(extra: &[&str]) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dsn = create_database().await;
+        let dir = scratch_dir();
+        private_file(
+            &dir.join("tokens.csv"),
+            &format!(
+                "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
+                 {GATEWAY_TOKEN},gateway,gateway-uid\n\
+                 {GATEWAY_TOKEN_ROTATED},gateway,gateway-uid\n"
+            ),
+        );
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+            .unwrap();
+        let ca_pem = cert.cert.pem();
+        std::fs::write(dir.join("apiserver.crt"), &ca_pem).unwrap();
+        private_file(&dir.join("apiserver.key"), &cert.signing_key.serialize_pem());
+        let port = free_port();
+        let url = format!("https://127.0.0.1:{port}");
+        Self {
+            child: None,
+            peer: None,
+            port,
+            metrics_port: free_port(),
+            ca_file: dir.join("apiserver.crt"),
+            dir,
+            write_url: url.clone(),
+            url,
+            ca_pem,
+            dsn,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// A started apiserver.
+    pub async fn start(extra: &[&str]) -> Self {
+        let mut server = Self::prepare(extra).await;
+        server.launch().await;
+        server
+    }
+
+    fn spawn(&self, port: u16, metrics_port: u16, log: &str) -> Child {
+        let log = std::fs::File::create(self.dir.join(log)).unwrap();
+        let mut args: Vec<String> = [
+            "--standalone",
+            "--token-auth-file",
+            &self.dir.join("tokens.csv").display().to_string(),
+            "--tls-cert-file",
+            &self.dir.join("apiserver.crt").display().to_string(),
+            "--tls-private-key-file",
+            &self.dir.join("apiserver.key").display().to_string(),
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            &port.to_string(),
+            "--metrics-port",
+            &metrics_port.to_string(),
+            "--database-pool-size",
+            "4",
+            "--watch-bookmark-interval",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        Command::new(apiserver_bin())
+            .args(&args)
+            .env("MCP_ACCESS_DATABASE_URL", &self.dsn)
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start mcp-access-apiserver")
+    }
+
+    async fn wait_ready(child: &mut Child, metrics_port: u16, dir: &Path, log: &str) {
+        let ready = format!("http://127.0.0.1:{metrics_port}/readyz");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the apiserver exited ({status}): {}",
+                    std::fs::read_to_string(dir.join(log)).unwrap_or_default()
+                );
+            }
+            if let Ok(resp) = reqwest::get(&ready).await {
+                if resp.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the apiserver is not ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts (or restarts) the process on its port; returns when it is ready.
+    pub async fn launch(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let mut child = self.spawn(self.port, self.metrics_port, "apiserver.log");
+        Self::wait_ready(&mut child, self.metrics_port, &self.dir, "apiserver.log").await;
+        self.child = Some(child);
+        self.write_url = self.url.clone();
+    }
+
+    /// Kills the process (as a crash or a node loss would); open watches break.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A second apiserver over the same database, which takes the writes from now on (so
+    /// sessions can change while this one is stopped).
+    pub async fn start_peer(&mut self) {
+        let (port, metrics_port) = (free_port(), free_port());
+        let mut peer = self.spawn(port, metrics_port, "peer.log");
+        Self::wait_ready(&mut peer, metrics_port, &self.dir, "peer.log").await;
+        self.peer = Some(peer);
+        self.write_url = format!("https://127.0.0.1:{port}");
+    }
+
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
+            .build()
+            .unwrap()
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/apis/{API_VERSION}/{path}", self.write_url);
+        let mut req = self.http().request(method.clone(), &url).bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("request to the apiserver");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "{method} {path}: {status}: {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Issues an Active team session for `server_uid`, expiring in `expires_in`.
+    pub async fn create_session(
+        &self,
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+        expires_in: Duration,
+    ) -> Value {
+        let expires = k8s_openapi::jiff::Timestamp::now()
+            + k8s_openapi::jiff::SignedDuration::try_from(expires_in).unwrap();
+        let body = json!({
+            "apiVersion": API_VERSION,
+            "kind": "AccessSession",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "server": {"name": "github", "uid": server_uid},
+                "teams": ["payments"],
+                "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            }
+        });
+        self.send(
+            reqwest::Method::POST,
+            &format!("namespaces/{ns}/accesssessions"),
+            Some(body),
+        )
+        .await
+    }
+
+    /// Revokes one session with a Revocation (as `kubectl create revocation` does).
+    pub async fn revoke(&self, ns: &str, session: &str) {
+        let body = json!({
+            "apiVersion": API_VERSION,
+            "kind": "Revocation",
+            "metadata": {"name": format!("rvk-{session}"), "namespace": ns},
+            "spec": {"target": {"session": session}, "cause": "compromised"}
+        });
+        self.send(
+            reqwest::Method::POST,
+            &format!("namespaces/{ns}/revocations"),
+            Some(body),
+        )
+        .await;
+    }
+
+    pub async fn delete_session(&self, ns: &str, name: &str) {
+        self.send(
+            reqwest::Method::DELETE,
+            &format!("namespaces/{ns}/accesssessions/{name}"),
+            None,
+        )
+        .await;
+    }
+}
+
+/// A cache under test with its own token file.
+pub struct TestCache {
+    pub cache: SessionCache,
+    pub sync: SyncTask,
+    pub token_file: PathBuf,
+    pub registry: prometheus_client::registry::Registry,
+    _dir: PathBuf,
+}
+
+impl TestCache {
+    /// A cache of `server` presenting `token`, with a short stale window and short watches.
+    pub fn start(server: &Apiserver, token: &str, tweak: impl FnOnce(&mut CacheConfig)) -> Self {
+        let dir = scratch_dir();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, token).unwrap();
+        let mut config = CacheConfig::new(&server.url, &server.ca_file, &token_file);
+        config.retry_max = Duration::from_millis(500);
+        tweak(&mut config);
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = CacheMetrics::register(&mut registry);
+        let (cache, sync) = SessionCache::start_with_metrics(config, metrics).expect("cache starts");
+        Self {
+            cache,
+            sync,
+            token_file,
+            registry,
+            _dir: dir,
+        }
+    }
+
+    pub fn set_token(&self, token: &str) {
+        std::fs::write(&self.token_file, token).unwrap();
+    }
+
+    pub async fn ready(&self) {
+        tokio::time::timeout(Duration::from_secs(10), self.cache.ready())
+            .await
+            .expect("the cache syncs within 10 s");
+    }
+
+    /// The value of a metric line (`name value`) in the registry's text encoding.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// Polls `f` every 20 ms until it returns true, or panics after `limit` with `what`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The epoch of a resourceVersion (`epoch << 40 | seq`).
+pub fn epoch_of(rv: &str) -> u64 {
+    rv.parse::<u64>().expect("numeric resourceVersion") >> 40
+}
