@@ -279,14 +279,15 @@ impl LocalCluster {
     fn install(&self) -> Result<()> {
         let root = repo_root();
         let crds = root.join("deploy/crds").display().to_string();
-        self.kubectl_ok(&["apply", "-f", &crds], None)?;
+        self.kubectl_ok(&["apply", "-k", &crds], None)?;
+        // Every CRD of this cluster is ours.
         self.kubectl_ok(
             &[
                 "wait",
                 "--for=condition=Established",
                 "--timeout=60s",
-                "-f",
-                &crds,
+                "crd",
+                "--all",
             ],
             None,
         )?;
