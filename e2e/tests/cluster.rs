@@ -34,6 +34,8 @@ macro_rules! ensure {
 
 #[path = "cluster/fences.rs"]
 mod fences;
+#[path = "cluster/gateway_sync.rs"]
+mod gateway_sync;
 #[path = "cluster/roles.rs"]
 mod roles;
 
@@ -85,6 +87,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "kube_apiserver_unreachable_answers_503",
         delegated_auth::kube_apiserver_unreachable_answers_503,
     ),
+    (
+        "gateway_sync_serves_its_own_server",
+        gateway_sync::gateway_sync_serves_its_own_server,
+    ),
 ];
 
 fn main() {
@@ -124,6 +130,8 @@ fn main() {
         dir: dir.clone(),
         apiserver_bin: PathBuf::from(need("MCP_ACCESS_APISERVER_BIN")),
         database: Database::CreateIn(need("MCP_TEST_DATABASE_URL")),
+        // Short, so the scenarios see a watch end soon after a gateway chain breaks.
+        apiserver_args: vec!["--gateway-reverify-interval=2s".into()],
     })
     .expect("local cluster starts");
 

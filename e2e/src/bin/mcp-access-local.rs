@@ -26,6 +26,7 @@ fn main() -> anyhow::Result<()> {
         dir,
         apiserver_bin: std::path::absolute(&cli.apiserver_bin)?,
         database: Database::Local,
+        apiserver_args: Vec::new(),
     })?;
     eprintln!(
         "MCP Access is served through kube-apiserver at {}; logs in {}",
