@@ -16,8 +16,9 @@ eval "$kube_env"
 export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
 MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
 export MCP_ACCESS_INFORMER_BIN
-cargo build -p apiserver --bin mcp-access-apiserver
+cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
+export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz
 
 work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
 cleanup() { postgres_stop "$work/pg"; rm -rf "$work"; }

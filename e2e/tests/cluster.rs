@@ -34,6 +34,8 @@ macro_rules! ensure {
 
 #[path = "cluster/fences.rs"]
 mod fences;
+#[path = "cluster/gateway_cache.rs"]
+mod gateway_cache;
 #[path = "cluster/gateway_sync.rs"]
 mod gateway_sync;
 #[path = "cluster/roles.rs"]
@@ -90,6 +92,22 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "gateway_sync_serves_its_own_server",
         gateway_sync::gateway_sync_serves_its_own_server,
+    ),
+    (
+        "gateway_cache_revoke_to_deny",
+        gateway_cache::revoke_to_deny_through_kube_apiserver,
+    ),
+    (
+        "gateway_cache_cold_warm_stale",
+        gateway_cache::cold_warm_stale,
+    ),
+    (
+        "gateway_cache_apiserver_restart",
+        gateway_cache::apiserver_restart_relists_and_converges,
+    ),
+    (
+        "gateway_cache_retire_and_republish",
+        gateway_cache::retire_and_republish,
     ),
 ];
 

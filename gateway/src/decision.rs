@@ -101,7 +101,12 @@ pub(crate) mod tests {
         Timestamp::from_second(1_800_000_000).unwrap()
     }
 
-    pub(crate) fn mk_session(ns: &str, name: &str, server_uid: &str, phase: SessionPhase) -> AccessSession {
+    pub(crate) fn mk_session(
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+        phase: SessionPhase,
+    ) -> AccessSession {
         AccessSession {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 namespace: Some(ns.into()),
@@ -146,9 +151,15 @@ pub(crate) mod tests {
     #[test]
     fn revoked_wins_over_expired() {
         let s = mk_session("ns", "a", "u1", SessionPhase::Revoked);
-        assert_eq!(evaluate(&s, t0()), Decision::Deny(DenyReason::SessionRevoked));
+        assert_eq!(
+            evaluate(&s, t0()),
+            Decision::Deny(DenyReason::SessionRevoked)
+        );
         let later = t0() + SignedDuration::from_secs(7200);
-        assert_eq!(evaluate(&s, later), Decision::Deny(DenyReason::SessionRevoked));
+        assert_eq!(
+            evaluate(&s, later),
+            Decision::Deny(DenyReason::SessionRevoked)
+        );
     }
 
     #[test]
@@ -160,11 +171,20 @@ pub(crate) mod tests {
         );
         let mut s = mk_session("ns", "a", "u1", SessionPhase::Active);
         s.spec.expires_at = None;
-        assert_eq!(evaluate(&s, t0()), Decision::Deny(DenyReason::SessionExpired));
+        assert_eq!(
+            evaluate(&s, t0()),
+            Decision::Deny(DenyReason::SessionExpired)
+        );
         let mut s = mk_session("ns", "a", "u1", SessionPhase::Active);
         s.metadata.deletion_timestamp = Some(Time(t0()));
-        assert_eq!(evaluate(&s, t0()), Decision::Deny(DenyReason::SessionNotFound));
+        assert_eq!(
+            evaluate(&s, t0()),
+            Decision::Deny(DenyReason::SessionNotFound)
+        );
         let s = mk_session("ns", "a", "u1", SessionPhase::Expired);
-        assert_eq!(evaluate(&s, t0()), Decision::Deny(DenyReason::SessionExpired));
+        assert_eq!(
+            evaluate(&s, t0()),
+            Decision::Deny(DenyReason::SessionExpired)
+        );
     }
 }

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 pub enum CacheError {
     #[error("sync URL {0:?} is invalid: {1}")]
     InvalidUrl(String, String),
-    #[error("sync URL {0:?} must use https: the session feed is authority and must be authenticated")]
+    #[error(
+        "sync URL {0:?} must use https: the session feed is authority and must be authenticated"
+    )]
     InsecureUrl(String),
     #[error("cannot read the CA file {path}: {source}")]
     CaFile {

@@ -57,7 +57,9 @@ pub(crate) enum Lookup {
     Denied(DenyReason),
     Found(Arc<AccessSession>),
     /// Not in the snapshot; a get-on-miss may be tried, trusted only for this server UID.
-    Missing { server_uid: Option<String> },
+    Missing {
+        server_uid: Option<String>,
+    },
 }
 
 #[derive(Debug)]
@@ -248,7 +250,10 @@ mod tests {
         st.bookmark(Some("2".into()), start + WINDOW);
         found(st.lookup("ns", "a", start + WINDOW, WINDOW));
         assert_eq!(st.resource_version(), Some("2"));
-        assert_eq!(st.sync_age_seconds(start + WINDOW + Duration::from_secs(3)), 3.0);
+        assert_eq!(
+            st.sync_age_seconds(start + WINDOW + Duration::from_secs(3)),
+            3.0
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -323,7 +328,10 @@ mod tests {
             now,
         );
         st.upsert(mk_session("ns", "a", "u1", SessionPhase::Revoked), now);
-        assert_eq!(found(st.lookup("ns", "a", now, WINDOW)).phase(), SessionPhase::Revoked);
+        assert_eq!(
+            found(st.lookup("ns", "a", now, WINDOW)).phase(),
+            SessionPhase::Revoked
+        );
         st.remove(&mk_session("ns", "a", "u1", SessionPhase::Revoked), now);
         assert!(matches!(
             st.lookup("ns", "a", now, WINDOW),

@@ -165,7 +165,14 @@ async fn the_check_on_any_path_with_reasons_in_body_and_header() {
         check(&base, Method::GET, "/", None).await,
         denied("session_missing")
     );
-    for bad in ["alice", "team-a/", "/alice", "team-a/alice/x", "Team-A/alice", "team-a/../x"] {
+    for bad in [
+        "alice",
+        "team-a/",
+        "/alice",
+        "team-a/alice/x",
+        "Team-A/alice",
+        "team-a/../x",
+    ] {
         assert_eq!(
             check(&base, Method::GET, "/", Some(bad)).await,
             denied("session_malformed"),
@@ -204,7 +211,10 @@ async fn the_check_on_any_path_with_reasons_in_body_and_header() {
         metrics.contains("mcp_authz_checks_total{result=\"session_revoked\"}"),
         "{metrics}"
     );
-    assert!(!sidecar.log().contains(GATEWAY_TOKEN), "the token is never logged");
+    assert!(
+        !sidecar.log().contains(GATEWAY_TOKEN),
+        "the token is never logged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,7 +233,13 @@ async fn a_custom_session_header() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(
-        check(&sidecar.base, reqwest::Method::GET, "/", Some("team-a/alice")).await,
+        check(
+            &sidecar.base,
+            reqwest::Method::GET,
+            "/",
+            Some("team-a/alice")
+        )
+        .await,
         denied("session_missing"),
         "the default header is not read when another is configured"
     );
@@ -235,10 +251,18 @@ async fn not_ready_before_the_first_sync() {
     let mut server = Apiserver::prepare(&[]).await;
     let mut sidecar = Sidecar::start(&server, &[]);
     sidecar.wait_listening().await;
-    let readyz = reqwest::get(format!("{}/readyz", sidecar.base)).await.unwrap();
+    let readyz = reqwest::get(format!("{}/readyz", sidecar.base))
+        .await
+        .unwrap();
     assert_eq!(readyz.status(), 503);
     assert_eq!(
-        check(&sidecar.base, reqwest::Method::GET, "/", Some("team-a/alice")).await,
+        check(
+            &sidecar.base,
+            reqwest::Method::GET,
+            "/",
+            Some("team-a/alice")
+        )
+        .await,
         denied("sync_not_ready")
     );
     let metrics = reqwest::get(format!("{}/metrics", sidecar.base))
@@ -295,14 +319,23 @@ async fn the_long_poll_completes_when_the_session_is_revoked() {
     assert_eq!(status, 200);
     assert_eq!(body["reason"], "session_revoked");
     assert_eq!(
-        check(&sidecar.base, reqwest::Method::GET, "/", Some("team-a/alice")).await,
+        check(
+            &sidecar.base,
+            reqwest::Method::GET,
+            "/",
+            Some("team-a/alice")
+        )
+        .await,
         denied("session_revoked")
     );
 
     // Already unusable, or malformed: answered at once.
-    let resp = reqwest::get(format!("{}/v1/sessions/team-a/nobody/revoked", sidecar.base))
-        .await
-        .unwrap();
+    let resp = reqwest::get(format!(
+        "{}/v1/sessions/team-a/nobody/revoked",
+        sidecar.base
+    ))
+    .await
+    .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.json::<serde_json::Value>().await.unwrap()["reason"],
@@ -315,9 +348,7 @@ async fn the_long_poll_completes_when_the_session_is_revoked() {
 }
 
 fn refused(args: &[String]) -> String {
-    let out = authz_command(args)
-        .output()
-        .expect("run mcp-access-authz");
+    let out = authz_command(args).output().expect("run mcp-access-authz");
     assert!(!out.status.success(), "started with {args:?}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -197,9 +197,13 @@ async fn last_known_good_is_served_until_the_stale_window_passes() {
         c.authorize("team-a", "alice", Timestamp::now()).await,
         Decision::Allow
     );
-    eventually(Duration::from_secs(10), "sync_stale after the window", || async {
-        c.authorize("team-a", "alice", Timestamp::now()).await == deny(DenyReason::SyncStale)
-    })
+    eventually(
+        Duration::from_secs(10),
+        "sync_stale after the window",
+        || async {
+            c.authorize("team-a", "alice", Timestamp::now()).await == deny(DenyReason::SyncStale)
+        },
+    )
     .await;
     assert!(
         stopped.elapsed() + Duration::from_millis(1500) >= window,
@@ -212,7 +216,9 @@ async fn last_known_good_is_served_until_the_stale_window_passes() {
         .unwrap();
     assert_eq!(reason, DenyReason::SyncStale);
     assert!(!c.status().ready);
-    let age = cache.metric("mcp_gateway_session_sync_age_seconds").unwrap();
+    let age = cache
+        .metric("mcp_gateway_session_sync_age_seconds")
+        .unwrap();
     assert!(age >= 2.0, "sync age {age} keeps growing while stale");
 
     // Back: the cache catches up and serves again.
@@ -258,7 +264,12 @@ async fn a_401_drops_authority_at_once() {
         c.authorize("team-a", "alice", Timestamp::now()).await,
         deny(DenyReason::SyncNotReady)
     );
-    assert!(cache.metric("mcp_gateway_session_invalidations_total").unwrap() >= 1.0);
+    assert!(
+        cache
+            .metric("mcp_gateway_session_invalidations_total")
+            .unwrap()
+            >= 1.0
+    );
 
     // A rotated (valid) token on disk is used without a restart.
     cache.set_token(GATEWAY_TOKEN_ROTATED);
@@ -281,13 +292,17 @@ async fn a_401_on_the_watch_drops_authority() {
     });
     cache.ready().await;
     cache.set_token("not-a-valid-token");
-    eventually(Duration::from_secs(5), "the rewatch's 401 drops authority", || async {
-        cache
-            .cache
-            .authorize("team-a", "alice", Timestamp::now())
-            .await
-            == deny(DenyReason::SyncNotReady)
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the rewatch's 401 drops authority",
+        || async {
+            cache
+                .cache
+                .authorize("team-a", "alice", Timestamp::now())
+                .await
+                == deny(DenyReason::SyncNotReady)
+        },
+    )
     .await;
 }
 
@@ -366,7 +381,10 @@ async fn an_apiserver_restart_relists_and_never_allows_what_was_revoked_meanwhil
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(saw_new_epoch, "the cache relisted from the restarted apiserver");
+    assert!(
+        saw_new_epoch,
+        "the cache relisted from the restarted apiserver"
+    );
     let now = Timestamp::now();
     assert_eq!(
         c.authorize("team-a", "revoked-meanwhile", now).await,
@@ -380,9 +398,15 @@ async fn an_apiserver_restart_relists_and_never_allows_what_was_revoked_meanwhil
         c.authorize("team-a", "issued-meanwhile", now).await,
         Decision::Allow
     );
-    assert_eq!(c.authorize("team-a", "untouched", now).await, Decision::Allow);
+    assert_eq!(
+        c.authorize("team-a", "untouched", now).await,
+        Decision::Allow
+    );
     assert!(
-        cache.metric("mcp_gateway_session_invalidations_total").unwrap() >= 1.0,
+        cache
+            .metric("mcp_gateway_session_invalidations_total")
+            .unwrap()
+            >= 1.0,
         "the epoch reset dropped the old snapshot instead of resuming it"
     );
     assert!(cache.metric("mcp_gateway_session_relists_total").unwrap() >= 2.0);
@@ -401,19 +425,37 @@ async fn insecure_or_missing_settings_refuse_to_start() {
         &server.ca_file,
         &token,
     );
-    assert!(matches!(start(plain), Some(gateway::CacheError::InsecureUrl(_))));
+    assert!(matches!(
+        start(plain),
+        Some(gateway::CacheError::InsecureUrl(_))
+    ));
     let no_ca = gateway::CacheConfig::new(&server.url, dir.join("missing.crt"), &token);
-    assert!(matches!(start(no_ca), Some(gateway::CacheError::CaFile { .. })));
+    assert!(matches!(
+        start(no_ca),
+        Some(gateway::CacheError::CaFile { .. })
+    ));
     std::fs::write(dir.join("empty.crt"), "not a certificate").unwrap();
     let empty_ca = gateway::CacheConfig::new(&server.url, dir.join("empty.crt"), &token);
-    assert!(matches!(start(empty_ca), Some(gateway::CacheError::CaEmpty(_))));
+    assert!(matches!(
+        start(empty_ca),
+        Some(gateway::CacheError::CaEmpty(_))
+    ));
     let no_token = gateway::CacheConfig::new(&server.url, &server.ca_file, dir.join("missing"));
-    assert!(matches!(start(no_token), Some(gateway::CacheError::TokenFile { .. })));
+    assert!(matches!(
+        start(no_token),
+        Some(gateway::CacheError::TokenFile { .. })
+    ));
     std::fs::write(dir.join("blank"), "  \n").unwrap();
     let blank = gateway::CacheConfig::new(&server.url, &server.ca_file, dir.join("blank"));
-    assert!(matches!(start(blank), Some(gateway::CacheError::TokenEmpty(_))));
+    assert!(matches!(
+        start(blank),
+        Some(gateway::CacheError::TokenEmpty(_))
+    ));
     let mut long = gateway::CacheConfig::new(&server.url, &server.ca_file, &token);
     long.stale_window = Duration::from_secs(3600);
-    assert!(matches!(start(long), Some(gateway::CacheError::StaleWindow(_))));
+    assert!(matches!(
+        start(long),
+        Some(gateway::CacheError::StaleWindow(_))
+    ));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -61,7 +61,11 @@ pub struct SyncArgs {
 pub struct ServingArgs {
     /// Address of the check, `/readyz`, `/metrics` and `/v1/` endpoints (plain HTTP: keep it
     /// on loopback inside the Pod).
-    #[arg(long, env = "MCP_ACCESS_AUTHZ_LISTEN", default_value = "127.0.0.1:8086")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_AUTHZ_LISTEN",
+        default_value = "127.0.0.1:8086"
+    )]
     pub listen: SocketAddr,
     /// Request header naming the session as `<namespace>/<name>`.
     #[arg(long, env = "MCP_ACCESS_AUTHZ_SESSION_HEADER", default_value = "X-MCP-Session", value_parser = parse_header_name)]

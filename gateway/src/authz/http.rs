@@ -186,7 +186,10 @@ mod tests {
 
     #[test]
     fn session_header_forms() {
-        assert_eq!(parse_session("team-a/alice-github"), Some(("team-a", "alice-github")));
+        assert_eq!(
+            parse_session("team-a/alice-github"),
+            Some(("team-a", "alice-github"))
+        );
         assert_eq!(parse_session(" team-a/a.b "), Some(("team-a", "a.b")));
         for bad in [
             "",

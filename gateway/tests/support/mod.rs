@@ -35,8 +35,10 @@ fn private_file(path: &Path, contents: &str) {
 }
 
 pub fn scratch_dir() -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("mcp-gateway-test-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "mcp-gateway-test-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -111,7 +113,10 @@ impl Apiserver {
             .unwrap();
         let ca_pem = cert.cert.pem();
         std::fs::write(dir.join("apiserver.crt"), &ca_pem).unwrap();
-        private_file(&dir.join("apiserver.key"), &cert.signing_key.serialize_pem());
+        private_file(
+            &dir.join("apiserver.key"),
+            &cert.signing_key.serialize_pem(),
+        );
         let port = free_port();
         let url = format!("https://127.0.0.1:{port}");
         Self {
@@ -228,7 +233,10 @@ impl Apiserver {
 
     async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
         let url = format!("{}/apis/{API_VERSION}/{path}", self.write_url);
-        let mut req = self.http().request(method.clone(), &url).bearer_auth(ADMIN_TOKEN);
+        let mut req = self
+            .http()
+            .request(method.clone(), &url)
+            .bearer_auth(ADMIN_TOKEN);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -313,7 +321,8 @@ impl TestCache {
         tweak(&mut config);
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = CacheMetrics::register(&mut registry);
-        let (cache, sync) = SessionCache::start_with_metrics(config, metrics).expect("cache starts");
+        let (cache, sync) =
+            SessionCache::start_with_metrics(config, metrics).expect("cache starts");
         Self {
             cache,
             sync,
