@@ -63,10 +63,7 @@ mod tests {
             Agent::url_path(&(), None),
             "/apis/access.mcp-runtime.dev/v1alpha1/agents"
         );
-        assert_eq!(
-            Revocation::api_version(&()),
-            crate::types::API_VERSION
-        );
+        assert_eq!(Revocation::api_version(&()), crate::types::API_VERSION);
         assert_eq!(Enrollment::kind(&()), "Enrollment");
     }
 }
