@@ -455,6 +455,7 @@ async fn sync_loop(shared: Arc<Shared>) {
                 },
             };
             let mut stream = std::pin::pin!(stream);
+            let mut delivered = false;
             loop {
                 let item = tokio::select! {
                     item = stream.next() => item,
@@ -464,9 +465,16 @@ async fn sync_loop(shared: Arc<Shared>) {
                     }
                 };
                 match item {
-                    // The server ended the watch (timeoutSeconds): resume where it stopped.
-                    None => continue 'watch,
+                    // The server ended the watch (timeoutSeconds): resume where it stopped. A
+                    // watch that ends with nothing in it is not allowed to spin.
+                    None => {
+                        if !delivered {
+                            backoff.wait().await;
+                        }
+                        continue 'watch;
+                    }
                     Some(Ok(event)) => {
+                        delivered = true;
                         if apply(&shared, event) == After::Relist {
                             backoff.retry_now();
                             break 'watch;
