@@ -304,19 +304,21 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// `hack/test.sh` must stop when the Kubernetes build fails. Here it fails for want of Go
-/// (not on PATH, nothing cached); the informer is cached, so the next step would succeed
-/// and reach `cargo`, which is a stand-in that records being called.
+/// (not on PATH, nothing cached); the client-go programs are cached, so the next steps would
+/// succeed and reach `cargo`, which is a stand-in that records being called.
 #[test]
 fn test_sh_stops_when_the_kube_build_fails() {
     let work = temp_dir("test-sh");
     let cache_bin = work.join("cache/bin");
     std::fs::create_dir_all(&cache_bin).expect("cache dir");
-    let informer = PathBuf::from(need("MCP_ACCESS_INFORMER_BIN"));
-    std::fs::copy(
-        &informer,
-        cache_bin.join(informer.file_name().expect("informer file name")),
-    )
-    .expect("copy the cached informer");
+    for var in ["MCP_ACCESS_INFORMER_BIN", "MCP_ACCESS_GATEWAY_INFORMER_BIN"] {
+        let informer = PathBuf::from(need(var));
+        std::fs::copy(
+            &informer,
+            cache_bin.join(informer.file_name().expect("informer file name")),
+        )
+        .expect("copy the cached informer");
+    }
     let fake_bin = work.join("bin");
     std::fs::create_dir_all(&fake_bin).expect("bin dir");
     let marker = work.join("cargo-was-called");
