@@ -98,8 +98,13 @@ fn api_subresource(resource: &ResourceInfo, subresource: &str) -> Value {
 /// `/apis/access.mcp-runtime.dev/v1alpha1` as an `APIResourceList` (`v1`): every resource of
 /// [`RESOURCES`], each followed by one entry per subresource.
 pub fn api_resource_list() -> Value {
+    api_resource_list_of(RESOURCES)
+}
+
+/// The `APIResourceList` of a listener that serves only `served`.
+pub fn api_resource_list_of(served: &[ResourceInfo]) -> Value {
     let mut resources = Vec::new();
-    for resource in RESOURCES {
+    for resource in served {
         resources.push(api_resource(resource));
         for sub in resource.subresources {
             resources.push(api_subresource(resource, sub));
@@ -171,7 +176,12 @@ fn group_discovery_list(items: Vec<Value>) -> Value {
 /// `/apis` as the aggregated discovery v2 document (`APIGroupDiscoveryList`), served for
 /// `Accept: application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList`.
 pub fn aggregated_discovery() -> Value {
-    let resources: Vec<Value> = RESOURCES.iter().map(resource_discovery).collect();
+    aggregated_discovery_of(RESOURCES)
+}
+
+/// The aggregated discovery document of a listener that serves only `served`.
+pub fn aggregated_discovery_of(served: &[ResourceInfo]) -> Value {
+    let resources: Vec<Value> = served.iter().map(resource_discovery).collect();
     group_discovery_list(vec![json!({
         "metadata": { "name": GROUP },
         "versions": [{

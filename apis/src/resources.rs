@@ -90,3 +90,9 @@ pub const REVOCATIONS: ResourceInfo = ResourceInfo {
 
 /// Every served resource, in discovery order.
 pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS, ENROLLMENTS, REVOCATIONS];
+
+/// What the gateway sync listener serves: access sessions, read-only (DESIGN §4).
+pub const GATEWAY_SYNC_RESOURCES: &[ResourceInfo] = &[ResourceInfo {
+    verbs: &["get", "list", "watch"],
+    ..ACCESS_SESSIONS
+}];

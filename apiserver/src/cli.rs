@@ -15,10 +15,11 @@ use prometheus_client::registry::Registry;
 use crate::admission::NamespaceLifecycle;
 use crate::auth::{
     AllowAuthenticated, AuthCacheMetrics, Authenticator, Authorizer, DelegatedAuthenticator,
-    DelegatedOptions, SubjectAccessReviewer, TokenFile,
+    DelegatedOptions, GatewayAuthenticator, PodChainAuthenticator, SubjectAccessReviewer,
+    TokenFile,
 };
 use crate::config::{AuthMode, Config, ServingCert, Storage};
-use crate::http::{AppState, HttpConfig, HttpMetrics, Limits};
+use crate::http::{AppState, HttpConfig, HttpMetrics, Limits, SyncState};
 use crate::server::{self, Health};
 use crate::store::{PgStore, StoreConfig};
 use crate::tasks::Tasks;
@@ -120,6 +121,11 @@ pub struct ServingArgs {
     /// HTTPS port of the API.
     #[arg(long, env = "MCP_ACCESS_SECURE_PORT", default_value_t = 8443)]
     pub secure_port: u16,
+    /// HTTPS port of the gateway sync listener: access sessions, read-only, each gateway
+    /// scoped to its own MCPServer by its Pod-bound token. On (8085) behind
+    /// kube-apiserver; 0 turns it off; refused with --standalone.
+    #[arg(long, env = "MCP_ACCESS_SYNC_PORT")]
+    pub sync_port: Option<u16>,
     /// Plain-HTTP port of /metrics, /livez and /readyz.
     #[arg(long, env = "MCP_ACCESS_METRICS_PORT", default_value_t = 9090)]
     pub metrics_port: u16,
@@ -183,6 +189,14 @@ pub struct AuthArgs {
     /// CA signed as the front proxy. Without this flag that is only a loud warning.
     #[arg(long, env = "MCP_ACCESS_REQUESTHEADER_REQUIRE_ALLOWED_NAMES")]
     pub requestheader_require_allowed_names: bool,
+    /// How long a gateway's verified owner chain (Pod, ReplicaSet, Deployment, MCPServer) is
+    /// reused, and how often an open gateway watch re-verifies it (Go duration).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_GATEWAY_REVERIFY_INTERVAL",
+        default_value = "30s"
+    )]
+    pub gateway_reverify_interval: GoDuration,
     /// Serve the API directly with a static token file and allow every authenticated user
     /// (development only).
     #[arg(long, env = "MCP_ACCESS_STANDALONE")]
@@ -205,6 +219,7 @@ type Task = (&'static str, BoxFuture<'static, anyhow::Result<()>>);
 /// Names of the tasks, as logs and the error that ends the process call them.
 const API_LISTENER: &str = "API listener";
 const METRICS_LISTENER: &str = "metrics listener";
+const SYNC_LISTENER: &str = "gateway sync listener";
 
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
@@ -263,13 +278,21 @@ struct Wired {
     serving: crate::config::Serving,
 }
 
+/// What only exists behind kube-apiserver: namespace lifecycle admission and gateway
+/// authentication (with its re-verification period).
+type KubeParts = Option<(
+    Arc<NamespaceLifecycle>,
+    Arc<dyn GatewayAuthenticator>,
+    Duration,
+)>;
+
 /// Authentication, authorization and admission of one mode, with the tasks that keep them
 /// current.
 async fn wire_auth(
     auth: &AuthMode,
     cache_metrics: &AuthCacheMetrics,
     tasks: &mut Vec<Task>,
-) -> anyhow::Result<(AuthParts, Option<Arc<NamespaceLifecycle>>)> {
+) -> anyhow::Result<(AuthParts, KubeParts)> {
     match auth {
         AuthMode::Standalone { token_file } => Ok((
             (
@@ -284,6 +307,7 @@ async fn wire_auth(
             allow_ttl,
             deny_ttl,
             require_allowed_names,
+            gateway_reverify,
         } => {
             let client = kube_client(kubeconfig.as_deref()).await?;
             let options = DelegatedOptions {
@@ -300,6 +324,10 @@ async fn wire_auth(
             let (lifecycle, run) = NamespaceLifecycle::start(client.clone());
             tasks.push(("namespace lifecycle", forever(run)));
             let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = verifier;
+            let gateways: Arc<dyn GatewayAuthenticator> = Arc::new(PodChainAuthenticator::new(
+                client.clone(),
+                *gateway_reverify,
+            ));
             Ok((
                 (
                     authenticator,
@@ -309,7 +337,7 @@ async fn wire_auth(
                     ),
                     Some(verifier),
                 ),
-                Some(lifecycle),
+                Some((lifecycle, gateways, *gateway_reverify)),
             ))
         }
     }
@@ -375,13 +403,19 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     // Filled as the parts are built, read-only once serving starts.
     let mut registry = Registry::default();
     let cache_metrics = AuthCacheMetrics::register(&mut registry);
-    let ((authenticator, authorizer, client_verifier), namespaces) =
+    let ((authenticator, authorizer, client_verifier), kube_parts) =
         wire_auth(&config.auth, &cache_metrics, &mut tasks).await?;
     let cert = wire_cert(&config.serving.cert, &mut tasks)?;
-    let tls_config = tls::server_config(cert, client_verifier)?;
+    let tls_config = tls::server_config(cert.clone(), client_verifier)?;
+    // Gateways present bearer tokens, never client certificates.
+    let sync_tls_config = tls::server_config(cert, None)?;
     let store_config = config.storage.store_config()?;
     let api_listener = server::bind(config.serving.api).await?;
     let metrics_listener = server::bind(config.serving.metrics).await?;
+    let sync_listener = match config.serving.sync {
+        Some(addr) => Some(server::bind(addr).await?),
+        None => None,
+    };
 
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
@@ -409,10 +443,23 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         max_watches_per_user: config.serving.max_watches_per_user,
         ..Limits::default()
     });
-    let app = match namespaces {
-        Some(lifecycle) => app.with_namespace_lifecycle(lifecycle),
-        None => app,
+    let (app, gateways) = match kube_parts {
+        Some((lifecycle, gateways, reverify)) => (
+            app.with_namespace_lifecycle(lifecycle),
+            Some((gateways, reverify)),
+        ),
+        None => (app, None),
     };
+    if let (Some(listener), Some((gateways, reverify))) = (sync_listener, gateways) {
+        let sync = SyncState::new(app.clone(), gateways, reverify);
+        let shutdown = shutdown_rx.clone();
+        tasks.push((
+            SYNC_LISTENER,
+            Box::pin(async move {
+                Ok(server::serve_api(listener, sync_tls_config, sync, shutdown).await?)
+            }),
+        ));
+    }
     tasks.push((
         API_LISTENER,
         Box::pin({
@@ -470,6 +517,7 @@ async fn lifecycle(wired: Wired) -> anyhow::Result<()> {
     tracing::info!(
         port = serving.api.port(),
         metrics_port = serving.metrics.port(),
+        sync_port = serving.sync.map(|a| a.port()),
         "serving"
     );
 
@@ -486,7 +534,7 @@ async fn lifecycle(wired: Wired) -> anyhow::Result<()> {
     health.set_ready(false);
     let _ = shutdown.send(true);
     tokio::select! {
-        _ = tasks.drain(&[API_LISTENER, METRICS_LISTENER], Duration::from_secs(15)) => {}
+        _ = tasks.drain(&[API_LISTENER, SYNC_LISTENER, METRICS_LISTENER], Duration::from_secs(15)) => {}
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
     }

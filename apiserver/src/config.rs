@@ -26,6 +26,9 @@ pub enum ConfigError {
     ServingCertificateRequired,
     #[error("--{0} must be greater than 0")]
     NotPositive(&'static str),
+    /// Gateways are authenticated by kube-apiserver (TokenReview, the live owner chain).
+    #[error("--sync-port needs kube-apiserver: the gateway sync listener is not available with --standalone")]
+    SyncListenerInStandalone,
     /// The heartbeat and the reader prove liveness about once a second.
     #[error("--change-feed-staleness-bound must be at least 1s")]
     StalenessBoundBelowOneSecond,
@@ -60,6 +63,9 @@ pub enum AuthMode {
         allow_ttl: Duration,
         deny_ttl: Duration,
         require_allowed_names: bool,
+        /// How long a gateway's verified owner chain is reused, and how often an open
+        /// gateway watch re-verifies it.
+        gateway_reverify: Duration,
     },
 }
 
@@ -80,6 +86,8 @@ pub enum ServingCert {
 pub struct Serving {
     pub api: SocketAddr,
     pub metrics: SocketAddr,
+    /// The gateway sync listener, if on.
+    pub sync: Option<SocketAddr>,
     pub cert: ServingCert,
     pub max_requests_inflight: usize,
     pub max_watches_per_user: usize,
@@ -100,6 +108,9 @@ pub struct Storage {
     pub session: SessionLimits,
     pub staleness_bound: Duration,
 }
+
+/// Port of the gateway sync listener behind kube-apiserver unless `--sync-port` says otherwise.
+pub const DEFAULT_SYNC_PORT: u16 = 8085;
 
 /// A duration flag that must be greater than zero (every one of them is a limit or an
 /// interval: zero would disable the limit or spin).
@@ -160,6 +171,11 @@ impl TryFrom<&AuthArgs> for AuthMode {
             allow_ttl: positive("authorization-allow-ttl", args.authorization_allow_ttl)?.std(),
             deny_ttl: positive("authorization-deny-ttl", args.authorization_deny_ttl)?.std(),
             require_allowed_names: args.requestheader_require_allowed_names,
+            gateway_reverify: positive(
+                "gateway-reverify-interval",
+                args.gateway_reverify_interval,
+            )?
+            .std(),
         })
     }
 }
@@ -183,8 +199,19 @@ impl TryFrom<(&ServingArgs, &AuthMode)> for Serving {
                 cert_dir: args.cert_dir.clone(),
             },
         };
+        let sync = match (args.sync_port, auth) {
+            (Some(0), _) | (None, AuthMode::Standalone { .. }) => None,
+            (Some(_), AuthMode::Standalone { .. }) => {
+                return Err(ConfigError::SyncListenerInStandalone)
+            }
+            (port, AuthMode::Delegated { .. }) => Some(SocketAddr::new(
+                args.bind_address,
+                port.unwrap_or(DEFAULT_SYNC_PORT),
+            )),
+        };
         Ok(Self {
             api: SocketAddr::new(args.bind_address, args.secure_port),
+            sync,
             metrics: SocketAddr::new(
                 args.metrics_bind_address.unwrap_or(args.bind_address),
                 args.metrics_port,
@@ -319,6 +346,24 @@ mod tests {
     }
 
     #[test]
+    fn the_sync_listener_is_on_behind_kube_apiserver_and_refused_standalone() {
+        let on = delegated(&[]).unwrap();
+        assert_eq!(on.serving.sync.map(|a| a.port()), Some(DEFAULT_SYNC_PORT));
+        let moved = delegated(&["--sync-port", "9085"]).unwrap();
+        assert_eq!(moved.serving.sync.map(|a| a.port()), Some(9085));
+        assert_eq!(delegated(&["--sync-port", "0"]).unwrap().serving.sync, None);
+        assert_eq!(standalone(&[]).unwrap().serving.sync, None);
+        assert_eq!(
+            standalone(&["--sync-port", "0"]).unwrap().serving.sync,
+            None
+        );
+        let err = message(standalone(&["--sync-port", "8085"]));
+        assert!(err.starts_with("--sync-port needs kube-apiserver"), "{err}");
+        let err = message(delegated(&["--gateway-reverify-interval", "0s"]));
+        assert_eq!(err, "--gateway-reverify-interval must be greater than 0");
+    }
+
+    #[test]
     fn a_token_file_is_refused_outside_standalone() {
         let err = message(delegated(&["--token-auth-file", "/tokens.csv"]));
         assert!(
@@ -448,6 +493,7 @@ mod tests {
                 allow_ttl: Duration::from_secs(90),
                 deny_ttl: Duration::from_millis(500),
                 require_allowed_names: false,
+                gateway_reverify: Duration::from_secs(30),
             }
         );
         assert_eq!(ok.bookmark_interval, Duration::from_secs(3600));

@@ -9,16 +9,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use http::{header, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
+use std::future::Future;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::ConnectionInfo;
-use crate::http::AppState;
+use crate::http::{AppState, Limits, SyncState};
 use crate::store::Store;
 
 /// How long a client may take to complete the TLS handshake.
@@ -160,10 +161,34 @@ impl Drop for InFlight {
 
 /// Accepts TLS connections and serves the API until `shutdown` flips. Limits and timeouts
 /// come from `app.limits`.
-pub async fn serve_api<S: Store + Clone>(
+/// What a TLS listener serves: the API, or the gateway sync API.
+pub trait Application: Clone + Send + Sync + 'static {
+    fn limits(&self) -> &Limits;
+    fn call(self, request: axum::extract::Request) -> impl Future<Output = Response> + Send;
+}
+
+impl<S: Store + Clone> Application for AppState<S> {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    fn call(self, request: axum::extract::Request) -> impl Future<Output = Response> + Send {
+        self.handle(request)
+    }
+}
+
+impl<S: Store + Clone> Application for SyncState<S> {
+    fn limits(&self) -> &Limits {
+        SyncState::limits(self)
+    }
+    fn call(self, request: axum::extract::Request) -> impl Future<Output = Response> + Send {
+        self.handle(request)
+    }
+}
+
+pub async fn serve_api<A: Application>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    app: AppState<S>,
+    app: A,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
@@ -198,11 +223,11 @@ pub async fn serve_api<S: Store + Clone>(
     }
 }
 
-async fn serve_connection<S: Store + Clone>(
+async fn serve_connection<A: Application>(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-    app: AppState<S>,
+    app: A,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -221,7 +246,7 @@ async fn serve_connection<S: Store + Clone>(
             .map(|certs| certs.iter().map(|c| c.as_ref().to_vec()).collect())
             .unwrap_or_default(),
     };
-    let limits = app.limits.clone();
+    let limits = app.limits().clone();
     let state = Arc::new(ConnState::new());
     let io = Tracked {
         io: tls,
@@ -235,7 +260,7 @@ async fn serve_connection<S: Store + Clone>(
             service_state.in_flight.fetch_add(1, Ordering::Relaxed);
             let guard = InFlight(service_state.clone());
             async move {
-                let response = app.handle(request.map(Body::new)).await;
+                let response = app.call(request.map(Body::new)).await;
                 // The request stays in flight until its body (a watch stream too) is dropped.
                 let response = response.map(|body| {
                     Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {

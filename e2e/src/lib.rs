@@ -8,6 +8,7 @@
 //! runs `mcp-access-apiserver` in delegated mode.
 #![forbid(unsafe_code)]
 
+pub mod gateway;
 pub mod harness;
 
 use std::collections::HashMap;
@@ -45,6 +46,8 @@ pub struct Options {
     /// The `mcp-access-apiserver` binary.
     pub apiserver_bin: PathBuf,
     pub database: Database,
+    /// Further flags for `mcp-access-apiserver` (e.g. a short `--gateway-reverify-interval`).
+    pub apiserver_args: Vec<String>,
 }
 
 /// A running local cluster with MCP Access registered.
@@ -58,7 +61,10 @@ pub struct LocalCluster {
     /// Port of the MCP Access API (TLS) on 127.0.0.1.
     pub api_port: u16,
     pub metrics_port: u16,
+    /// Port of the gateway sync listener (TLS) on 127.0.0.1.
+    pub sync_port: u16,
     apiserver_bin: PathBuf,
+    apiserver_args: Vec<String>,
     apiserver: Option<Child>,
     local_pg: bool,
 }
@@ -183,7 +189,9 @@ impl LocalCluster {
             database_url,
             api_port: free_port()?,
             metrics_port: free_port()?,
+            sync_port: free_port()?,
             apiserver_bin: options.apiserver_bin,
+            apiserver_args: options.apiserver_args,
             apiserver: None,
             local_pg,
         };
@@ -251,9 +259,38 @@ impl LocalCluster {
         Ok(out.stdout)
     }
 
-    /// Applies the RBAC, writes the apiserver's own kubeconfig and registers the APIService.
+    /// The gateway sync listener's URL.
+    pub fn sync_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.sync_port)
+    }
+
+    /// The CA that signed the serving certificate of the API and sync listeners.
+    pub fn sync_ca(&self) -> PathBuf {
+        PathBuf::from(
+            self.env
+                .get("AGGREGATED_CA_FILE")
+                .cloned()
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Applies the CRDs and the RBAC, writes the apiserver's own kubeconfig and registers
+    /// the APIService.
     fn install(&self) -> Result<()> {
         let root = repo_root();
+        let crds = root.join("deploy/crds").display().to_string();
+        self.kubectl_ok(&["apply", "-k", &crds], None)?;
+        // Every CRD of this cluster is ours.
+        self.kubectl_ok(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd",
+                "--all",
+            ],
+            None,
+        )?;
         self.kubectl_ok(
             &[
                 "apply",
@@ -328,6 +365,8 @@ impl LocalCluster {
             .args(["--bind-address", "127.0.0.1"])
             .args(["--secure-port", &self.api_port.to_string()])
             .args(["--metrics-port", &self.metrics_port.to_string()])
+            .args(["--sync-port", &self.sync_port.to_string()])
+            .args(&self.apiserver_args)
             .env("MCP_ACCESS_DATABASE_URL", &self.database_url)
             .env(
                 "RUST_LOG",

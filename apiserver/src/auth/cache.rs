@@ -120,6 +120,14 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
         found
     }
 
+    /// Forgets an entry.
+    pub fn remove(&self, key: &K) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = inner.entries.remove(key) {
+            inner.order.remove(&old.seq);
+        }
+    }
+
     pub fn insert(&self, key: K, value: V) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let inner = &mut *inner;

@@ -6,6 +6,7 @@
 
 mod cache;
 mod front_proxy;
+mod gateway;
 mod sar;
 mod token_file;
 mod token_review;
@@ -19,6 +20,10 @@ pub use cache::AuthCacheMetrics;
 pub use front_proxy::{
     common_name, AuthConfigError, DelegatedOptions, FrontProxy, RequestHeaderConfig,
     SwappableClientVerifier, AUTH_CONFIGMAP,
+};
+pub use gateway::{
+    Freshness, GatewayAuthenticator, GatewayIdentity, GatewayRefusal, PodChainAuthenticator,
+    GATEWAY_AUDIENCE,
 };
 pub use sar::{SubjectAccessReviewer, MASTERS_GROUP};
 pub use token_file::{TokenFile, TokenFileError};

@@ -68,7 +68,13 @@ impl TokenReviewer {
         .map_err(|_| AuthenticationError::Unavailable("TokenReview timed out".into()))?
         .map_err(|e| AuthenticationError::Unavailable(format!("TokenReview failed: {e}")))?;
         let status = result.status.unwrap_or_default();
-        let user = if status.authenticated == Some(true) {
+        // A gateway's token is for the sync listener only. kube-apiserver already refuses
+        // it for its own audiences; this holds even where it is configured to accept it.
+        let gateway_only = status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|a| a == super::GATEWAY_AUDIENCE));
+        let user = if status.authenticated == Some(true) && !gateway_only {
             status.user.map(|u| {
                 let mut groups = u.groups.unwrap_or_default();
                 if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {

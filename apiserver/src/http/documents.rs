@@ -27,7 +27,13 @@ pub(crate) fn encode(v: &Value) -> Bytes {
 }
 
 impl Documents {
+    /// The documents of the API listener: every resource.
     pub(crate) fn build() -> Self {
+        Self::build_for(apis::resources::RESOURCES)
+    }
+
+    /// The documents of a listener that serves only `served` (the gateway sync listener).
+    pub(crate) fn build_for(served: &[apis::resources::ResourceInfo]) -> Self {
         let v3 = encode(&apis::openapi::openapi_v3_group());
         let hash = {
             use std::hash::{Hash, Hasher};
@@ -38,8 +44,8 @@ impl Documents {
         Self {
             group_list: encode(&apis::discovery::api_group_list()),
             group: encode(&apis::discovery::api_group()),
-            resource_list: encode(&apis::discovery::api_resource_list()),
-            aggregated: encode(&apis::discovery::aggregated_discovery()),
+            resource_list: encode(&apis::discovery::api_resource_list_of(served)),
+            aggregated: encode(&apis::discovery::aggregated_discovery_of(served)),
             core_versions: encode(&apis::discovery::empty_core_api_versions()),
             core_aggregated: encode(&apis::discovery::empty_aggregated_discovery()),
             openapi_v2: encode(&apis::openapi::openapi_v2()),

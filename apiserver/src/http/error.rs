@@ -45,6 +45,10 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
     }
+    /// 401 saying why, for callers a reason helps (gateways): it must name no object.
+    pub fn unauthorized_because(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", message)
+    }
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
     }

@@ -10,6 +10,7 @@ mod render;
 mod request;
 mod resource;
 mod route;
+mod sync;
 mod watch;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ pub use error::{ApiError, ApiResult};
 pub use limits::{Limits, WatchSlot, MAX_BODY_BYTES, MAX_OBJECT_BYTES};
 pub use observe::HttpMetrics;
 pub use request::Rendering;
+pub use sync::SyncState;
 
 use documents::Documents;
 use limits::{read_body, WatchCounter};
@@ -262,6 +264,7 @@ impl<S: Store + Clone> AppState<S> {
                     user: &user,
                     namespace_terminating: false,
                     cluster_authority: false,
+                    scope: None,
                 };
                 // Every served kind, by its strategy: adding a kind adds it here.
                 let result = serve_kinds!(self, plural, verb, req;
@@ -333,6 +336,7 @@ impl<S: Store + Clone> AppState<S> {
                     options,
                     rendering,
                     slot,
+                    None,
                 )
                 .await
             }

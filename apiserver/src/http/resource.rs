@@ -1,6 +1,7 @@
 //! REST verbs on a resource: get, list, create, update, patch, delete, deletecollection.
 //! Watch lives in `watch.rs`.
 
+use apis::selector::FieldSelector;
 use apis::strategy::Strategy;
 use apis::Kind;
 use axum::response::Response;
@@ -53,6 +54,9 @@ pub struct ResourceRequest<'a> {
     /// The caller may create this kind in every namespace (set for creates of kinds that
     /// ask, see [`Strategy::ASKS_CLUSTER_AUTHORITY`]).
     pub cluster_authority: bool,
+    /// What the caller may see at all (the gateway sync listener's server scope): objects
+    /// outside it do not exist for this request. None on the API listener.
+    pub scope: Option<&'a FieldSelector>,
 }
 
 impl ResourceRequest<'_> {
@@ -259,6 +263,12 @@ pub async fn get<K: Strategy, S: Store>(
         .get(req.namespace.unwrap_or_default(), name)
         .await
         .map_err(store_err::<K>(name))?;
+    // Outside the caller's scope is the same answer as absent: no hint that it exists.
+    if let Some(scope) = req.scope {
+        if !scope.matches(&object_json(&object)?) {
+            return Err(store_err::<K>(name)(StoreError::NotFound));
+        }
+    }
     Ok(json_response(
         StatusCode::OK,
         &render_object(&object, rendering)?,
@@ -303,10 +313,14 @@ pub async fn list<K: Strategy, S: Store>(
     options: ListOptions,
 ) -> ApiResult<Response> {
     let rendering = req.rendering()?;
+    let mut fields = options.fields.clone();
+    if let Some(scope) = req.scope {
+        fields.0.extend(scope.0.iter().cloned());
+    }
     let query = ListQuery {
         namespace: req.namespace.map(str::to_string),
         labels: options.labels.clone(),
-        fields: options.fields.clone(),
+        fields,
         limit: options.limit,
         at: list_at(&options)?,
     };

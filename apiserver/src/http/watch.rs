@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use http::{header, StatusCode};
 use rand::Rng;
 use serde_json::Value;
@@ -81,6 +82,13 @@ fn error_line(err: &ApiError) -> Bytes {
     watch_line("ERROR", &err.to_status())
 }
 
+/// Whether the caller of an open watch may still see it, asked every `every`; the watch ends
+/// at the first no (the gateway sync listener re-verifies the gateway's owner chain).
+pub struct WatchGuard {
+    pub every: Duration,
+    pub still_allowed: Box<dyn FnMut() -> BoxFuture<'static, bool> + Send>,
+}
+
 /// Starts a watch. Errors before the stream starts are returned as HTTP errors; an expired
 /// resourceVersion is a 200 with one ERROR event, as clients expect.
 pub async fn watch<K: Strategy, S: Store + Clone>(
@@ -89,6 +97,7 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
     options: ListOptions,
     rendering: Rendering,
     slot: super::WatchSlot,
+    guard: Option<WatchGuard>,
 ) -> ApiResult<Response> {
     let selection = Selection { namespace, options };
     let (tx, rx) = mpsc::channel::<Bytes>(LINE_BUFFER);
@@ -174,6 +183,7 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
         shutdown: app.shutdown.clone(),
         metrics: app.metrics.clone(),
         deadline: tokio::time::Instant::now() + timeout,
+        guard,
         _slot: slot,
     };
     // The watch outlives the request's handler but stays in its span.
@@ -203,6 +213,7 @@ struct WatchTask {
     metrics: Arc<super::HttpMetrics>,
     /// When the watch ends (`timeoutSeconds`).
     deadline: tokio::time::Instant,
+    guard: Option<WatchGuard>,
     /// This watch's place in its user's quota, freed when the task ends.
     _slot: super::WatchSlot,
 }
@@ -241,6 +252,13 @@ impl WatchTask {
         tokio::pin!(deadline);
         let mut bookmarks = tokio::time::interval(self.bookmark_interval);
         bookmarks.tick().await;
+        let mut checks = tokio::time::interval(
+            self.guard
+                .as_ref()
+                .map_or(Duration::from_secs(3600), |g| g.every),
+        );
+        checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        checks.tick().await;
         loop {
             tokio::select! {
                 event = self.subscription.next() => match event {
@@ -284,6 +302,16 @@ impl WatchTask {
                     match bookmark_line::<K>(rv, self.rendering, false) {
                         Ok(line) => if !self.send(line).await { return },
                         Err(_) => return,
+                    }
+                }
+                _ = checks.tick(), if self.guard.is_some() => {
+                    let Some(guard) = self.guard.as_mut() else { continue };
+                    if !(guard.still_allowed)().await {
+                        // Ended without an event, as when kube-apiserver closes a watch: the
+                        // client's next request meets the refusal (401).
+                        self.metrics.watch_cut_off(K::PLURAL, "Unauthorized");
+                        tracing::info!("watch ended: the caller is no longer allowed");
+                        return;
                     }
                 }
                 _ = &mut deadline => return,

@@ -1,0 +1,322 @@
+//! The gateway sync listener (DESIGN §4): `get`, `list` and `watch` of access sessions at the
+//! API's own paths and in its wire format, so a stock informer or kube-rs watcher works
+//! against it — but only for the sessions of the caller's own MCPServer, established from
+//! its Pod-bound token ([`GatewayAuthenticator`]).
+//!
+//! The scope is a field selector (`metadata.namespace`, `spec.server.uid`) ANDed with
+//! whatever the request asks: in SQL for lists, in the change feed's filter for watches, and
+//! checked on every get. Another server's sessions do not exist here: a list or watch
+//! naming them is empty, a get is the 404 of a missing object.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apis::selector::{FieldRequirement, FieldSelector};
+use apis::strategy::Strategy;
+use apis::{AccessSession, Kind};
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{Method, StatusCode};
+use tracing::Instrument;
+
+use super::documents::{Doc, Documents};
+use super::error::{ApiError, ApiResult};
+use super::observe::request_span;
+use super::request::{Params, Rendering};
+use super::resource::{self, ResourceRequest};
+use super::route::{self, Target};
+use super::watch::{self, WatchGuard};
+use super::AppState;
+use crate::auth::{
+    bearer_token, Freshness, GatewayAuthenticator, GatewayIdentity, GatewayRefusal, UserInfo,
+};
+use crate::store::Store;
+
+/// Where a session's namespace and server UID live, for the scope's field requirements.
+const NAMESPACE_PATH: &[&str] = &["metadata", "namespace"];
+const SERVER_UID_PATH: &[&str] = &["spec", "server", "uid"];
+
+/// The sync listener's application: the API's store, limits and metrics, its own
+/// authentication and documents.
+pub struct SyncState<S> {
+    app: AppState<S>,
+    gateways: Arc<dyn GatewayAuthenticator>,
+    /// How often an open watch re-verifies its gateway's owner chain.
+    reverify: Duration,
+    docs: Arc<Documents>,
+}
+
+impl<S: Clone> Clone for SyncState<S> {
+    fn clone(&self) -> Self {
+        Self {
+            app: self.app.clone(),
+            gateways: self.gateways.clone(),
+            reverify: self.reverify,
+            docs: self.docs.clone(),
+        }
+    }
+}
+
+/// The sessions one gateway may see.
+fn scope(gateway: &GatewayIdentity) -> FieldSelector {
+    FieldSelector(vec![
+        FieldRequirement {
+            field: "metadata.namespace".into(),
+            path: NAMESPACE_PATH,
+            value: gateway.namespace.clone(),
+            negated: false,
+        },
+        FieldRequirement {
+            field: "spec.server.uid".into(),
+            path: SERVER_UID_PATH,
+            value: gateway.server_uid.clone(),
+            negated: false,
+        },
+    ])
+}
+
+impl<S: Store + Clone> SyncState<S> {
+    /// Serves `app`'s sessions to gateways `gateways` lets in, re-verifying open watches
+    /// every `reverify`.
+    pub fn new(
+        app: AppState<S>,
+        gateways: Arc<dyn GatewayAuthenticator>,
+        reverify: Duration,
+    ) -> Self {
+        Self {
+            app,
+            gateways,
+            reverify,
+            docs: Arc::new(Documents::build_for(
+                apis::resources::GATEWAY_SYNC_RESOURCES,
+            )),
+        }
+    }
+
+    /// The listener's limits and timeouts (those of the API listener).
+    pub fn limits(&self) -> &super::Limits {
+        &self.app.limits
+    }
+
+    /// Serves one request, in a span of its own.
+    pub async fn handle(self, request: Request) -> Response {
+        let span = request_span(&request);
+        self.handle_in_span(request).instrument(span).await
+    }
+
+    async fn handle_in_span(self, request: Request) -> Response {
+        let started = Instant::now();
+        let method = request.method().clone();
+        let long_running = Params::parse(request.uri().query())
+            .and_then(|p| p.is_watch())
+            .unwrap_or(false);
+        let _permit = if long_running {
+            None
+        } else {
+            match self.app.inflight.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let response = ApiError::too_many_requests(
+                        "Too many requests, please try again later.",
+                        1,
+                    )
+                    .into_response();
+                    self.app
+                        .metrics
+                        .count(("", &method), "", &response, started);
+                    return response;
+                }
+            }
+        };
+        let (verb, response) = match self.route(request).await {
+            Ok((verb, response)) => (verb, response),
+            Err((verb, e)) => (verb, e.into_response()),
+        };
+        self.app
+            .metrics
+            .count((&verb, &method), AccessSession::PLURAL, &response, started);
+        response
+    }
+
+    async fn route(&self, request: Request) -> Result<(String, Response), (String, ApiError)> {
+        let (parts, _body) = request.into_parts();
+        let path = parts.uri.path().to_string();
+        let segments = route::segments(&path);
+        let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let fail = |verb: &str| {
+            let verb = verb.to_string();
+            move |e: ApiError| (verb.clone(), e)
+        };
+        if matches!(segs.as_slice(), ["livez"] | ["readyz"] | ["healthz"]) {
+            return Ok(("get".into(), (StatusCode::OK, "ok").into_response()));
+        }
+
+        let token =
+            bearer_token(&parts).ok_or_else(|| fail("")(refused(GatewayRefusal::NoToken)))?;
+        let gateway = self
+            .gateways
+            .authenticate(token, Freshness::Cached)
+            .await
+            .map_err(|r| fail("")(refused(r)))?;
+
+        let params = Params::parse(parts.uri.query()).map_err(fail(""))?;
+        let target = Target::parse(&segs);
+        let (namespace, name) = match target {
+            Target::NonResource(doc) => {
+                return match doc {
+                    Doc::Api | Doc::Apis | Doc::Group | Doc::ResourceList | Doc::Version => self
+                        .docs
+                        .serve(doc, &parts.headers)
+                        .map(|r| ("get".to_string(), r))
+                        .map_err(fail("get")),
+                    // The schemas describe the whole API; gateways need none of them.
+                    _ => Err(fail("get")(ApiError::not_found_path())),
+                };
+            }
+            Target::Resource {
+                namespace,
+                plural,
+                name,
+                subresource,
+            } if plural == AccessSession::PLURAL && subresource.is_none() => (namespace, name),
+            Target::Resource { .. } | Target::Unknown => {
+                return Err(fail("")(ApiError::not_found_path()))
+            }
+        };
+        let verb = match (&parts.method, name.is_some()) {
+            (&Method::GET | &Method::HEAD, true) => "get",
+            (&Method::GET | &Method::HEAD, false) if params.is_watch().map_err(fail(""))? => {
+                "watch"
+            }
+            (&Method::GET | &Method::HEAD, false) => "list",
+            (method, _) => {
+                return Err(fail(&method.as_str().to_lowercase())(
+                    ApiError::method_not_allowed(method.as_str(), AccessSession::PLURAL),
+                ))
+            }
+        };
+        let fail = fail(verb);
+        if let Some(ns) = namespace.as_deref() {
+            if !apis::validation::is_dns1123_label(ns) {
+                return Err(fail(ApiError::not_found_path()));
+            }
+        }
+        tracing::debug!(
+            gateway = %gateway.user, server = %gateway.server_name, verb, path = %path,
+            "sync request"
+        );
+        let scope = scope(&gateway);
+        // Only who the caller is reaches the handlers: no bound object can appear in a
+        // Status message.
+        let user = UserInfo {
+            name: gateway.user.clone(),
+            ..Default::default()
+        };
+        let req = ResourceRequest {
+            namespace: namespace.as_deref(),
+            name: name.as_deref(),
+            subresource: None,
+            params,
+            headers: &parts.headers,
+            body: bytes::Bytes::new(),
+            user: &user,
+            namespace_terminating: false,
+            cluster_authority: false,
+            scope: Some(&scope),
+        };
+        let response = match verb {
+            "get" => resource::get::<AccessSession, S>(&self.app.store, req).await,
+            "list" => {
+                let options = req
+                    .params
+                    .list_options(&AccessSession::INFO, AccessSession::FIELDS)
+                    .map_err(&fail)?;
+                resource::list::<AccessSession, S>(&self.app.store, req, options).await
+            }
+            _ => self.watch(req, &gateway, token).await,
+        };
+        response.map(|r| (verb.to_string(), r)).map_err(fail)
+    }
+
+    async fn watch(
+        &self,
+        req: ResourceRequest<'_>,
+        gateway: &GatewayIdentity,
+        token: &str,
+    ) -> ApiResult<Response> {
+        let mut options = req
+            .params
+            .list_options(&AccessSession::INFO, AccessSession::FIELDS)?;
+        if let Some(scope) = req.scope {
+            options.fields.0.extend(scope.0.iter().cloned());
+        }
+        let rendering = Rendering::from_headers(req.headers, req.params.include_object())?;
+        // Counted per Pod: the replicas of one gateway share a service account.
+        let Some(slot) = self
+            .app
+            .watches
+            .try_acquire(&gateway.pod_uid, self.app.limits.max_watches_per_user)
+        else {
+            return Err(ApiError::too_many_requests(
+                format!(
+                    "Too many requests: at most {} watches per gateway pod are served at once",
+                    self.app.limits.max_watches_per_user
+                ),
+                1,
+            ));
+        };
+        let guard = WatchGuard {
+            every: self.reverify,
+            still_allowed: {
+                let gateways = self.gateways.clone();
+                let token = token.to_string();
+                let server_uid = gateway.server_uid.clone();
+                let unanswered = Arc::new(AtomicU32::new(0));
+                Box::new(move || {
+                    let gateways = gateways.clone();
+                    let token = token.clone();
+                    let server_uid = server_uid.clone();
+                    let unanswered = unanswered.clone();
+                    Box::pin(async move {
+                        match gateways.authenticate(&token, Freshness::Live).await {
+                            // The same server generation, or nothing.
+                            Ok(now) => {
+                                unanswered.store(0, Ordering::Relaxed);
+                                now.server_uid == server_uid
+                            }
+                            // Not a verdict: one period of grace, then the watch ends (fail
+                            // closed) and the gateway's relist meets the outage itself.
+                            Err(GatewayRefusal::Unavailable(e)) => {
+                                tracing::warn!(error = %e, "cannot re-verify a gateway watch");
+                                unanswered.fetch_add(1, Ordering::Relaxed) < 1
+                            }
+                            Err(_) => false,
+                        }
+                    })
+                })
+            },
+        };
+        watch::watch::<AccessSession, S>(
+            &self.app,
+            req.namespace.map(str::to_string),
+            options,
+            rendering,
+            slot,
+            Some(guard),
+        )
+        .await
+    }
+}
+
+/// The answer to a refused gateway: 401 with a reason that names no object, or 503 when
+/// the authority could not be asked.
+fn refused(refusal: GatewayRefusal) -> ApiError {
+    match refusal {
+        GatewayRefusal::Unavailable(e) => {
+            tracing::warn!(error = %e, "gateway authentication unavailable");
+            ApiError::unavailable("authentication is unavailable; retry later")
+        }
+        refusal => ApiError::unauthorized_because(format!("Unauthorized: {refusal}")),
+    }
+}

@@ -1,0 +1,446 @@
+//! The gateway sync listener's scope and surface, over a real PostgreSQL store, driven
+//! through `SyncState::handle` without sockets. Who a gateway is comes from a fixed table
+//! here (kube-apiserver's TokenReview and the live owner chain are exercised end to end in
+//! `e2e/tests/cluster/gateway_*.rs`): what is under test is that no request shape reaches
+//! outside the gateway's server — namespaces, names, label and field selectors, pages,
+//! streaming lists, watches from a resourceVersion, Table rendering — and that nothing but
+//! reads of sessions is served.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apiserver::auth::{
+    AllowAuthenticated, Freshness, GatewayAuthenticator, GatewayIdentity, GatewayRefusal, TokenFile,
+};
+use apiserver::http::{AppState, HttpConfig, HttpMetrics, SyncState};
+use apiserver::store::PgStore;
+use async_trait::async_trait;
+use axum::body::Body;
+use http::{Method, Request};
+use http_body_util::BodyExt;
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+use support::{mk_session, StoreExt, TestDb};
+
+const A_TOKEN: &str = "gateway-a-token";
+const B_TOKEN: &str = "gateway-b-token";
+const NS: &str = "team";
+const OTHER_NS: &str = "elsewhere";
+const SERVER_A: &str = "uid-server-a";
+const SERVER_B: &str = "uid-server-b";
+const SESSIONS: &str = "/apis/access.mcp-runtime.dev/v1alpha1/accesssessions";
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+
+fn ns_sessions(ns: &str) -> String {
+    format!("/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions")
+}
+
+/// Gateways by token; a test may take one's chain away.
+#[derive(Default)]
+struct Gateways(Mutex<HashMap<String, GatewayIdentity>>);
+
+impl Gateways {
+    fn with(gateways: &[(&str, &str, &str)]) -> Arc<Self> {
+        let me = Self::default();
+        for (token, ns, server_uid) in gateways {
+            me.0.lock().unwrap().insert(
+                token.to_string(),
+                GatewayIdentity {
+                    user: format!("system:serviceaccount:{ns}:gw"),
+                    namespace: ns.to_string(),
+                    pod_uid: format!("pod-of-{token}"),
+                    server_name: "github".into(),
+                    server_uid: server_uid.to_string(),
+                },
+            );
+        }
+        Arc::new(me)
+    }
+
+    fn break_chain(&self, token: &str) {
+        self.0.lock().unwrap().remove(token);
+    }
+}
+
+#[async_trait]
+impl GatewayAuthenticator for Gateways {
+    async fn authenticate(
+        &self,
+        token: &str,
+        _freshness: Freshness,
+    ) -> Result<GatewayIdentity, GatewayRefusal> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(token)
+            .cloned()
+            .ok_or(GatewayRefusal::ChainBroken)
+    }
+}
+
+struct Sync {
+    sync: SyncState<PgStore>,
+    store: PgStore,
+    gateways: Arc<Gateways>,
+    /// Kept: watches end when the server's shutdown channel closes.
+    _shutdown: tokio::sync::watch::Sender<bool>,
+    _db: TestDb,
+}
+
+impl Sync {
+    async fn start(reverify: Duration) -> Self {
+        let db = TestDb::new().await;
+        let store = db.store().await;
+        let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+        let app = AppState::new(
+            store.clone(),
+            // The API listener's users are not gateways.
+            Arc::new(
+                TokenFile::parse("admin-token,admin,admin-uid,\"system:masters\"\n", "test")
+                    .expect("token file"),
+            ),
+            Arc::new(AllowAuthenticated),
+            HttpConfig::default(),
+            HttpMetrics::register(&mut Registry::default()),
+            shutdown,
+        );
+        let gateways = Gateways::with(&[(A_TOKEN, NS, SERVER_A), (B_TOKEN, NS, SERVER_B)]);
+        let sync = SyncState::new(app, gateways.clone(), reverify);
+        // A's sessions in its namespace; B's beside them; A's server UID in another
+        // namespace (another namespace's server of that UID is not A's).
+        for (ns, name, uid) in [
+            (NS, "a-1", SERVER_A),
+            (NS, "a-2", SERVER_A),
+            (NS, "a-3", SERVER_A),
+            (NS, "b-1", SERVER_B),
+            (NS, "b-2", SERVER_B),
+            (OTHER_NS, "a-elsewhere", SERVER_A),
+        ] {
+            store
+                .create_session(mk_session(ns, name, uid), false)
+                .await
+                .expect("session created");
+        }
+        Self {
+            sync,
+            store,
+            gateways,
+            _shutdown: shutdown_tx,
+            _db: db,
+        }
+    }
+
+    async fn send(&self, method: Method, token: &str, path: &str, accept: &str) -> (u16, Value) {
+        let response = self
+            .sync
+            .clone()
+            .handle(
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("authorization", format!("Bearer {token}"))
+                    .header("accept", accept)
+                    .header("content-type", "application/json")
+                    .body(Body::from("{}"))
+                    .unwrap(),
+            )
+            .await;
+        let code = response.status().as_u16();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        self.send(Method::GET, token, path, "application/json")
+            .await
+    }
+
+    /// The names a list answers with, after checking it is a 200 AccessSessionList.
+    async fn names(&self, token: &str, path: &str) -> Vec<String> {
+        let (code, body) = self.get(token, path).await;
+        assert_eq!(code, 200, "{path}: {body}");
+        assert_eq!(body["kind"], "AccessSessionList", "{path}: {body}");
+        names(&body)
+    }
+
+    /// Opens a watch and returns its body, to read events from.
+    async fn watch(&self, token: &str, path: &str) -> Body {
+        let response = self
+            .sync
+            .clone()
+            .handle(
+                Request::builder()
+                    .uri(path)
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(response.status(), 200, "{path}");
+        response.into_body()
+    }
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            i["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Reads watch events until `n` arrived or `within` passed; `None` as the last element when
+/// the stream ended.
+async fn events(body: &mut Body, n: usize, within: Duration) -> (Vec<Value>, bool) {
+    let mut out = Vec::new();
+    let mut buffer = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+                while let Some(i) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=i).collect();
+                    out.push(serde_json::from_slice(&line).expect("an event per line"));
+                }
+            }
+            Ok(_) => return (out, true),
+            Err(_) => break,
+        }
+    }
+    (out, false)
+}
+
+fn event_names(events: &[Value], kind: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .map(|e| {
+            e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn lists_hold_only_the_gateways_server_in_its_namespace_whatever_is_asked() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    let own = ["a-1", "a-2", "a-3"];
+    assert_eq!(s.names(A_TOKEN, SESSIONS).await, own);
+    assert_eq!(s.names(A_TOKEN, &ns_sessions(NS)).await, own);
+    assert_eq!(s.names(B_TOKEN, SESSIONS).await, ["b-1", "b-2"]);
+    // Another namespace, though it holds a session of the same server UID.
+    assert!(s.names(A_TOKEN, &ns_sessions(OTHER_NS)).await.is_empty());
+    for selector in [
+        format!("fieldSelector=spec.server.uid%3D{SERVER_B}"),
+        format!("fieldSelector=spec.server.uid!%3D{SERVER_A}"),
+        format!("fieldSelector=metadata.namespace%3D{OTHER_NS}"),
+        "fieldSelector=metadata.name%3Db-1".to_string(),
+        "labelSelector=nothing%3Dhere".to_string(),
+    ] {
+        assert!(
+            s.names(A_TOKEN, &format!("{SESSIONS}?{selector}"))
+                .await
+                .is_empty(),
+            "{selector}"
+        );
+    }
+    // Selectors inside the scope narrow it as usual.
+    assert_eq!(
+        s.names(
+            A_TOKEN,
+            &format!("{SESSIONS}?fieldSelector=metadata.name%3Da-2")
+        )
+        .await,
+        ["a-2"]
+    );
+    // Pages walk the scope only.
+    let mut seen = Vec::new();
+    let mut next = format!("{SESSIONS}?limit=1");
+    loop {
+        let (code, page) = s.get(A_TOKEN, &next).await;
+        assert_eq!(code, 200, "{page}");
+        seen.extend(names(&page));
+        match page["metadata"]["continue"].as_str() {
+            Some(token) if !token.is_empty() => {
+                next = format!("{SESSIONS}?limit=1&continue={token}")
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(seen, own);
+    // kubectl's Table rendering too.
+    let (code, table) = s.send(Method::GET, A_TOKEN, &ns_sessions(NS), TABLE).await;
+    assert_eq!(code, 200, "{table}");
+    let rows: Vec<&str> = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["object"]["metadata"]["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(rows, own);
+}
+
+#[tokio::test]
+async fn another_servers_session_is_the_404_of_a_missing_one() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    let (code, own) = s.get(A_TOKEN, &format!("{}/a-1", ns_sessions(NS))).await;
+    assert_eq!((code, own["metadata"]["name"].as_str()), (200, Some("a-1")));
+    let (code, missing) = s.get(A_TOKEN, &format!("{}/b-9", ns_sessions(NS))).await;
+    assert_eq!(code, 404, "{missing}");
+    for (ns, name) in [(NS, "b-1"), (OTHER_NS, "a-elsewhere")] {
+        let (code, theirs) = s.get(A_TOKEN, &format!("{}/{name}", ns_sessions(ns))).await;
+        assert_eq!(code, 404, "{theirs}");
+        // The very answer a missing name gets, but for the name: no hint it exists.
+        let expected = serde_json::to_string(&missing)
+            .unwrap()
+            .replace("b-9", name);
+        assert_eq!(serde_json::to_string(&theirs).unwrap(), expected);
+    }
+}
+
+#[tokio::test]
+async fn watches_and_streaming_lists_carry_only_the_gateways_sessions() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    // A streaming list (what client-go's WatchList sends).
+    let mut streaming = s
+        .watch(
+            A_TOKEN,
+            &format!("{SESSIONS}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"),
+        )
+        .await;
+    let (initial, ended) = events(&mut streaming, 4, Duration::from_secs(5)).await;
+    assert!(!ended);
+    assert_eq!(event_names(&initial, "ADDED"), ["a-1", "a-2", "a-3"]);
+    assert_eq!(initial[3]["type"], "BOOKMARK");
+    // A watch from a resourceVersion sees A's changes and not B's.
+    let (_, list) = s.get(A_TOKEN, SESSIONS).await;
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut from_rv = s
+        .watch(A_TOKEN, &format!("{SESSIONS}?watch=1&resourceVersion={rv}"))
+        .await;
+    for (ns, name, uid) in [
+        (NS, "b-new", SERVER_B),
+        (OTHER_NS, "a-new-elsewhere", SERVER_A),
+        (NS, "a-new", SERVER_A),
+    ] {
+        s.store
+            .create_session(mk_session(ns, name, uid), false)
+            .await
+            .unwrap();
+    }
+    support::revoke(&s.store, NS, "b-1", "user_requested").await;
+    support::revoke(&s.store, NS, "a-1", "user_requested").await;
+    for body in [&mut from_rv, &mut streaming] {
+        let (seen, _) = events(body, 2, Duration::from_secs(5)).await;
+        let seen: Vec<&Value> = seen.iter().filter(|e| e["type"] != "BOOKMARK").collect();
+        let seen: Vec<Value> = seen.into_iter().cloned().collect();
+        assert_eq!(event_names(&seen, "ADDED"), ["a-new"], "{seen:?}");
+        assert_eq!(event_names(&seen, "MODIFIED"), ["a-1"], "{seen:?}");
+        // Nothing else arrives: B's revocation and the other namespace's session never do.
+        let (more, _) = events(body, 1, Duration::from_millis(300)).await;
+        assert!(more.iter().all(|e| e["type"] == "BOOKMARK"), "{more:?}");
+    }
+}
+
+#[tokio::test]
+async fn only_reads_of_sessions_are_served() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    let one = format!("{}/a-1", ns_sessions(NS));
+    for (method, path) in [
+        (Method::POST, ns_sessions(NS)),
+        (Method::PUT, one.clone()),
+        (Method::PATCH, one.clone()),
+        (Method::DELETE, one.clone()),
+        (Method::DELETE, ns_sessions(NS)),
+    ] {
+        let (code, body) = s
+            .send(method.clone(), A_TOKEN, &path, "application/json")
+            .await;
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (405, Some("MethodNotAllowed")),
+            "{method} {path}: {body}"
+        );
+    }
+    let nothing_else = [
+        "/apis/access.mcp-runtime.dev/v1alpha1/agents".to_string(),
+        "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/team/revocations".to_string(),
+        "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/team/enrollments".to_string(),
+        format!("{one}/status"),
+        "/openapi/v2".to_string(),
+        "/openapi/v3".to_string(),
+        "/api/v1/namespaces/team/pods".to_string(),
+    ];
+    for path in nothing_else {
+        let (code, body) = s.get(A_TOKEN, &path).await;
+        assert_eq!(code, 404, "{path}: {body}");
+    }
+    // Discovery names sessions, read-only, and nothing else.
+    let (code, list) = s
+        .get(A_TOKEN, "/apis/access.mcp-runtime.dev/v1alpha1")
+        .await;
+    assert_eq!(code, 200);
+    let resources = list["resources"].as_array().unwrap();
+    assert_eq!(resources.len(), 1, "{list}");
+    assert_eq!(resources[0]["name"], "accesssessions");
+    assert_eq!(
+        resources[0]["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
+}
+
+#[tokio::test]
+async fn unknown_gateways_are_401_with_a_reason_that_names_no_object() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    for token in ["", "not-a-gateway"] {
+        let (code, body) = s.get(token, SESSIONS).await;
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (401, Some("Unauthorized")),
+            "{body}"
+        );
+        let message = body["message"].as_str().unwrap_or_default();
+        for named in [NS, "github", SERVER_A, SERVER_B, "pod-of-"] {
+            assert!(!message.contains(named), "{message}");
+        }
+    }
+    // Discovery too is for gateways only; health is for everyone.
+    let (code, _) = s.get("not-a-gateway", "/apis").await;
+    assert_eq!(code, 401);
+    let (code, _) = s.get("", "/readyz").await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test]
+async fn an_open_watch_ends_when_the_gateways_chain_breaks() {
+    let s = Sync::start(Duration::from_millis(200)).await;
+    let mut a = s.watch(A_TOKEN, &format!("{SESSIONS}?watch=1")).await;
+    let mut b = s.watch(B_TOKEN, &format!("{SESSIONS}?watch=1")).await;
+    let (first, _) = events(&mut a, 3, Duration::from_secs(5)).await;
+    assert_eq!(first.len(), 3);
+    s.gateways.break_chain(A_TOKEN);
+    let (_, ended) = events(&mut a, usize::MAX, Duration::from_secs(5)).await;
+    assert!(ended, "the watch outlived its chain");
+    // The other gateway's watch goes on.
+    let (_, ended) = events(&mut b, usize::MAX, Duration::from_millis(600)).await;
+    assert!(!ended);
+    let (code, _) = s.get(A_TOKEN, SESSIONS).await;
+    assert_eq!(code, 401);
+}
