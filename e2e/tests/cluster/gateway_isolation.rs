@@ -1014,62 +1014,69 @@ pub fn gateway_token_of_a_deleted_pod_is_unauthorized(c: &mut LocalCluster) -> R
     Ok(())
 }
 
-/// The ReplicaSet is deleted; the Deployment controller re-creates it under the same name
-/// with a new UID: the old Pod's token is refused, the new Pod's works.
+/// The ReplicaSet is deleted and the Deployment controller re-creates it under the same
+/// name with a new UID, while the old Pod is held by a finalizer (so its chain still
+/// resolves by name, only the ReplicaSet's UID differs): the old Pod's token is refused, the
+/// new Pod's works.
 pub fn gateway_token_after_replicaset_recreated_is_unauthorized(
     c: &mut LocalCluster,
 ) -> Result<(), String> {
     let ns = "e2e-gwi-rs";
     let (chain, sync, token) = one_gateway(c, ns)?;
-    kubectl_ok(
-        c,
-        &[
-            "delete",
-            "replicaset",
-            &chain.replicaset,
-            "-n",
+    hold(c, ns, "pod", &chain.pod)?;
+    let result = (|| {
+        kubectl_ok(
+            c,
+            &[
+                "delete",
+                "replicaset",
+                &chain.replicaset,
+                "-n",
+                ns,
+                "--wait=false",
+            ],
+        )?;
+        let (rs, rs_uid) = wait_new_owned(
+            c,
             ns,
-            "--wait=false",
-        ],
-    )?;
-    let took = eventually_unauthorized(
-        &sync,
-        &token,
-        &sessions_path(Some(ns)),
-        "re-created ReplicaSet",
-    )?;
-    eprintln!("gateway_isolation: a re-created ReplicaSet's old token refused after {took:?}");
-    let (rs, rs_uid) = wait_new_owned(
-        c,
-        ns,
-        "replicasets",
-        &chain.deployment_uid,
-        &chain.replicaset_uid,
-    )?;
-    ensure!(
-        rs == chain.replicaset,
-        "expected the ReplicaSet re-created under its name {}, got {rs}",
-        chain.replicaset
-    );
-    let (pod, pod_uid) = c
-        .wait_owned(ns, "pods", &rs_uid)
-        .map_err(|e| format!("{e:#}"))?;
-    let fresh = GatewayChain {
-        replicaset_uid: rs_uid,
-        pod,
-        pod_uid,
-        ..chain
-    };
-    let reply = sync.get(&sessions_path(Some(ns)), &gateway_token(c, &fresh)?)?;
-    ensure!(
-        reply.code == 200,
-        "the new Pod's token: {} {}",
-        reply.code,
-        reply.text
-    );
-    // The old token stays refused.
-    expect_unauthorized(&sync.get(&sessions_path(Some(ns)), &token)?, "old token")?;
-    Ok(())
+            "replicasets",
+            &chain.deployment_uid,
+            &chain.replicaset_uid,
+        )?;
+        ensure!(
+            rs == chain.replicaset,
+            "expected the ReplicaSet re-created under its name {}, got {rs}",
+            chain.replicaset
+        );
+        kubectl_ok(c, &["get", "pod", &chain.pod, "-n", ns])?;
+        let took = eventually_unauthorized(
+            &sync,
+            &token,
+            &sessions_path(Some(ns)),
+            "re-created ReplicaSet",
+        )?;
+        eprintln!("gateway_isolation: a re-created ReplicaSet's old token refused after {took:?}");
+        let (pod, pod_uid) = c
+            .wait_owned(ns, "pods", &rs_uid)
+            .map_err(|e| format!("{e:#}"))?;
+        let fresh = GatewayChain {
+            replicaset_uid: rs_uid,
+            pod,
+            pod_uid,
+            ..chain.clone()
+        };
+        let reply = sync.get(&sessions_path(Some(ns)), &gateway_token(c, &fresh)?)?;
+        ensure!(
+            reply.code == 200,
+            "the new Pod's token: {} {}",
+            reply.code,
+            reply.text
+        );
+        // The old token stays refused.
+        expect_unauthorized(&sync.get(&sessions_path(Some(ns)), &token)?, "old token")
+    })();
+    release(c, ns, "pod", &chain.pod);
+    result
 }
 
 /// Waits for an object of `resource` controlled by `owner_uid` other than `old_uid`.
@@ -1096,65 +1103,73 @@ fn wait_new_owned(
     }
 }
 
-/// The Deployment is deleted and re-created under the same name (same MCPServer owner):
-/// the old Pod's token is refused, the new chain's works.
+/// The Deployment is deleted and re-created under the same name (same MCPServer owner)
+/// while the old ReplicaSet is held by a finalizer (so the old Pod lives and its chain
+/// resolves by name; only the Deployment's UID differs): the old Pod's token is refused, the
+/// new chain's works.
 pub fn gateway_token_after_deployment_recreated_is_unauthorized(
     c: &mut LocalCluster,
 ) -> Result<(), String> {
     let ns = "e2e-gwi-deploy";
     let (chain, sync, token) = one_gateway(c, ns)?;
-    kubectl_ok(
-        c,
-        &[
-            "delete",
-            "deployment",
-            &chain.deployment,
-            "-n",
-            ns,
-            "--wait=false",
-        ],
-    )?;
-    wait_gone(c, ns, "deployment", &chain.deployment)?;
-    let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) = c
-        .create_gateway_deployment(
-            ns,
-            &chain.deployment,
-            &chain.service_account,
-            Some((
-                "mcp-runtime.dev/v1alpha1",
-                "MCPServer",
-                &chain.server,
-                &chain.server_uid,
-            )),
-        )
-        .map_err(|e| format!("{e:#}"))?;
-    ensure!(
-        deployment_uid != chain.deployment_uid,
-        "the Deployment was not re-created"
-    );
-    let took = eventually_unauthorized(
-        &sync,
-        &token,
-        &sessions_path(Some(ns)),
-        "re-created Deployment",
-    )?;
-    eprintln!("gateway_isolation: a re-created Deployment's old token refused after {took:?}");
-    let fresh = GatewayChain {
-        deployment_uid,
-        replicaset,
-        replicaset_uid,
-        pod,
-        pod_uid,
-        ..chain
-    };
-    let reply = sync.get(&sessions_path(Some(ns)), &gateway_token(c, &fresh)?)?;
-    ensure!(
-        reply.code == 200,
-        "the new chain's token: {} {}",
-        reply.code,
-        reply.text
-    );
-    Ok(())
+    hold(c, ns, "replicaset", &chain.replicaset)?;
+    let result = (|| {
+        kubectl_ok(
+            c,
+            &[
+                "delete",
+                "deployment",
+                &chain.deployment,
+                "-n",
+                ns,
+                "--wait=false",
+            ],
+        )?;
+        wait_gone(c, ns, "deployment", &chain.deployment)?;
+        let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) = c
+            .create_gateway_deployment(
+                ns,
+                &chain.deployment,
+                &chain.service_account,
+                Some((
+                    "mcp-runtime.dev/v1alpha1",
+                    "MCPServer",
+                    &chain.server,
+                    &chain.server_uid,
+                )),
+            )
+            .map_err(|e| format!("{e:#}"))?;
+        ensure!(
+            deployment_uid != chain.deployment_uid,
+            "the Deployment was not re-created"
+        );
+        kubectl_ok(c, &["get", "pod", &chain.pod, "-n", ns])?;
+        let took = eventually_unauthorized(
+            &sync,
+            &token,
+            &sessions_path(Some(ns)),
+            "re-created Deployment",
+        )?;
+        eprintln!("gateway_isolation: a re-created Deployment's old token refused after {took:?}");
+        let fresh = GatewayChain {
+            deployment_uid,
+            replicaset,
+            replicaset_uid,
+            pod,
+            pod_uid,
+            ..chain.clone()
+        };
+        let reply = sync.get(&sessions_path(Some(ns)), &gateway_token(c, &fresh)?)?;
+        ensure!(
+            reply.code == 200,
+            "the new chain's token: {} {}",
+            reply.code,
+            reply.text
+        );
+        Ok(())
+    })();
+    release(c, ns, "replicaset", &chain.replicaset);
+    result
 }
 
 /// The MCPServer is deleted and re-created under the same name (a new UID) while its
