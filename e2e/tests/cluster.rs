@@ -126,6 +126,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         gateway_isolation::gateway_token_of_a_deleted_pod_is_unauthorized,
     ),
     (
+        "gateway_token_of_a_recreated_pod_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_recreated_pod_is_unauthorized,
+    ),
+    (
         "gateway_token_after_replicaset_recreated_is_unauthorized",
         gateway_isolation::gateway_token_after_replicaset_recreated_is_unauthorized,
     ),

@@ -1014,6 +1014,70 @@ pub fn gateway_token_of_a_deleted_pod_is_unauthorized(c: &mut LocalCluster) -> R
     Ok(())
 }
 
+/// The token's Pod is deleted and a namesake created in its place (same name, same
+/// ReplicaSet, a new UID): the old token is refused, the namesake's own token works, so only
+/// the Pod's UID told them apart. The ReplicaSet is held deleting by a finalizer, so that its
+/// controller neither replaces the Pod nor removes the namesake.
+pub fn gateway_token_of_a_recreated_pod_is_unauthorized(
+    c: &mut LocalCluster,
+) -> Result<(), String> {
+    let ns = "e2e-gwi-repod";
+    let (chain, sync, token) = one_gateway(c, ns)?;
+    hold(c, ns, "replicaset", &chain.replicaset)?;
+    let result = (|| {
+        kubectl_ok(
+            c,
+            &[
+                "delete",
+                "replicaset",
+                &chain.replicaset,
+                "-n",
+                ns,
+                "--wait=false",
+            ],
+        )?;
+        kubectl_ok(c, &["delete", "pod", &chain.pod, "-n", ns])?;
+        let namesake = apply(
+            c,
+            &json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": chain.pod, "namespace": ns,
+                    "labels": {"app": chain.deployment},
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                        "name": chain.replicaset, "uid": chain.replicaset_uid,
+                        "controller": true, "blockOwnerDeletion": true,
+                    }],
+                },
+                "spec": {
+                    "serviceAccountName": chain.service_account,
+                    "containers": [{"name": "gateway", "image": "registry.invalid/mcp/gateway:1"}],
+                },
+            }),
+        )?;
+        let namesake_uid = uid_of(&namesake)?;
+        ensure!(namesake_uid != chain.pod_uid, "the namesake kept the UID");
+        let took =
+            eventually_unauthorized(&sync, &token, &sessions_path(Some(ns)), "re-created Pod")?;
+        eprintln!("gateway_isolation: a re-created Pod's old token refused after {took:?}");
+        let fresh = GatewayChain {
+            pod_uid: namesake_uid,
+            ..chain.clone()
+        };
+        let reply = sync.get(&sessions_path(Some(ns)), &gateway_token(c, &fresh)?)?;
+        ensure!(
+            reply.code == 200,
+            "the namesake's own token: {} {}",
+            reply.code,
+            reply.text
+        );
+        Ok(())
+    })();
+    release(c, ns, "replicaset", &chain.replicaset);
+    result
+}
+
 /// The ReplicaSet is deleted and the Deployment controller re-creates it under the same
 /// name with a new UID, while the old Pod is held by a finalizer (so its chain still
 /// resolves by name, only the ReplicaSet's UID differs): the old Pod's token is refused, the
