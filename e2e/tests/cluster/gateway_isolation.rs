@@ -10,8 +10,12 @@
 //! asks, it must get alpha's sessions in alpha's namespace and nothing else — never a 403 or
 //! an error that would tell it another server's session exists.
 //!
+//! The "re-created" cases hold the old objects in a deleting state with a finalizer
+//! ([`HOLD`]) so that the old chain still resolves by name and only a UID differs: what
+//! refuses the token is then the UID check, not a missing object.
+//!
 //! The harness starts the apiserver with `--gateway-reverify-interval=2s` (see `main`), so a
-//! broken chain must be noticed within [`REVERIFY`].
+//! broken chain must be noticed within [`REVERIFY`] (plus lookups: [`CHAIN_BREAK_BOUND`]).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
