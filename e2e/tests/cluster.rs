@@ -36,8 +36,6 @@ macro_rules! ensure {
 mod fences;
 #[path = "cluster/gateway_isolation.rs"]
 mod gateway_isolation;
-#[path = "cluster/gateway_sync.rs"]
-mod gateway_sync;
 #[path = "cluster/roles.rs"]
 mod roles;
 
@@ -88,10 +86,6 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "kube_apiserver_unreachable_answers_503",
         delegated_auth::kube_apiserver_unreachable_answers_503,
-    ),
-    (
-        "gateway_sync_serves_its_own_server",
-        gateway_sync::gateway_sync_serves_its_own_server,
     ),
     (
         "gateway_lists_only_its_servers_sessions",
