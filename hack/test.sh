@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit, storage (real PostgreSQL), interop (real kubectl, kube-rs) and
-# end-to-end (real etcd + kube-apiserver + kube-controller-manager, a client-go informer).
+# end-to-end (real etcd + kube-apiserver + kube-controller-manager, client-go informers).
 # Starts its own PostgreSQL in a temporary directory and never touches any other database.
-# Kubernetes binaries and the informer are built once and cached outside the repository.
+# Kubernetes binaries and the client-go programs are built once and cached outside the repository.
 # Extra arguments go to `cargo test` (e.g. `-p apiserver --test kubectl`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,8 @@ eval "$kube_env"
 export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
 MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
 export MCP_ACCESS_INFORMER_BIN
+MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
+export MCP_ACCESS_GATEWAY_INFORMER_BIN
 cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz

@@ -4,7 +4,7 @@
 //! order so the cluster is always torn down, and reports each by name.
 //!
 //! Needs (set by `hack/test.sh`): MCP_TEST_DATABASE_URL, MCP_ACCESS_APISERVER_BIN,
-//! MCP_ACCESS_INFORMER_BIN.
+//! MCP_ACCESS_INFORMER_BIN, MCP_ACCESS_GATEWAY_INFORMER_BIN.
 //!
 //! Arguments are libtest's (`e2e::harness`): filters, `--exact`, `--skip`, `--list`; the other
 //! harness flags and their values are accepted and ignored. A selection of zero scenarios fails.
@@ -36,8 +36,8 @@ macro_rules! ensure {
 mod fences;
 #[path = "cluster/gateway_cache.rs"]
 mod gateway_cache;
-#[path = "cluster/gateway_sync.rs"]
-mod gateway_sync;
+#[path = "cluster/gateway_isolation.rs"]
+mod gateway_isolation;
 #[path = "cluster/roles.rs"]
 mod roles;
 
@@ -90,8 +90,84 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         delegated_auth::kube_apiserver_unreachable_answers_503,
     ),
     (
-        "gateway_sync_serves_its_own_server",
-        gateway_sync::gateway_sync_serves_its_own_server,
+        "gateway_lists_only_its_servers_sessions",
+        gateway_isolation::gateway_lists_only_its_servers_sessions,
+    ),
+    (
+        "gateway_get_of_another_servers_session_is_not_found",
+        gateway_isolation::gateway_get_of_another_servers_session_is_not_found,
+    ),
+    (
+        "gateway_selectors_never_widen_its_scope",
+        gateway_isolation::gateway_selectors_never_widen_its_scope,
+    ),
+    (
+        "gateway_watches_only_its_servers_sessions",
+        gateway_isolation::gateway_watches_only_its_servers_sessions,
+    ),
+    (
+        "gateway_streaming_list_sends_only_its_servers_sessions",
+        gateway_isolation::gateway_streaming_list_sends_only_its_servers_sessions,
+    ),
+    (
+        "gateway_token_with_wrong_audience_is_unauthorized",
+        gateway_isolation::gateway_token_with_wrong_audience_is_unauthorized,
+    ),
+    (
+        "gateway_token_without_pod_binding_is_unauthorized",
+        gateway_isolation::gateway_token_without_pod_binding_is_unauthorized,
+    ),
+    (
+        "gateway_token_of_a_deleted_pod_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_deleted_pod_is_unauthorized,
+    ),
+    (
+        "gateway_token_of_a_recreated_pod_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_recreated_pod_is_unauthorized,
+    ),
+    (
+        "gateway_token_after_replicaset_recreated_is_unauthorized",
+        gateway_isolation::gateway_token_after_replicaset_recreated_is_unauthorized,
+    ),
+    (
+        "gateway_token_after_deployment_recreated_is_unauthorized",
+        gateway_isolation::gateway_token_after_deployment_recreated_is_unauthorized,
+    ),
+    (
+        "gateway_token_after_mcpserver_recreated_is_unauthorized",
+        gateway_isolation::gateway_token_after_mcpserver_recreated_is_unauthorized,
+    ),
+    (
+        "gateway_token_of_a_deleting_mcpserver_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_deleting_mcpserver_is_unauthorized,
+    ),
+    (
+        "gateway_token_of_a_pod_outside_an_mcpserver_chain_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_pod_outside_an_mcpserver_chain_is_unauthorized,
+    ),
+    (
+        "plain_user_credentials_are_unauthorized_on_the_sync_listener",
+        gateway_isolation::plain_user_credentials_are_unauthorized_on_the_sync_listener,
+    ),
+    (
+        "gateway_token_is_unauthorized_on_the_api",
+        gateway_isolation::gateway_token_is_unauthorized_on_the_api,
+    ),
+    (
+        "writes_on_the_sync_listener_are_method_not_allowed",
+        gateway_isolation::writes_on_the_sync_listener_are_method_not_allowed,
+    ),
+    (
+        "other_resources_on_the_sync_listener_are_not_found",
+        gateway_isolation::other_resources_on_the_sync_listener_are_not_found,
+    ),
+    (
+        "open_watch_ends_when_the_deployment_is_deleted",
+        gateway_isolation::open_watch_ends_when_the_deployment_is_deleted,
+    ),
+    (
+        "client_go_gateway_informer_sees_only_its_servers_sessions",
+        gateway_isolation::client_go_gateway_informer_sees_only_its_servers_sessions,
     ),
     (
         "gateway_cache_revoke_to_deny",

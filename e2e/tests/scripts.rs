@@ -304,19 +304,21 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// `hack/test.sh` must stop when the Kubernetes build fails. Here it fails for want of Go
-/// (not on PATH, nothing cached); the informer is cached, so the next step would succeed
-/// and reach `cargo`, which is a stand-in that records being called.
+/// (not on PATH, nothing cached); the client-go programs are cached, so the next steps would
+/// succeed and reach `cargo`, which is a stand-in that records being called.
 #[test]
 fn test_sh_stops_when_the_kube_build_fails() {
     let work = temp_dir("test-sh");
     let cache_bin = work.join("cache/bin");
     std::fs::create_dir_all(&cache_bin).expect("cache dir");
-    let informer = PathBuf::from(need("MCP_ACCESS_INFORMER_BIN"));
-    std::fs::copy(
-        &informer,
-        cache_bin.join(informer.file_name().expect("informer file name")),
-    )
-    .expect("copy the cached informer");
+    for var in ["MCP_ACCESS_INFORMER_BIN", "MCP_ACCESS_GATEWAY_INFORMER_BIN"] {
+        let informer = PathBuf::from(need(var));
+        std::fs::copy(
+            &informer,
+            cache_bin.join(informer.file_name().expect("informer file name")),
+        )
+        .expect("copy the cached informer");
+    }
     let fake_bin = work.join("bin");
     std::fs::create_dir_all(&fake_bin).expect("bin dir");
     let marker = work.join("cargo-was-called");
@@ -362,8 +364,9 @@ fn test_sh_stops_when_the_kube_build_fails() {
 }
 
 /// What `hack/up.sh` runs: `KUBECONFIG=` comes only once kube-apiserver serves MCP Access's
-/// discovery and OpenAPI, so `kubectl explain` works at the first attempt right after it, and
-/// SIGTERM stops the whole control plane.
+/// discovery and OpenAPI, so `kubectl explain` works at the first attempt right after it,
+/// after the gateway sync listener's `GATEWAY_SYNC_URL=` and `GATEWAY_SYNC_CA=`, and SIGTERM
+/// stops the whole control plane.
 #[test]
 fn up_prints_kubeconfig_only_when_explain_works() {
     let dir = temp_dir("up");
@@ -380,12 +383,14 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         .spawn()
         .expect("mcp-access-local starts");
     let stdout = lines(child.stdout.take().expect("stdout"));
+    let mut printed = Vec::new();
     let kubeconfig = loop {
         match stdout.recv_timeout(Duration::from_secs(300)) {
             Ok(line) => {
                 if let Some(path) = line.strip_prefix("KUBECONFIG=") {
                     break PathBuf::from(path);
                 }
+                printed.push(line);
             }
             Err(e) => {
                 let _ = child.kill();
@@ -403,6 +408,35 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         .env_remove("KUBECONFIG")
         .output()
         .expect("kubectl runs");
+    // The gateway sync listener's URL and CA come before KUBECONFIG= and work together:
+    // TLS verifies with that CA and the listener answers (401 without a token).
+    let value = |key: &str| {
+        printed
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::to_string)
+    };
+    let sync = value("GATEWAY_SYNC_URL=")
+        .zip(value("GATEWAY_SYNC_CA="))
+        .map(|(url, ca)| {
+            Command::new("curl")
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "10",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                ])
+                .arg("--cacert")
+                .arg(&ca)
+                .arg(format!(
+                    "{url}/apis/access.mcp-runtime.dev/v1alpha1/accesssessions"
+                ))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        });
     let pids: Vec<String> = std::fs::read_dir(dir.join("run"))
         .map(|entries| {
             entries
@@ -420,6 +454,11 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         explain.status.success() && String::from_utf8_lossy(&explain.stdout).contains("expiresAt"),
         "kubectl explain right after KUBECONFIG=: {}\n{log}",
         String::from_utf8_lossy(&explain.stderr)
+    );
+    assert!(
+        matches!(&sync, Some(Ok(code)) if code == "401"),
+        "GATEWAY_SYNC_URL= and GATEWAY_SYNC_CA= before KUBECONFIG=, the listener answering 401 \
+         without a token: printed {printed:?}, got {sync:?}\n{log}"
     );
     assert!(
         status.success(),

@@ -1,6 +1,7 @@
 //! `mcp-access-local`: the product on this machine (what `hack/up.sh` runs). Starts etcd,
 //! kube-apiserver, kube-controller-manager, PostgreSQL and MCP Access behind its APIService,
-//! prints `KUBECONFIG=<path>` when ready and runs until interrupted.
+//! prints `GATEWAY_SYNC_URL=<url>`, `GATEWAY_SYNC_CA=<path>` (the gateway sync listener) and
+//! `KUBECONFIG=<path>` when ready and runs until interrupted.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -37,6 +38,10 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or("?"),
         cluster.dir.join("logs").display()
     );
+    // What a gateway needs besides its Pod-bound token (see the README); printed before
+    // KUBECONFIG= so that a reader waiting for KUBECONFIG= has all three.
+    println!("GATEWAY_SYNC_URL={}", cluster.sync_url());
+    println!("GATEWAY_SYNC_CA={}", cluster.sync_ca().display());
     println!("KUBECONFIG={}", cluster.kubeconfig.display());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
