@@ -188,7 +188,11 @@ impl SessionCache {
             metrics,
         });
         shared.metrics.sync_age.attach(&shared);
-        let task = tokio::spawn(sync_loop(shared.clone()));
+        let span = tracing::info_span!("session_sync", sync_url = %config.sync_url);
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            sync_loop(shared.clone()),
+            span,
+        ));
         Ok((Self { shared }, SyncTask(task)))
     }
 
