@@ -387,3 +387,42 @@ async fn invalid_security_settings_stop_startup() {
     assert!(err.contains("may only be shortened"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_long_polls_and_exits_cleanly() {
+    let server = Apiserver::start(&[]).await;
+    server
+        .create_session("team-a", "alice", SERVER_UID, HOUR)
+        .await;
+    let mut sidecar = Sidecar::start(&server, &[]);
+    sidecar.wait_ready().await;
+    let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.base);
+    let poll = tokio::spawn(async move {
+        let resp = reqwest::get(url).await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<serde_json::Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let term = Command::new("kill")
+        .args(["-TERM", &sidecar.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let (status, body) = tokio::time::timeout(Duration::from_secs(5), poll)
+        .await
+        .expect("the long-poll is answered when shutdown starts")
+        .unwrap();
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (503, Some("shutting_down"))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let exit = loop {
+        if let Some(status) = sidecar.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still running 5 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit}: {}", sidecar.log());
+}
