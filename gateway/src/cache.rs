@@ -62,6 +62,7 @@ impl Drop for SyncTask {
 pub struct SyncStatus {
     /// A complete list is held and fresh: decisions are taken from the snapshot.
     pub ready: bool,
+    /// Sessions in the snapshot.
     pub sessions: usize,
     /// Where the watch resumes; its epoch changes when the apiserver restarts.
     pub resource_version: Option<String>,
@@ -342,6 +343,7 @@ impl SessionCache {
         }
     }
 
+    /// Where the sync stands now.
     pub fn status(&self) -> SyncStatus {
         let st = self.shared.read();
         let now = Instant::now();

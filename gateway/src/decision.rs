@@ -48,11 +48,14 @@ impl fmt::Display for DenyReason {
 /// The answer for one request. Never cached: computed from the snapshot on every call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
+    /// The session may be used now.
     Allow,
+    /// Refused, and why.
     Deny(DenyReason),
 }
 
 impl Decision {
+    /// Whether this is [`Decision::Allow`].
     pub fn is_allow(self) -> bool {
         matches!(self, Self::Allow)
     }

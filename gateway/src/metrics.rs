@@ -23,6 +23,8 @@ pub struct CacheMetrics {
 }
 
 impl CacheMetrics {
+    /// Registers the cache's metrics in `registry`; pass the result to
+    /// [`crate::SessionCache::start_with_metrics`].
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register_collector(Box::new(metrics.sync_age.clone()));

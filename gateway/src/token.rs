@@ -21,6 +21,7 @@ impl TokenFile {
         Ok(file)
     }
 
+    /// Where the token is read from.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -33,10 +33,14 @@ pub const SESSION_MISSING: &str = "session_missing";
 /// The session header is not one `<namespace>/<name>` value.
 pub const SESSION_MALFORMED: &str = "session_malformed";
 
+/// What the handlers share.
 #[derive(Clone)]
 pub struct AuthzState {
+    /// The session cache every check is answered from.
     pub cache: SessionCache,
+    /// The request header naming the session.
     pub session_header: HeaderName,
+    /// What `/metrics` encodes.
     pub registry: Arc<Registry>,
     pub metrics: AuthzMetrics,
     /// Becomes true when shutdown starts.
@@ -56,6 +60,7 @@ pub struct AuthzMetrics {
 }
 
 impl AuthzMetrics {
+    /// Registers the check counters in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -67,6 +72,7 @@ impl AuthzMetrics {
     }
 }
 
+/// The sidecar's routes: its own endpoints, and the check on everything else.
 pub fn router(state: AuthzState) -> Router {
     Router::new()
         .route("/readyz", get(readyz))
