@@ -165,10 +165,19 @@ impl SessionCache {
     }
 
     /// [`SessionCache::start`], recording into `metrics`.
+    ///
+    /// `SESSION_SYNC_STALE_WINDOW`, when set, is honoured here too (an operator's way to
+    /// shorten the window of any gateway): the shorter of it and the configured window wins,
+    /// and a malformed value refuses to start.
     pub fn start_with_metrics(
-        config: CacheConfig,
+        mut config: CacheConfig,
         metrics: CacheMetrics,
     ) -> Result<(Self, SyncTask), crate::CacheError> {
+        if let Ok(raw) = std::env::var(crate::config::STALE_WINDOW_ENV) {
+            let from_env =
+                crate::config::parse_stale_window(&raw).map_err(crate::CacheError::StaleWindow)?;
+            config.stale_window = config.stale_window.min(from_env);
+        }
         if config.stale_window.is_zero() || config.stale_window > crate::config::MAX_STALE_WINDOW {
             return Err(crate::CacheError::StaleWindow(format!(
                 "{:?} is outside (0, 10m]",

@@ -385,6 +385,14 @@ async fn invalid_security_settings_stop_startup() {
     long.extend(["--stale-window".into(), "1h".into()]);
     let err = refused(&long);
     assert!(err.contains("may only be shortened"), "{err}");
+    let out = authz_command(&args(&server.url, &server.ca_file, &token))
+        .env("SESSION_SYNC_STALE_WINDOW", "soon")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a malformed SESSION_SYNC_STALE_WINDOW is refused"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
