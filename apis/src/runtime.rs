@@ -19,6 +19,7 @@ pub const RUNTIME_GROUP: &str = "mcp-runtime.dev";
     singular = "mcpserver",
     shortname = "mcps",
     namespaced,
+    status = "MCPServerStatus",
     doc = "An MCP server that runs behind a gateway. Its UID is what sessions grant access to (AccessSession spec.server.uid): a server deleted and re-created under the same name is another server.",
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.image"}"#,
     printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#,
@@ -36,6 +37,36 @@ pub struct MCPServerSpec {
     /// How clients speak MCP to the server.
     #[serde(default)]
     pub transport: Transport,
+    /// Environment of the MCP server container, from keys of a Secret in the server's
+    /// namespace. The workload is not deployed until the Secret exists with every key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_secret: Option<EnvSecret>,
+}
+
+/// A Secret whose keys become environment variables of the same names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvSecret {
+    /// Name of the Secret, in the MCPServer's namespace.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Keys the server needs; each becomes an environment variable of that name.
+    #[serde(default)]
+    pub keys: Vec<String>,
+}
+
+/// What the controllers observed and did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MCPServerStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `SecretsResolved`, `ImageAllowed`, `Retiring`, by Kubernetes condition
+    /// conventions. Each controller owns its own types (server-side apply keyed by `type`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 /// MCP transports a server can be reached over through its gateway.
