@@ -1,0 +1,55 @@
+//! Metrics of the retirement controller.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// The label of an error counter: why a reconcile failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Counters of the retirement controller, under the `retire` prefix.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    /// Reconciles that failed, by reason (`APIUnavailable`, `FenceRefused`, ...).
+    pub reconcile_errors: Family<ReasonLabel, Counter>,
+    /// `server_retired` Revocations this controller created (not those it found existing).
+    pub fences_created: Counter,
+    /// MCPServers whose fence was confirmed and whose finalizer was released.
+    pub retired: Counter,
+}
+
+impl Metrics {
+    /// Registers the counters in a `retire` sub-registry of `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("retire");
+        sub.register(
+            "reconcile_errors",
+            "Retirement reconciles that failed, by reason",
+            metrics.reconcile_errors.clone(),
+        );
+        sub.register(
+            "fences_created",
+            "server_retired Revocations created through the aggregated API",
+            metrics.fences_created.clone(),
+        );
+        sub.register(
+            "servers_retired",
+            "MCPServers fenced and released for deletion",
+            metrics.retired.clone(),
+        );
+        metrics
+    }
+
+    pub fn error(&self, reason: &str) {
+        self.reconcile_errors
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
