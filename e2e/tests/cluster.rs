@@ -38,6 +38,8 @@ mod fences;
 mod gateway_cache;
 #[path = "cluster/gateway_isolation.rs"]
 mod gateway_isolation;
+#[path = "cluster/retire.rs"]
+mod retire;
 #[path = "cluster/roles.rs"]
 mod roles;
 
@@ -184,6 +186,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "gateway_cache_retire_and_republish",
         gateway_cache::retire_and_republish,
+    ),
+    (
+        "retire_fences_the_uid_then_releases",
+        retire::deleting_an_mcpserver_fences_its_uid,
+    ),
+    (
+        "retire_waits_for_the_access_api",
+        retire::retirement_waits_for_the_access_api,
     ),
 ];
 

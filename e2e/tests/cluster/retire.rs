@@ -1,0 +1,371 @@
+//! Retirement through the API (DESIGN §6), against the local cluster: deleting an MCPServer
+//! creates a `server_retired` Revocation through the aggregated API (the permanent fence on its
+//! uid), every session of that uid is Revoked in every namespace, issuing a new one is refused,
+//! and only then does the MCPServer (and, by garbage collection, what it owns) go away. With the
+//! APIService down the deletion waits with `Retiring=False` (APIUnavailable) and completes once
+//! it is back. A namesake (same name, new uid) is another server: the old fence does not touch it.
+//!
+//! The retirement controller runs in this process (`controllers::retire::controller`) with the
+//! admin's kubeconfig, bound to cluster-wide authority as the controllers' service account is.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use e2e::LocalCluster;
+
+use super::{create_namespace, ok, session_yaml};
+
+const NS: &str = "e2e-retire";
+const NS_OTHER: &str = "e2e-retire-other";
+const NS_DOWN: &str = "e2e-retire-down";
+
+/// The retirement controller on a runtime of its own thread; dropping it stops it.
+struct RetireController {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RetireController {
+    fn start(kubeconfig: &Path) -> Result<Self, String> {
+        let kubeconfig = kubeconfig.to_path_buf();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready, started) = std::sync::mpsc::channel::<Result<(), String>>();
+        let thread = std::thread::spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let run = async {
+                    let config = kube::Config::from_custom_kubeconfig(
+                        kube::config::Kubeconfig::read_from(&kubeconfig)?,
+                        &kube::config::KubeConfigOptions::default(),
+                    )
+                    .await?;
+                    let client = kube::Client::try_from(config)?;
+                    let mut registry = prometheus_client::registry::Registry::default();
+                    controllers::retire::controller(
+                        client,
+                        // Short, so a scenario sees the deletion complete soon after the API returns.
+                        controllers::retire::Args {
+                            max_backoff_seconds: 2,
+                        },
+                        &mut registry,
+                    )
+                };
+                match run.await {
+                    Ok(controller) => {
+                        let _ = ready.send(Ok(()));
+                        tokio::select! {
+                            ended = controller => eprintln!("retirement controller ended: {ended:?}"),
+                            _ = stopped => {}
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("{e:#}")));
+                    }
+                }
+            });
+        });
+        started
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|e| format!("the retirement controller did not start: {e}"))??;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for RetireController {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn mcpserver_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: mcp-runtime.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: {name}}}\nspec: {{image: ghcr.io/example/mcp:1, port: 8080}}\n"
+    )
+}
+
+/// A ConfigMap owned by the MCPServer, standing in for the workload it owns.
+fn owned_configmap_yaml(name: &str, owner: &str, uid: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  ownerReferences:\n  - {{apiVersion: mcp-runtime.dev/v1alpha1, kind: MCPServer, name: {owner}, uid: {uid}, controller: true}}\ndata: {{k: v}}\n"
+    )
+}
+
+fn apply(c: &LocalCluster, ns: &str, yaml: &str, what: &str) -> Result<String, String> {
+    ok(
+        &c.kubectl_as(&c.kubeconfig, &["apply", "-n", ns, "-f", "-"], Some(yaml)),
+        what,
+    )
+}
+
+fn get(c: &LocalCluster, ns: &str, what: &[&str], path: &str) -> Result<String, String> {
+    let jsonpath = format!("jsonpath={path}");
+    let mut args = vec!["get", "-n", ns];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-o", &jsonpath]);
+    ok(&c.kubectl(&args), &format!("get {what:?} {path}"))
+}
+
+fn exists(c: &LocalCluster, ns: &str, what: &[&str]) -> bool {
+    let mut args = vec!["get", "-n", ns];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-o", "name", "--ignore-not-found"]);
+    let out = c.kubectl(&args);
+    !(out.success && out.stdout.trim().is_empty())
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+fn wait_until(
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<bool, String>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = Ok(false);
+    while Instant::now() < deadline {
+        last = check();
+        if let Ok(true) = last {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Err(format!("{what} not within {timeout:?} (last: {last:?})"))
+}
+
+/// Creates MCPServer `name` in `ns` and waits until the controller holds it with its finalizer;
+/// returns its uid.
+fn create_held_server(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
+    apply(c, ns, &mcpserver_yaml(name), "create the MCPServer")?;
+    wait_until(Duration::from_secs(20), "the retire finalizer", || {
+        Ok(get(c, ns, &["mcpserver", name], "{.metadata.finalizers}")?
+            .contains(controllers::retire::FINALIZER))
+    })?;
+    get(c, ns, &["mcpserver", name], "{.metadata.uid}")
+}
+
+fn phase(c: &LocalCluster, ns: &str, session: &str) -> Result<String, String> {
+    get(c, ns, &["acs", session], "{.status.phase}")
+}
+
+fn issue(c: &LocalCluster, ns: &str, name: &str, uid: &str) -> e2e::Output {
+    c.kubectl_as(
+        &c.kubeconfig,
+        &["create", "-n", ns, "-f", "-"],
+        Some(&session_yaml(name, uid)),
+    )
+}
+
+/// Deleting an MCPServer fences its uid through the API, revokes its sessions everywhere,
+/// refuses new ones, says so in an Event, and lets the server and what it owns go; a namesake
+/// created afterwards is untouched by the old fence.
+pub fn deleting_an_mcpserver_fences_its_uid(c: &mut LocalCluster) -> Result<(), String> {
+    let _controller = RetireController::start(&c.kubeconfig)?;
+    create_namespace(c, NS)?;
+    create_namespace(c, NS_OTHER)?;
+    let uid = create_held_server(c, NS, "github")?;
+    for (ns, session) in [(NS, "s1"), (NS, "s2"), (NS_OTHER, "s3")] {
+        ok(&issue(c, ns, session, &uid), "issue a session")?;
+    }
+    apply(
+        c,
+        NS,
+        &owned_configmap_yaml("github-owned", "github", &uid),
+        "create an owned ConfigMap",
+    )?;
+
+    ok(
+        &c.kubectl(&[
+            "delete",
+            "mcpserver",
+            "github",
+            "-n",
+            NS,
+            "--wait=true",
+            "--timeout=60s",
+        ]),
+        "delete the MCPServer",
+    )?;
+    ensure!(
+        !exists(c, NS, &["mcpserver", "github"]),
+        "the MCPServer is still there after the delete returned"
+    );
+
+    let fence = format!("server-retired-{uid}");
+    let cause = get(c, NS, &["revocation", &fence], "{.spec.cause}")?;
+    let target = get(c, NS, &["revocation", &fence], "{.spec.target.server.uid}")?;
+    let cluster_wide = get(c, NS, &["revocation", &fence], "{.status.clusterWide}")?;
+    ensure!(
+        cause == "server_retired" && target == uid && cluster_wide == "true",
+        "the fence: cause {cause:?}, target uid {target:?} (want {uid}), clusterWide {cluster_wide:?}"
+    );
+    for (ns, session) in [(NS, "s1"), (NS, "s2"), (NS_OTHER, "s3")] {
+        let p = phase(c, ns, session)?;
+        ensure!(
+            p == "Revoked",
+            "session {ns}/{session} is {p:?}, not Revoked"
+        );
+        let by = get(c, ns, &["acs", session], "{.status.revocation.cause}")?;
+        ensure!(
+            by == "server_retired",
+            "session {ns}/{session} revoked by {by:?}"
+        );
+    }
+    for ns in [NS, NS_OTHER] {
+        let out = issue(c, ns, "after-retirement", &uid);
+        ensure!(
+            !out.success && out.stderr.contains("Conflict"),
+            "issuing a session for the retired uid in {ns} must be 409: {out:?}"
+        );
+    }
+    let retired = get(
+        c,
+        NS,
+        &[
+            "events",
+            "--field-selector",
+            "reason=Retired,involvedObject.name=github",
+        ],
+        "{.items[*].type}",
+    )?;
+    ensure!(
+        retired.split_whitespace().any(|t| t == "Normal"),
+        "no Retired Event on the MCPServer: {retired:?}"
+    );
+    // kube-controller-manager's garbage collector may take a discovery resync to watch a new
+    // kind, as in the gateway scenarios.
+    let collecting = Instant::now();
+    wait_until(
+        Duration::from_secs(90),
+        "garbage collection of what the MCPServer owned",
+        || Ok(!exists(c, NS, &["configmap", "github-owned"])),
+    )?;
+    eprintln!(
+        "    owned ConfigMap collected {:.1}s after the MCPServer went",
+        collecting.elapsed().as_secs_f64()
+    );
+
+    // A namesake is another server: the old fence neither revokes nor refuses its sessions.
+    let new_uid = create_held_server(c, NS, "github")?;
+    ensure!(new_uid != uid, "the re-created MCPServer kept uid {uid}");
+    ok(
+        &issue(c, NS, "namesake", &new_uid),
+        "issue a session for the namesake",
+    )?;
+    let p = phase(c, NS, "namesake")?;
+    ensure!(p == "Active", "the namesake's session is {p:?}, not Active");
+    ensure!(
+        !issue(c, NS, "old-uid-again", &uid).success,
+        "the old uid must stay fenced after the namesake appears"
+    );
+    // Retiring the namesake fences its own uid under its own name.
+    ok(
+        &c.kubectl(&["delete", "mcpserver", "github", "-n", NS, "--timeout=60s"]),
+        "delete the namesake",
+    )?;
+    let p = phase(c, NS, "namesake")?;
+    ensure!(
+        p == "Revoked",
+        "the namesake's session after its retirement: {p:?}"
+    );
+    ensure!(
+        exists(c, NS, &["revocation", &format!("server-retired-{new_uid}")]),
+        "no fence of its own for the namesake"
+    );
+    Ok(())
+}
+
+/// With the APIService down, deleting an MCPServer waits: the finalizer stays, `Retiring` is
+/// False with `APIUnavailable`, a Warning Event says so, and no session changes. Once the API is
+/// back the fence is created and the deletion completes.
+pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), String> {
+    let controller = RetireController::start(&c.kubeconfig)?;
+    create_namespace(c, NS_DOWN)?;
+    let uid = create_held_server(c, NS_DOWN, "down")?;
+    ok(&issue(c, NS_DOWN, "s1", &uid), "issue a session")?;
+
+    c.stop_apiserver();
+    let result = (|| {
+        ok(
+            &c.kubectl(&["delete", "mcpserver", "down", "-n", NS_DOWN, "--wait=false"]),
+            "delete the MCPServer",
+        )?;
+        wait_until(
+            Duration::from_secs(45),
+            "Retiring=False APIUnavailable",
+            || {
+                let cond = get(
+                    c,
+                    NS_DOWN,
+                    &["mcpserver", "down"],
+                    "{.status.conditions[?(@.type==\"Retiring\")].status}/{.status.conditions[?(@.type==\"Retiring\")].reason}",
+                )?;
+                Ok(cond == "False/APIUnavailable")
+            },
+        )?;
+        // Several backoff periods later it still waits, with its finalizer.
+        std::thread::sleep(Duration::from_secs(5));
+        let finalizers = get(c, NS_DOWN, &["mcpserver", "down"], "{.metadata.finalizers}")?;
+        ensure!(
+            finalizers.contains(controllers::retire::FINALIZER),
+            "the MCPServer lost its finalizer while the API was down: {finalizers:?}"
+        );
+        let deleting = get(
+            c,
+            NS_DOWN,
+            &["mcpserver", "down"],
+            "{.metadata.deletionTimestamp}",
+        )?;
+        ensure!(!deleting.is_empty(), "the MCPServer is not being deleted");
+        let blocked = get(
+            c,
+            NS_DOWN,
+            &[
+                "events",
+                "--field-selector",
+                "reason=RetirementBlocked,involvedObject.name=down",
+            ],
+            "{.items[*].type}",
+        )?;
+        ensure!(
+            blocked.split_whitespace().any(|t| t == "Warning"),
+            "no RetirementBlocked Warning Event: {blocked:?}"
+        );
+        Ok::<(), String>(())
+    })();
+    // The API comes back whatever happened, so later scenarios find it.
+    c.start_apiserver().map_err(|e| format!("{e:#}"))?;
+    c.wait_available(Duration::from_secs(60))
+        .map_err(|e| format!("{e:#}"))?;
+    result?;
+
+    wait_until(
+        Duration::from_secs(60),
+        "the deletion completes once the API is back",
+        || Ok(!exists(c, NS_DOWN, &["mcpserver", "down"])),
+    )?;
+    let fence = format!("server-retired-{uid}");
+    let cause = get(c, NS_DOWN, &["revocation", &fence], "{.spec.cause}")?;
+    ensure!(cause == "server_retired", "the fence's cause: {cause:?}");
+    let p = phase(c, NS_DOWN, "s1")?;
+    ensure!(p == "Revoked", "the session after retirement: {p:?}");
+    drop(controller);
+    Ok(())
+}
