@@ -53,3 +53,25 @@ impl Metrics {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_exported_by_reason() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.error("APIUnavailable");
+        metrics.error("APIUnavailable");
+        metrics.fences_created.inc();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("retire_reconcile_errors_total{reason=\"APIUnavailable\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("retire_fences_created_total 1"), "{text}");
+        assert!(text.contains("retire_servers_retired_total 0"), "{text}");
+    }
+}

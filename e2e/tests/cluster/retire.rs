@@ -300,6 +300,27 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
     create_namespace(c, NS_DOWN)?;
     let uid = create_held_server(c, NS_DOWN, "down")?;
     ok(&issue(c, NS_DOWN, "s1", &uid), "issue a session")?;
+    // A condition of another field manager (as the workload controller's `Ready`) stays beside
+    // `Retiring`: each manager applies only its own entry of the map list.
+    ok(
+        &c.kubectl_as(
+            &c.kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=e2e-workloads",
+                "--subresource=status",
+                "-n",
+                NS_DOWN,
+                "-f",
+                "-",
+            ],
+            Some(
+                "apiVersion: mcp-runtime.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: down}\nstatus:\n  conditions:\n  - {type: Ready, status: \"True\", reason: Deployed, message: up, lastTransitionTime: \"2026-01-01T00:00:00Z\"}\n",
+            ),
+        ),
+        "apply a Ready condition under another manager",
+    )?;
 
     c.stop_apiserver();
     let result = (|| {
@@ -320,6 +341,16 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
                 Ok(cond == "False/APIUnavailable")
             },
         )?;
+        let ready = get(
+            c,
+            NS_DOWN,
+            &["mcpserver", "down"],
+            "{.status.conditions[?(@.type==\"Ready\")].reason}",
+        )?;
+        ensure!(
+            ready == "Deployed",
+            "the other manager's Ready condition: {ready:?}"
+        );
         // Several backoff periods later it still waits, with its finalizer.
         std::thread::sleep(Duration::from_secs(5));
         let finalizers = get(c, NS_DOWN, &["mcpserver", "down"], "{.metadata.finalizers}")?;
