@@ -195,6 +195,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "retire_waits_for_the_access_api",
         retire::retirement_waits_for_the_access_api,
     ),
+    (
+        "retire_in_a_deleted_namespace",
+        retire::deleting_the_namespace_fences_its_servers,
+    ),
 ];
 
 fn main() {

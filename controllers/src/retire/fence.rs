@@ -174,6 +174,20 @@ pub fn classify(error: &kube::Error) -> Failure {
     }
 }
 
+/// Whether a refusal says the namespace is being torn down: kube-apiserver's NamespaceLifecycle
+/// and MCP Access's own check both answer 403 with this message (MCP Access sets no cause), and
+/// no object may be created there any more.
+pub fn namespace_terminating(code: u16, message: &str) -> bool {
+    code == 403 && message.contains("because it is being terminated")
+}
+
+/// `fence` moved to `namespace`: the home of the fence of a server whose own namespace is being
+/// torn down. A cluster-wide fence applies everywhere whatever namespace holds it.
+pub fn rehomed(mut fence: Revocation, namespace: &str) -> Revocation {
+    fence.metadata.namespace = Some(namespace.to_string());
+    fence
+}
+
 /// The `Retiring` condition to write, or `None` when `current` already says the same (a
 /// reconcile that changes nothing writes nothing). `lastTransitionTime` moves only when the
 /// status flips.
@@ -345,6 +359,21 @@ mod tests {
             classify(&kube::Error::Api(Box::new(status))),
             Failure::Unavailable
         );
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_told_from_other_refusals() {
+        let msg = "unable to create new content in namespace team-a because it is being terminated";
+        assert!(namespace_terminating(403, msg));
+        assert!(!namespace_terminating(
+            403,
+            "revocations is forbidden: User cannot create"
+        ));
+        assert!(!namespace_terminating(409, msg));
+        let moved = rehomed(desired_fence(&mk_server(Some(UID))).unwrap(), "mcp-access");
+        assert_eq!(moved.metadata.namespace.as_deref(), Some("mcp-access"));
+        assert_eq!(moved.metadata.name, Some(fence_name(UID)));
+        assert_eq!(moved.spec.target.server.unwrap().uid, UID);
     }
 
     #[test]

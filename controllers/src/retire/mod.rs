@@ -52,12 +52,21 @@ pub struct Args {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub max_backoff_seconds: u64,
+    /// Namespace that holds the fence of an MCPServer whose own namespace is being deleted
+    /// (no object can be created there any more): the controllers' own namespace. Without it,
+    /// such a deletion waits (reason `NamespaceTerminating`), and so does the namespace's.
+    #[arg(
+        long = "retire-fence-namespace",
+        env = "MCP_ACCESS_RETIRE_FENCE_NAMESPACE"
+    )]
+    pub fence_namespace: Option<String>,
 }
 
 impl Default for Args {
     fn default() -> Self {
         Self {
             max_backoff_seconds: 30,
+            fence_namespace: None,
         }
     }
 }
@@ -71,6 +80,11 @@ pub enum Error {
     /// The access API answered and refused to create or read the fence.
     #[error("the access API refused the fence: {0}")]
     Refused(#[source] kube::Error),
+    /// The server's namespace is being deleted and no other home for the fence is configured.
+    #[error(
+        "namespace {0} is being deleted and no --retire-fence-namespace is set to hold the fence"
+    )]
+    NamespaceTerminating(String),
     /// The fence exists but does not (yet) stand for this server.
     #[error(transparent)]
     Unconfirmed(#[from] Unconfirmed),
@@ -85,6 +99,7 @@ impl Error {
         match self {
             Error::Unavailable(_) => "APIUnavailable",
             Error::Refused(_) => "FenceRefused",
+            Error::NamespaceTerminating(_) => "NamespaceTerminating",
             Error::Unconfirmed(u) => u.reason(),
             Error::NotFenceable(_) => "NotFenceable",
         }
@@ -109,6 +124,7 @@ struct Ctx {
     recorder: Recorder,
     metrics: Metrics,
     max_backoff: Duration,
+    fence_namespace: Option<String>,
     /// Failed attempts per MCPServer uid, for the backoff; cleared when it is retired.
     attempts: Mutex<HashMap<String, u32>>,
 }
@@ -129,6 +145,7 @@ pub fn controller(
         client: client.clone(),
         metrics,
         max_backoff: Duration::from_secs(args.max_backoff_seconds),
+        fence_namespace: args.fence_namespace,
         attempts: Mutex::default(),
     });
     let servers: Api<MCPServer> = Api::all(client);
@@ -225,23 +242,55 @@ impl Ctx {
     async fn fence(&self, server: &MCPServer) -> Result<Revocation, Error> {
         let desired = fence::desired_fence(server)?;
         let uid = server.uid().unwrap_or_default();
-        let ns = desired.metadata.namespace.clone().unwrap_or_default();
-        let name = desired.metadata.name.clone().unwrap_or_default();
+        let stored = match self.create_or_read(&desired).await {
+            Err(Error::Refused(kube::Error::Api(status)))
+                if fence::namespace_terminating(status.code, &status.message) =>
+            {
+                let ns = desired.metadata.namespace.clone().unwrap_or_default();
+                // A fence created there before the teardown began still stands: reading is
+                // allowed in a terminating namespace.
+                match self.read(&desired).await {
+                    Ok(found) => found,
+                    Err(Error::Unavailable(_)) | Err(Error::Refused(_))
+                        if self.fence_namespace.is_some() =>
+                    {
+                        let home = self.fence_namespace.clone().unwrap_or_default();
+                        info!(namespace = %home, "the server's namespace is being deleted; the fence goes to the fence namespace");
+                        self.create_or_read(&fence::rehomed(desired, &home)).await?
+                    }
+                    Err(_) => return Err(Error::NamespaceTerminating(ns)),
+                }
+            }
+            other => other?,
+        };
+        fence::confirm(&stored, &uid)?;
+        Ok(stored)
+    }
+
+    /// Creates `fence`, or finds it under its name, and reads it back.
+    async fn create_or_read(&self, fence: &Revocation) -> Result<Revocation, Error> {
+        let ns = fence.metadata.namespace.clone().unwrap_or_default();
+        let name = fence.metadata.name.clone().unwrap_or_default();
         let api: Api<Revocation> = Api::namespaced(self.client.clone(), &ns);
-        match with_timeout(api.create(&PostParams::default(), &desired)).await? {
+        match with_timeout(api.create(&PostParams::default(), fence)).await? {
             Ok(_) => {
                 self.metrics.fences_created.inc();
-                info!(revocation = %name, "fence created");
+                info!(namespace = %ns, revocation = %name, "fence created");
             }
             // A previous attempt (or replica) created it: confirm that one.
             Err(kube::Error::Api(status)) if status.is_already_exists() => {}
             Err(e) => return Err(Error::from_kube(e)),
         }
-        let stored = with_timeout(api.get(&name))
+        self.read(fence).await
+    }
+
+    async fn read(&self, fence: &Revocation) -> Result<Revocation, Error> {
+        let ns = fence.metadata.namespace.clone().unwrap_or_default();
+        let name = fence.metadata.name.clone().unwrap_or_default();
+        let api: Api<Revocation> = Api::namespaced(self.client.clone(), &ns);
+        with_timeout(api.get(&name))
             .await?
-            .map_err(Error::from_kube)?;
-        fence::confirm(&stored, &uid)?;
-        Ok(stored)
+            .map_err(Error::from_kube)
     }
 
     /// Applies the `Retiring` condition under this controller's field manager, when it

@@ -18,6 +18,8 @@ use super::{create_namespace, ok, session_yaml};
 const NS: &str = "e2e-retire";
 const NS_OTHER: &str = "e2e-retire-other";
 const NS_DOWN: &str = "e2e-retire-down";
+const NS_TORN_DOWN: &str = "e2e-retire-torn-down";
+const NS_FENCES: &str = "e2e-retire-fences";
 
 /// The retirement controller on a runtime of its own thread; dropping it stops it.
 struct RetireController {
@@ -26,7 +28,12 @@ struct RetireController {
 }
 
 impl RetireController {
-    fn start(kubeconfig: &Path) -> Result<Self, String> {
+    fn start(kubeconfig: &Path, fence_namespace: Option<&str>) -> Result<Self, String> {
+        let args = controllers::retire::Args {
+            // Short, so a scenario sees the deletion complete soon after the API returns.
+            max_backoff_seconds: 2,
+            fence_namespace: fence_namespace.map(str::to_string),
+        };
         let kubeconfig = kubeconfig.to_path_buf();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready, started) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -52,14 +59,7 @@ impl RetireController {
                     .await?;
                     let client = kube::Client::try_from(config)?;
                     let mut registry = prometheus_client::registry::Registry::default();
-                    controllers::retire::controller(
-                        client,
-                        // Short, so a scenario sees the deletion complete soon after the API returns.
-                        controllers::retire::Args {
-                            max_backoff_seconds: 2,
-                        },
-                        &mut registry,
-                    )
+                    controllers::retire::controller(client, args, &mut registry)
                 };
                 match run.await {
                     Ok(controller) => {
@@ -177,7 +177,7 @@ fn issue(c: &LocalCluster, ns: &str, name: &str, uid: &str) -> e2e::Output {
 /// refuses new ones, says so in an Event, and lets the server and what it owns go; a namesake
 /// created afterwards is untouched by the old fence.
 pub fn deleting_an_mcpserver_fences_its_uid(c: &mut LocalCluster) -> Result<(), String> {
-    let _controller = RetireController::start(&c.kubeconfig)?;
+    let _controller = RetireController::start(&c.kubeconfig, None)?;
     create_namespace(c, NS)?;
     create_namespace(c, NS_OTHER)?;
     let uid = create_held_server(c, NS, "github")?;
@@ -296,7 +296,7 @@ pub fn deleting_an_mcpserver_fences_its_uid(c: &mut LocalCluster) -> Result<(), 
 /// False with `APIUnavailable`, a Warning Event says so, and no session changes. Once the API is
 /// back the fence is created and the deletion completes.
 pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), String> {
-    let controller = RetireController::start(&c.kubeconfig)?;
+    let controller = RetireController::start(&c.kubeconfig, None)?;
     create_namespace(c, NS_DOWN)?;
     let uid = create_held_server(c, NS_DOWN, "down")?;
     ok(&issue(c, NS_DOWN, "s1", &uid), "issue a session")?;
@@ -398,5 +398,78 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
     let p = phase(c, NS_DOWN, "s1")?;
     ensure!(p == "Revoked", "the session after retirement: {p:?}");
     drop(controller);
+    Ok(())
+}
+
+/// Deleting the namespace of an MCPServer: no object may be created there any more, so the fence
+/// goes to the fence namespace (`--retire-fence-namespace`), cluster-wide as ever, and the
+/// namespace's deletion completes.
+///
+/// Not covered here: a namespace that already holds a fence (a server retired there earlier)
+/// cannot be deleted today — the apiserver refuses to remove a `server_retired` Revocation even
+/// during namespace teardown (`FencePermanent`), although the fence itself lives on in
+/// `server_fences`. That is the apiserver's to change.
+pub fn deleting_the_namespace_fences_its_servers(c: &mut LocalCluster) -> Result<(), String> {
+    let _controller = RetireController::start(&c.kubeconfig, Some(NS_FENCES))?;
+    create_namespace(c, NS_FENCES)?;
+    create_namespace(c, NS_TORN_DOWN)?;
+    let late = create_held_server(c, NS_TORN_DOWN, "late")?;
+    ok(&issue(c, NS_TORN_DOWN, "s1", &late), "issue a session")?;
+
+    ok(
+        &c.kubectl(&["delete", "namespace", NS_TORN_DOWN, "--wait=false"]),
+        "delete the namespace",
+    )?;
+    wait_until(
+        Duration::from_secs(90),
+        "the namespace's deletion completes",
+        || {
+            let out = c.kubectl(&["get", "namespace", NS_TORN_DOWN, "-o", "name"]);
+            Ok(!out.success && out.stderr.contains("NotFound"))
+        },
+    )
+    .map_err(|e| {
+        let why = c.kubectl(&[
+            "get",
+            "namespace",
+            NS_TORN_DOWN,
+            "-o",
+            "jsonpath={.status.conditions}",
+        ]);
+        let servers = c.kubectl(&[
+            "get",
+            "mcpservers",
+            "-n",
+            NS_TORN_DOWN,
+            "-o",
+            "jsonpath={.items[*].status.conditions}",
+        ]);
+        format!(
+            "{e}; namespace: {}; servers: {}",
+            why.stdout, servers.stdout
+        )
+    })?;
+    let fence = format!("server-retired-{late}");
+    let cluster_wide = get(
+        c,
+        NS_FENCES,
+        &["revocation", &fence],
+        "{.status.clusterWide}",
+    )?;
+    let target = get(
+        c,
+        NS_FENCES,
+        &["revocation", &fence],
+        "{.spec.target.server.uid}",
+    )?;
+    ensure!(
+        cluster_wide == "true" && target == late,
+        "the rehomed fence: clusterWide {cluster_wide:?}, target {target:?}"
+    );
+    let out = issue(c, NS_FENCES, "after-teardown", &late);
+    ensure!(
+        !out.success && out.stderr.contains("Conflict"),
+        "issuing for the retired uid after the teardown must be 409: {out:?}"
+    );
     Ok(())
 }
