@@ -170,7 +170,8 @@ async fn reconcile(
     let ns = server.namespace().unwrap_or_default();
     let span = tracing::info_span!("retire", ns = %ns, name = %server.name_any(), uid = server.uid().unwrap_or_default());
     let api: Api<MCPServer> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, server, |event| async {
+    let uid = server.uid().unwrap_or_default();
+    let done = finalizer(&api, FINALIZER, server, |event| async {
         match event {
             // Nothing to do while the server lives: the finalizer is all it needs.
             Finalized::Apply(_) => Ok(Action::await_change()),
@@ -178,7 +179,13 @@ async fn reconcile(
         }
     })
     .instrument(span)
-    .await
+    .await?;
+    // The backoff starts over after any success.
+    ctx.attempts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&uid);
+    Ok(done)
 }
 
 fn error_policy(server: Arc<MCPServer>, error: &finalizer::Error<Error>, ctx: Arc<Ctx>) -> Action {
@@ -216,12 +223,6 @@ impl Ctx {
                 self.publish(server, EventType::Normal, "Retired", &note)
                     .await;
                 self.metrics.retired.inc();
-                if let Some(uid) = server.uid() {
-                    self.attempts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&uid);
-                }
                 info!(revocation = %name, revoked, "fenced; releasing the finalizer");
                 Ok(Action::await_change())
             }
