@@ -130,3 +130,15 @@ async fn supervise(
         ended = retirement => ended.context("the retirement controller ended"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flattened flag groups must not collide (clap checks this only when parsing).
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -12,6 +12,7 @@ use crate::metrics::Health;
 
 /// Flags of the election.
 #[derive(Debug, clap::Args)]
+#[group(id = "leader")]
 pub struct Args {
     /// Name of the Lease.
     #[arg(

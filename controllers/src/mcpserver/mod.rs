@@ -41,6 +41,7 @@ const CONTROLLER: &str = "mcpserver";
 
 /// Flags of this controller.
 #[derive(Debug, clap::Args)]
+#[group(id = "mcpserver")]
 pub struct Args {
     /// Image of the `mcp-access-authz` gateway sidecar put in every MCPServer's Pod.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_IMAGE")]
