@@ -347,7 +347,10 @@ impl LocalCluster {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: mcp-access-controllers\n  user:\n    token: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: mcp-access-controllers}}\ncurrent-context: local\n",
             token.trim()
         );
-        std::fs::write(self.dir.join("mcp-access-controllers.kubeconfig"), kubeconfig)?;
+        std::fs::write(
+            self.dir.join("mcp-access-controllers.kubeconfig"),
+            kubeconfig,
+        )?;
         let ca_bundle = std::fs::read(
             self.env
                 .get("AGGREGATED_CA_FILE")

@@ -45,11 +45,26 @@ mod roles;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
 const SCENARIOS: &[(&str, Scenario)] = &[
-    ("controllers_mcpserver_yields_its_gateway_workload", controllers::mcpserver_yields_its_gateway_workload),
-    ("controllers_missing_secret_blocks_until_it_appears", controllers::missing_secret_blocks_until_it_appears),
-    ("controllers_enforce_mode_refuses_a_disallowed_image", controllers::enforce_mode_refuses_a_disallowed_image),
-    ("controllers_standby_takes_over_after_the_leader_is_killed", controllers::standby_takes_over_after_the_leader_is_killed),
-    ("controllers_noop_resync_of_200_mcpservers_writes_nothing", controllers::noop_resync_of_200_mcpservers_writes_nothing),
+    (
+        "controllers_mcpserver_yields_its_gateway_workload",
+        controllers::mcpserver_yields_its_gateway_workload,
+    ),
+    (
+        "controllers_missing_secret_blocks_until_it_appears",
+        controllers::missing_secret_blocks_until_it_appears,
+    ),
+    (
+        "controllers_enforce_mode_refuses_a_disallowed_image",
+        controllers::enforce_mode_refuses_a_disallowed_image,
+    ),
+    (
+        "controllers_standby_takes_over_after_the_leader_is_killed",
+        controllers::standby_takes_over_after_the_leader_is_killed,
+    ),
+    (
+        "controllers_noop_resync_of_200_mcpservers_writes_nothing",
+        controllers::noop_resync_of_200_mcpservers_writes_nothing,
+    ),
     (
         "apiservice_available_and_discoverable",
         apiservice_available_and_discoverable,
