@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MCP Access on this machine: etcd, kube-apiserver and kube-controller-manager (built once from
 # the Go module proxy and cached), PostgreSQL, and mcp-access-apiserver behind its APIService
-# with RBAC on, and mcp-access-controllers (one replica, its log in .local/logs/). Prints GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
+# with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). Prints
+# GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
 # listener, see the README) and KUBECONFIG=<path> when ready; runs until interrupted.
 # State lives in .local/ (MCP_ACCESS_LOCAL_DIR to change); running it again reuses it.
 set -euo pipefail
