@@ -58,6 +58,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         controllers::enforce_mode_refuses_a_disallowed_image,
     ),
     (
+        "controllers_audit_mode_deploys_a_disallowed_image_with_a_warning",
+        controllers::audit_mode_deploys_a_disallowed_image_with_a_warning,
+    ),
+    (
         "controllers_standby_takes_over_after_the_leader_is_killed",
         controllers::standby_takes_over_after_the_leader_is_killed,
     ),

@@ -429,6 +429,39 @@ pub fn enforce_mode_refuses_a_disallowed_image(c: &mut LocalCluster) -> Result<(
     Ok(())
 }
 
+/// Audit mode deploys a disallowed image but says so: `ImageAllowed=False` and a Warning
+/// `ImageNotAllowed` Event, while `Ready` follows the Deployment.
+pub fn audit_mode_deploys_a_disallowed_image_with_a_warning(
+    c: &mut LocalCluster,
+) -> Result<(), String> {
+    let ns = "ctl-audit";
+    create_namespace(c, ns)?;
+    let _controllers = start(
+        c,
+        "audit",
+        "ctl-audit",
+        &["--image-allow-prefix=ghcr.io/acme", "--image-policy=audit"],
+    )?;
+    apply(c, &in_ns(mcpserver("evil", "evil.example/x:1", None), ns))?;
+    until(Duration::from_secs(30), "Deployment evil", || {
+        get_json(c, &["get", "deployment", "evil", "-n", ns])
+    })?;
+    let cond = wait_condition(c, ns, "evil", "ImageAllowed", "False")?;
+    ensure!(
+        cond["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("audit")),
+        "condition: {cond}"
+    );
+    wait_condition(c, ns, "evil", "Ready", "True")?;
+    let e = events(c, ns, "evil")?;
+    ensure!(
+        e.contains("ImageNotAllowed") && e.contains("Warning") && e.contains("Deployed"),
+        "events: {e}"
+    );
+    Ok(())
+}
+
 fn leader_of(replicas: &[&Controllers]) -> Option<usize> {
     replicas
         .iter()
