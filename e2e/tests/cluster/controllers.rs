@@ -127,7 +127,7 @@ fn events(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
 pub fn mcpserver_yields_its_gateway_workload(c: &mut LocalCluster) -> Result<(), String> {
     let ns = "ctl-deploy";
     create_namespace(c, ns)?;
-    let _controllers = start(c, "deploy", "ctl-deploy", &[])?;
+    let controllers = start(c, "deploy", "ctl-deploy", &[])?;
     apply(
         c,
         &in_ns(
@@ -320,6 +320,23 @@ pub fn mcpserver_yields_its_gateway_workload(c: &mut LocalCluster) -> Result<(),
         Ok(e.contains("Deployed").then_some(e))
     })?;
     ensure!(events.contains("Normal"), "events: {events}");
+    // Probes, and the MCPServers-by-condition gauge (from the controller's cache).
+    ensure!(
+        controllers.get("/livez").is_ok() && controllers.get("/readyz").is_ok(),
+        "probes"
+    );
+    let ready_gauge = until(Duration::from_secs(10), "Ready gauge", || {
+        let n = controllers
+            .metric(
+                "mcp_controllers_mcpservers",
+                &["condition=\"Ready\"", "status=\"True\""],
+            )
+            .map_err(|e| e.to_string())?;
+        Ok((n >= 1.0).then_some(n))
+    })?;
+    println!(
+        "controllers: mcp_controllers_mcpservers{{condition=Ready,status=True}} = {ready_gauge}"
+    );
     Ok(())
 }
 
