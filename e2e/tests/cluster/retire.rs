@@ -5,8 +5,9 @@
 //! APIService down the deletion waits with `Retiring=False` (APIUnavailable) and completes once
 //! it is back. A namesake (same name, new uid) is another server: the old fence does not touch it.
 //!
-//! The retirement controller runs in this process (`controllers::retire::controller`) with the
-//! admin's kubeconfig, bound to cluster-wide authority as the controllers' service account is.
+//! `mcp-access-controllers` (MCP_ACCESS_CONTROLLERS_BIN) runs as its own service account with the
+//! RBAC of deploy/controllers (the revoker role bound cluster-wide); each scenario starts one
+//! replica on a Lease of its own and stops it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,79 +22,27 @@ const NS_DOWN: &str = "e2e-retire-down";
 const NS_TORN_DOWN: &str = "e2e-retire-torn-down";
 const NS_FENCES: &str = "e2e-retire-fences";
 
-/// The retirement controller on a runtime of its own thread; dropping it stops it.
-struct RetireController {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// The finalizer of the retirement controller (`FINALIZER`).
+const FINALIZER: &str = "mcp-runtime.dev/retire";
 
-impl RetireController {
-    fn start(kubeconfig: &Path, fence_namespace: Option<&str>) -> Result<Self, String> {
-        let args = controllers::retire::Args {
-            // Short, so a scenario sees the deletion complete soon after the API returns.
-            max_backoff_seconds: 2,
-            fence_namespace: fence_namespace.map(str::to_string),
-        };
-        let kubeconfig = kubeconfig.to_path_buf();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready, started) = std::sync::mpsc::channel::<Result<(), String>>();
-        let thread = std::thread::spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let run = async {
-                    let config = kube::Config::from_custom_kubeconfig(
-                        kube::config::Kubeconfig::read_from(&kubeconfig)?,
-                        &kube::config::KubeConfigOptions::default(),
-                    )
-                    .await?;
-                    let client = kube::Client::try_from(config)?;
-                    let mut registry = prometheus_client::registry::Registry::default();
-                    controllers::retire::controller(client, args, &mut registry)
-                };
-                match run.await {
-                    Ok(controller) => {
-                        let _ = ready.send(Ok(()));
-                        tokio::select! {
-                            ended = controller => eprintln!("retirement controller ended: {ended:?}"),
-                            _ = stopped => {}
-                        }
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(format!("{e:#}")));
-                    }
-                }
-            });
-        });
-        started
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(|e| format!("the retirement controller did not start: {e}"))??;
-        Ok(Self {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+/// One `mcp-access-controllers` replica as the controllers' service account (RBAC of
+/// deploy/controllers: the revoker role bound cluster-wide), on a Lease of its own, with a short
+/// backoff so a scenario sees the deletion complete soon after the API returns. Stopped on drop.
+fn start_controllers(
+    c: &LocalCluster,
+    name: &str,
+    fence_namespace: Option<&str>,
+) -> Result<e2e::Controllers, String> {
+    let bin = std::env::var("MCP_ACCESS_CONTROLLERS_BIN")
+        .map_err(|_| "MCP_ACCESS_CONTROLLERS_BIN is not set: run through hack/test.sh")?;
+    let lease = format!("--lease-name=e2e-{name}");
+    let mut args = vec![lease, "--retire-max-backoff-seconds=2".to_string()];
+    if let Some(ns) = fence_namespace {
+        args.push(format!("--retire-fence-namespace={ns}"));
     }
-}
-
-impl Drop for RetireController {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.start_controllers(Path::new(&bin), name, &args)
+        .map_err(|e| format!("{e:#}"))
 }
 
 fn mcpserver_yaml(name: &str) -> String {
@@ -155,8 +104,7 @@ fn wait_until(
 fn create_held_server(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
     apply(c, ns, &mcpserver_yaml(name), "create the MCPServer")?;
     wait_until(Duration::from_secs(20), "the retire finalizer", || {
-        Ok(get(c, ns, &["mcpserver", name], "{.metadata.finalizers}")?
-            .contains(controllers::retire::FINALIZER))
+        Ok(get(c, ns, &["mcpserver", name], "{.metadata.finalizers}")?.contains(FINALIZER))
     })?;
     get(c, ns, &["mcpserver", name], "{.metadata.uid}")
 }
@@ -177,7 +125,7 @@ fn issue(c: &LocalCluster, ns: &str, name: &str, uid: &str) -> e2e::Output {
 /// refuses new ones, says so in an Event, and lets the server and what it owns go; a namesake
 /// created afterwards is untouched by the old fence.
 pub fn deleting_an_mcpserver_fences_its_uid(c: &mut LocalCluster) -> Result<(), String> {
-    let _controller = RetireController::start(&c.kubeconfig, None)?;
+    let _controllers = start_controllers(c, "retire", None)?;
     create_namespace(c, NS)?;
     create_namespace(c, NS_OTHER)?;
     let uid = create_held_server(c, NS, "github")?;
@@ -296,30 +244,24 @@ pub fn deleting_an_mcpserver_fences_its_uid(c: &mut LocalCluster) -> Result<(), 
 /// False with `APIUnavailable`, a Warning Event says so, and no session changes. Once the API is
 /// back the fence is created and the deletion completes.
 pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), String> {
-    let controller = RetireController::start(&c.kubeconfig, None)?;
+    let controllers = start_controllers(c, "retire-down", None)?;
     create_namespace(c, NS_DOWN)?;
     let uid = create_held_server(c, NS_DOWN, "down")?;
     ok(&issue(c, NS_DOWN, "s1", &uid), "issue a session")?;
-    // A condition of another field manager (as the workload controller's `Ready`) stays beside
-    // `Retiring`: each manager applies only its own entry of the map list.
-    ok(
-        &c.kubectl_as(
-            &c.kubeconfig,
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=e2e-workloads",
-                "--subresource=status",
-                "-n",
+    // The workload controller's conditions (another field manager) stay beside `Retiring`:
+    // each manager applies only its own entries of the map list.
+    wait_until(
+        Duration::from_secs(20),
+        "the workload controller's SecretsResolved",
+        || {
+            Ok(!get(
+                c,
                 NS_DOWN,
-                "-f",
-                "-",
-            ],
-            Some(
-                "apiVersion: mcp-runtime.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: down}\nstatus:\n  conditions:\n  - {type: Ready, status: \"True\", reason: Deployed, message: up, lastTransitionTime: \"2026-01-01T00:00:00Z\"}\n",
-            ),
-        ),
-        "apply a Ready condition under another manager",
+                &["mcpserver", "down"],
+                "{.status.conditions[?(@.type==\"SecretsResolved\")].status}",
+            )?
+            .is_empty())
+        },
     )?;
 
     c.stop_apiserver();
@@ -341,21 +283,21 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
                 Ok(cond == "False/APIUnavailable")
             },
         )?;
-        let ready = get(
+        let secrets = get(
             c,
             NS_DOWN,
             &["mcpserver", "down"],
-            "{.status.conditions[?(@.type==\"Ready\")].reason}",
+            "{.status.conditions[?(@.type==\"SecretsResolved\")].status}",
         )?;
         ensure!(
-            ready == "Deployed",
-            "the other manager's Ready condition: {ready:?}"
+            !secrets.is_empty(),
+            "the workload controller's SecretsResolved condition is gone"
         );
         // Several backoff periods later it still waits, with its finalizer.
         std::thread::sleep(Duration::from_secs(5));
         let finalizers = get(c, NS_DOWN, &["mcpserver", "down"], "{.metadata.finalizers}")?;
         ensure!(
-            finalizers.contains(controllers::retire::FINALIZER),
+            finalizers.contains(FINALIZER),
             "the MCPServer lost its finalizer while the API was down: {finalizers:?}"
         );
         let deleting = get(
@@ -397,7 +339,7 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
     ensure!(cause == "server_retired", "the fence's cause: {cause:?}");
     let p = phase(c, NS_DOWN, "s1")?;
     ensure!(p == "Revoked", "the session after retirement: {p:?}");
-    drop(controller);
+    drop(controllers);
     Ok(())
 }
 
@@ -410,7 +352,7 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
 /// during namespace teardown (`FencePermanent`), although the fence itself lives on in
 /// `server_fences`. That is the apiserver's to change.
 pub fn deleting_the_namespace_fences_its_servers(c: &mut LocalCluster) -> Result<(), String> {
-    let _controller = RetireController::start(&c.kubeconfig, Some(NS_FENCES))?;
+    let _controllers = start_controllers(c, "retire-ns", Some(NS_FENCES))?;
     create_namespace(c, NS_FENCES)?;
     create_namespace(c, NS_TORN_DOWN)?;
     let late = create_held_server(c, NS_TORN_DOWN, "late")?;
