@@ -6,7 +6,7 @@ mod support;
 use apis::rules::SessionRuleError;
 use apis::rules::{CAUSE_AGENT_DEACTIVATED, CAUSE_SERVER_RETIRED};
 use apis::selector::{FieldSelector, LabelSelector};
-use apis::{AccessSession, Agent, Kind, ServerRef, SessionPhase};
+use apis::{AccessSession, Agent, Kind, Revocation, ServerRef, SessionPhase};
 use apiserver::store::{
     apply_migrations, EventType, ListQuery, Preconditions, Refusal, RevokerAuthority, Store,
     StoreError,
@@ -498,6 +498,28 @@ async fn retirement_fences_the_server_uid() {
     let restored: AccessSession = store.get("ns", "new-0").await.unwrap();
     assert_eq!(restored.phase(), SessionPhase::Active);
     assert!(restored.status.unwrap().revocation.is_none());
+
+    // The namespace's teardown takes the fence's record (or the namespace could never be
+    // deleted), restores nothing, and the fence stays: a namespace of that name made again
+    // still refuses the retired UID.
+    store
+        .delete_revocation("ns", "github-retired", false, &Preconditions::default(), false)
+        .await
+        .expect("the namespace teardown removes the fence's record");
+    assert!(store
+        .get::<Revocation>("ns", "github-retired")
+        .await
+        .is_err());
+    let s: AccessSession = store.get("ns", "old-1").await.unwrap();
+    assert_eq!(s.phase(), SessionPhase::Revoked);
+    let err = store
+        .create_session(mk_session("ns", "after-teardown", "srv-old"), false)
+        .await
+        .unwrap_err();
+    assert!(
+        support::conflict_message(&err).is_some_and(|m| m.contains("retired")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

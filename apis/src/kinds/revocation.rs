@@ -152,7 +152,19 @@ impl Strategy for Revocation {
     ) -> Result<Plan<Self>, Stop> {
         let (ns, name) = key_of(&current);
         if current.spec.cause == CAUSE_SERVER_RETIRED {
-            return Err(Refusal::FencePermanent(name).into());
+            // The fence lives on in the store's fence table; only the namespace's own
+            // teardown may take the record with it (else a namespace that ever held a retired
+            // server could never be deleted). Nobody withdraws a fence.
+            if !matches!(by, Withdrawal::NamespaceTeardown) {
+                return Err(Refusal::FencePermanent(name).into());
+            }
+            return Ok(Plan {
+                writes: vec![Write::Remove {
+                    key: ObjectKey::for_object(&current),
+                }],
+                object: current,
+                warnings: Vec::new(),
+            });
         }
         let refuse = |why: String| -> Stop {
             Refusal::Withdrawal {

@@ -390,14 +390,17 @@ fn withdrawing_restores_only_what_nothing_else_covers_and_asks_once_for_restore_
     // Tearing the namespace down restores nothing.
     let plan = world.delete(&r1, &Withdrawal::NamespaceTeardown).unwrap();
     assert_eq!(kinds_written(&plan.writes), ["remove revocations/r1"]);
-    // A fence is permanent.
+    // A fence is permanent: nobody withdraws it; the namespace's teardown takes only the
+    // record (the fence itself is kept by the store), restoring nothing.
     let fence = revocation("ns", "f", server_target("srv-1"), CAUSE_SERVER_RETIRED);
     assert_eq!(
         world
-            .delete(&fence, &Withdrawal::NamespaceTeardown)
+            .delete(&fence, &Withdrawal::ByCaller(Requester::default()))
             .unwrap_err(),
         Rejection::Refused(Refusal::FencePermanent("f".into()))
     );
+    let plan = world.delete(&fence, &Withdrawal::NamespaceTeardown).unwrap();
+    assert_eq!(kinds_written(&plan.writes), ["remove revocations/f"]);
     // A single-session withdrawal says why it cannot restore.
     world.fenced.push(("srv-1".into(), "ns".into()));
     let single = revocation("ns", "r1", session_target("one"), "manual");

@@ -345,12 +345,9 @@ pub fn retirement_waits_for_the_access_api(c: &mut LocalCluster) -> Result<(), S
 
 /// Deleting the namespace of an MCPServer: no object may be created there any more, so the fence
 /// goes to the fence namespace (`--retire-fence-namespace`), cluster-wide as ever, and the
-/// namespace's deletion completes.
-///
-/// Not covered here: a namespace that already holds a fence (a server retired there earlier)
-/// cannot be deleted today — the apiserver refuses to remove a `server_retired` Revocation even
-/// during namespace teardown (`FencePermanent`), although the fence itself lives on in
-/// `server_fences`. That is the apiserver's to change.
+/// namespace's deletion completes. Then the fence namespace itself, which now holds a fence,
+/// is deleted too: its teardown takes the fence's record, and the fence stays (a namespace of
+/// that name made again still refuses the retired uid).
 pub fn deleting_the_namespace_fences_its_servers(c: &mut LocalCluster) -> Result<(), String> {
     let _controllers = start_controllers(c, "retire-ns", Some(NS_FENCES))?;
     create_namespace(c, NS_FENCES)?;
@@ -412,6 +409,25 @@ pub fn deleting_the_namespace_fences_its_servers(c: &mut LocalCluster) -> Result
     ensure!(
         !out.success && out.stderr.contains("Conflict"),
         "issuing for the retired uid after the teardown must be 409: {out:?}"
+    );
+
+    ok(
+        &c.kubectl(&["delete", "namespace", NS_FENCES, "--wait=false"]),
+        "delete the namespace holding the fence",
+    )?;
+    wait_until(
+        Duration::from_secs(90),
+        "the deletion of the namespace holding the fence completes",
+        || {
+            let out = c.kubectl(&["get", "namespace", NS_FENCES, "-o", "name"]);
+            Ok(!out.success && out.stderr.contains("NotFound"))
+        },
+    )?;
+    create_namespace(c, NS_FENCES)?;
+    let out = issue(c, NS_FENCES, "after-namespace-gone", &late);
+    ensure!(
+        !out.success && out.stderr.contains("Conflict"),
+        "the fence must outlive its namespace: {out:?}"
     );
     Ok(())
 }
