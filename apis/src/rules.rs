@@ -385,10 +385,18 @@ pub const REASON_EXPIRES_AT_REACHED: &str = "ExpiresAtReached";
 /// `spec.expiresAt` has come. A revoked session stays `Revoked` (revocation says more than
 /// expiry); a session without an expiry (never admitted) has no instant to expire at.
 pub fn due_for_expiry(session: &AccessSession, now: Timestamp) -> bool {
-    matches!(
-        session.phase(),
-        SessionPhase::Active | SessionPhase::PendingEnrollment
-    ) && session.spec.expires_at.as_ref().is_some_and(|t| t.0 <= now)
+    expiry_instant(session).is_some_and(|at| at <= now)
+}
+
+/// The instant a session will expire at, if it still can (usable or pending, with an
+/// expiry): what the expiry scheduler sleeps until.
+pub fn expiry_instant(session: &AccessSession) -> Option<Timestamp> {
+    match session.phase() {
+        SessionPhase::Active | SessionPhase::PendingEnrollment => {
+            session.spec.expires_at.as_ref().map(|t| t.0)
+        }
+        SessionPhase::Revoked | SessionPhase::Expired => None,
+    }
 }
 
 /// Turns a due session `Expired` at `now` (phase and an `Expired` condition, as Kubernetes
@@ -1031,7 +1039,10 @@ mod tests {
     fn expiry_is_due_at_expires_at_not_before() {
         let s = mk_session(SessionPhase::Active, 3);
         assert!(!due_for_expiry(&s, now()));
-        assert!(!due_for_expiry(&s, now() + SignedDuration::from_millis(2999)));
+        assert!(!due_for_expiry(
+            &s,
+            now() + SignedDuration::from_millis(2999)
+        ));
         assert!(due_for_expiry(&s, now() + SignedDuration::from_secs(3)));
         assert!(due_for_expiry(&s, now() + SignedDuration::from_secs(60)));
     }

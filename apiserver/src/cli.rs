@@ -19,6 +19,7 @@ use crate::auth::{
     TokenFile,
 };
 use crate::config::{AuthMode, Config, ServingCert, Storage};
+use crate::expiry::{self, ExpiryConfig, ExpiryMetrics};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits, SyncState};
 use crate::server::{self, Health};
 use crate::store::{PgStore, StoreConfig};
@@ -420,6 +421,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
     store.change_feed_metrics().register(&mut registry);
+    let expiry_metrics = ExpiryMetrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Arc::new(Health::default());
     // Not ready while the change feed cannot vouch for being current: watches would end.
@@ -488,6 +490,14 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         forever(collect_enrollments(
             store.clone(),
             config.enrollment_retention,
+        )),
+    ));
+    tasks.push((
+        "session expiry",
+        forever(expiry::run(
+            store.clone(),
+            ExpiryConfig::default(),
+            expiry_metrics,
         )),
     ));
     Ok(Wired {
