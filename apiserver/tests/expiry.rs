@@ -253,3 +253,87 @@ async fn a_watch_sees_modified_with_phase_expired() {
     }
     assert_eq!(phases, vec!["ADDED Active", "MODIFIED Expired"]);
 }
+
+/// Session Events are derived from what each committed write did, reported once, by the
+/// replica that wrote (a second replica on the same database, which sees every change in its
+/// feed, reports nothing); a dry run reports nothing.
+#[tokio::test]
+async fn session_events_are_reported_by_the_writing_replica_only() {
+    use apis::rules::SessionTransition;
+    use apiserver::store::SessionEvent;
+    use std::sync::{Arc, Mutex};
+
+    fn collect(store: &PgStore) -> Arc<Mutex<Vec<SessionEvent>>> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        assert!(store
+            .session_signals()
+            .set_emitter(move |e| sink.lock().unwrap().push(e)));
+        seen
+    }
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let other = db.store().await;
+    let (seen, seen_by_other) = (collect(&store), collect(&other));
+
+    // Over the server's 24 h maximum: clamped.
+    let mut long = mk_session(NS, "long", "srv-1");
+    long.spec.expires_at = Some(in_hours(48));
+    store.create_session(long.clone(), true).await.unwrap();
+    let long = store.create_session(long, false).await.unwrap().object;
+    let revocation = revoke(&store, NS, "long", "compromised").await;
+    // A second revocation covering it is no new transition.
+    revoke(&store, NS, "long", "manual").await;
+    let short = store
+        .create_session(expiring("short", in_secs(1)), false)
+        .await
+        .unwrap()
+        .object;
+    let pending = mk_session(NS, "enrolled", "srv-1");
+    let mut enrollment = Enrollment {
+        spec: pending.spec,
+        ..Default::default()
+    };
+    enrollment.metadata = pending.metadata;
+    store
+        .create_enrollment(enrollment, &support::store_ext::admin(), false)
+        .await
+        .unwrap();
+    store
+        .complete_enrollment(NS, "enrolled", None, false)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        store.expire_sessions(Timestamp::now()).await.unwrap().len(),
+        1
+    );
+
+    let seen = seen.lock().unwrap().clone();
+    let summary: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|e| (e.name.as_str(), e.transition.reason()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("long", "TTLClamped"),
+            ("long", "Revoked"),
+            ("enrolled", "EnrollmentCompleted"),
+            ("short", "Expired"),
+        ]
+    );
+    assert_eq!(seen[0].uid, long.metadata.uid.clone().unwrap());
+    assert!(matches!(
+        &seen[1].transition,
+        SessionTransition::Revoked { cause, revocation: Some(name) }
+            if cause == "compromised" && *name == revocation
+    ));
+    assert_eq!(
+        seen[3].transition,
+        SessionTransition::Expired {
+            expires_at: short.spec.expires_at.unwrap().0
+        }
+    );
+    assert!(seen_by_other.lock().unwrap().is_empty());
+}
