@@ -32,6 +32,8 @@ macro_rules! ensure {
     };
 }
 
+#[path = "cluster/expiry.rs"]
+mod expiry;
 #[path = "cluster/fences.rs"]
 mod fences;
 #[path = "cluster/gateway_cache.rs"]
@@ -184,6 +186,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "gateway_cache_retire_and_republish",
         gateway_cache::retire_and_republish,
+    ),
+    (
+        "session_expires_within_a_second",
+        expiry::session_expires_within_a_second,
+    ),
+    (
+        "session_events_through_kubectl_events",
+        expiry::session_events_through_kubectl_events,
     ),
 ];
 
