@@ -337,3 +337,65 @@ async fn session_events_are_reported_by_the_writing_replica_only() {
     );
     assert!(seen_by_other.lock().unwrap().is_empty());
 }
+
+/// Creates the Enrollment of `session` (the session is then `PendingEnrollment`).
+async fn enroll(store: &impl Store, session: &AccessSession) {
+    let mut enrollment = Enrollment {
+        spec: session.spec.clone(),
+        ..Default::default()
+    };
+    enrollment.metadata = session.metadata.clone();
+    store
+        .create_enrollment(enrollment, &support::store_ext::admin(), false)
+        .await
+        .unwrap();
+}
+
+/// The SQL that narrows the due sessions and the next expiry (and its index) agrees with the
+/// typed rules the memory store applies directly, over every phase and around the instant.
+#[tokio::test]
+async fn sql_and_rules_agree_on_due_sessions_and_the_next_expiry() {
+    use apiserver::store::MemoryStore;
+
+    let db = TestDb::new().await;
+    let pg = db.store().await;
+    let memory = MemoryStore::new();
+    let base = in_secs(3600);
+    for (name, offset) in [("a", 0), ("b", 1), ("c", 2), ("revoked", -5), ("d", 7200)] {
+        let session = expiring(name, base + SignedDuration::from_secs(offset));
+        pg.create_session(session.clone(), false).await.unwrap();
+        memory.create_session(session, false).await.unwrap();
+    }
+    revoke(&pg, NS, "revoked", "manual").await;
+    revoke(&memory, NS, "revoked", "manual").await;
+    let pending = expiring("pending", base - SignedDuration::from_secs(1));
+    enroll(&pg, &pending).await;
+    enroll(&memory, &pending).await;
+    let names = |expired: Vec<AccessSession>| {
+        let mut n: Vec<String> = expired
+            .into_iter()
+            .map(|s| s.metadata.name.unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    let expected_next = Some(base - SignedDuration::from_secs(1));
+    assert_eq!(pg.next_session_expiry().await.unwrap(), expected_next);
+    assert_eq!(memory.next_session_expiry().await.unwrap(), expected_next);
+    // Sub-second instants: `a` is due at its second, `b` one second later.
+    for (at, want) in [
+        (base - SignedDuration::from_millis(1500), vec![]),
+        (base - SignedDuration::from_millis(500), vec!["pending"]),
+        (base + SignedDuration::from_millis(999), vec!["a"]),
+        (base + SignedDuration::from_secs(2), vec!["b", "c"]),
+        (base + SignedDuration::from_secs(3), vec![]),
+    ] {
+        let from_pg = names(pg.expire_sessions(at).await.unwrap());
+        let from_memory = names(memory.expire_sessions(at).await.unwrap());
+        assert_eq!(from_pg, want, "at {at}");
+        assert_eq!(from_memory, want, "at {at}");
+    }
+    let expected_next = Some(base + SignedDuration::from_secs(7200));
+    assert_eq!(pg.next_session_expiry().await.unwrap(), expected_next);
+    assert_eq!(memory.next_session_expiry().await.unwrap(), expected_next);
+}

@@ -251,6 +251,12 @@ pub fn session_expires_within_a_second(c: &mut LocalCluster) -> Result<(), Strin
         .map_err(|e| format!("{e:#}"))?;
     let token = c.gateway_token(&chain).map_err(|e| format!("{e:#}"))?;
     let authz = Authz::start(c, "expiry", &token)?;
+    // `kubectl get -w` prints its header with the first object: one that outlives the test.
+    kubectl_create(
+        c,
+        ns,
+        &session_manifest("anchor", &chain.server_uid, "2099-01-01T00:00:00Z"),
+    )?;
     let watch = Watch::start(c, ns)?;
 
     let expires_at = unix_now().as_secs() + 3;
