@@ -201,4 +201,47 @@ mod tests {
         assert!(matches!(e.type_, EventType::Warning));
         assert!(e.note.unwrap().contains("compromised"));
     }
+
+    fn revoked(name: &str) -> SessionEvent {
+        SessionEvent {
+            namespace: "team-a".into(),
+            name: name.into(),
+            uid: String::new(),
+            transition: SessionTransition::Revoked {
+                cause: "server_retired".into(),
+                revocation: Some("retire".into()),
+            },
+        }
+    }
+
+    /// With kube-apiserver unreachable, writes never wait: what the queue cannot hold is
+    /// dropped at once, what it holds fails to publish, and both are counted.
+    #[tokio::test]
+    async fn unreachable_kube_apiserver_drops_and_counts_without_blocking_writes() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        config.connect_timeout = Some(std::time::Duration::from_millis(200));
+        let client = kube::Client::try_from(config).unwrap();
+        let signals = SessionSignals::default();
+        let metrics = EventMetrics::default();
+        let publish = start(client, &signals, "test".into(), 2, metrics.clone());
+        // A fence revoking five sessions: one commit, five Events, a queue of two.
+        signals.committed(crate::store::SessionChanges {
+            events: (0..5).map(|i| revoked(&format!("s{i}"))).collect(),
+            sessions_written: true,
+        });
+        assert_eq!(metrics.dropped(DROP_QUEUE_FULL), 3);
+        let task = tokio::spawn(publish);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while metrics.dropped(DROP_PUBLISH_FAILED) < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "publishing did not fail"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(metrics.published(), 0);
+        assert!(!task.is_finished(), "the recorder keeps running");
+        task.abort();
+    }
 }
