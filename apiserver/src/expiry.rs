@@ -90,32 +90,33 @@ pub fn sleep_until(now: Timestamp, next: Option<Timestamp>, max: Duration) -> Du
     }
 }
 
-/// Runs the scheduler until the process ends.
+/// Runs the scheduler until the process ends. Only a due expiry takes the write lock: the
+/// next expiry is an unlocked, indexed read, so a burst of session writes (each waking the
+/// scheduler) costs reads, not write transactions.
 pub async fn run<S: Store>(store: S, config: ExpiryConfig, metrics: ExpiryMetrics) {
     let signals = store.session_signals();
     loop {
-        let now = Timestamp::now();
-        let pause = match sweep(&store, now).await {
-            Ok(n) => {
-                metrics.expired.inc_by(n as u64);
-                match store.next_session_expiry().await {
-                    Ok(next) => sleep_until(Timestamp::now(), next, config.max_sleep),
+        let pause = match store.next_session_expiry().await {
+            Ok(Some(next)) if next <= Timestamp::now() => {
+                match sweep(&store, Timestamp::now()).await {
+                    Ok(n) => {
+                        metrics.expired.inc_by(n as u64);
+                        continue;
+                    }
                     Err(e) => {
                         metrics.failures.inc();
-                        tracing::warn!(error = %e, "reading the next session expiry failed");
+                        tracing::warn!(error = %e, "session expiry sweep failed");
                         config.retry
                     }
                 }
             }
+            Ok(next) => sleep_until(Timestamp::now(), next, config.max_sleep),
             Err(e) => {
                 metrics.failures.inc();
-                tracing::warn!(error = %e, "session expiry sweep failed");
+                tracing::warn!(error = %e, "reading the next session expiry failed");
                 config.retry
             }
         };
-        if pause.is_zero() {
-            continue;
-        }
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = signals.written() => {}
