@@ -99,6 +99,10 @@ pub async fn run<S: Store>(store: S, config: ExpiryConfig, metrics: ExpiryMetric
         let pause = match store.next_session_expiry().await {
             Ok(Some(next)) if next <= Timestamp::now() => {
                 match sweep(&store, Timestamp::now()).await {
+                    // Due by the next-expiry read yet nothing to expire (another replica was
+                    // first, or a stored time the sweep cannot match): look again after a
+                    // pause rather than spin on the write lock.
+                    Ok(0) => config.retry,
                     Ok(n) => {
                         metrics.expired.inc_by(n as u64);
                         continue;
