@@ -18,9 +18,11 @@ MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
 export MCP_ACCESS_INFORMER_BIN
 MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
 export MCP_ACCESS_GATEWAY_INFORMER_BIN
-cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz
+cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
+  -p controllers --bin mcp-access-controllers
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz
+export MCP_ACCESS_CONTROLLERS_BIN=$PWD/target/debug/mcp-access-controllers
 
 work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
 cleanup() { postgres_stop "$work/pg"; rm -rf "$work"; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MCP Access on this machine: etcd, kube-apiserver and kube-controller-manager (built once from
 # the Go module proxy and cached), PostgreSQL, and mcp-access-apiserver behind its APIService
-# with RBAC on. Prints GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
+# with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). Prints
+# GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
 # listener, see the README) and KUBECONFIG=<path> when ready; runs until interrupted.
 # State lives in .local/ (MCP_ACCESS_LOCAL_DIR to change); running it again reuses it.
 set -euo pipefail
@@ -9,5 +10,7 @@ cd "$(dirname "$0")/.."
 
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 hack/build-kube.sh >/dev/null
-cargo build -p apiserver --bin mcp-access-apiserver -p e2e --bin mcp-access-local >&2
-exec target/debug/mcp-access-local --dir "$dir" --apiserver-bin target/debug/mcp-access-apiserver
+cargo build -p apiserver --bin mcp-access-apiserver -p controllers --bin mcp-access-controllers \
+  -p e2e --bin mcp-access-local >&2
+exec target/debug/mcp-access-local --dir "$dir" --apiserver-bin target/debug/mcp-access-apiserver \
+  --controllers-bin target/debug/mcp-access-controllers

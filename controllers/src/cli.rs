@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use prometheus_client::registry::Registry;
 
-use crate::{mcpserver, retire};
+use crate::metrics::Health;
+use crate::{leader, mcpserver, metrics, retire};
 
 /// The MCP Access controllers.
 #[derive(Debug, Parser)]
@@ -17,6 +18,15 @@ pub struct Cli {
     pub mcpserver: mcpserver::Args,
     #[command(flatten)]
     pub retire: retire::Args,
+    #[command(flatten)]
+    pub leader: leader::Args,
+    /// Port of `/metrics`, `/livez` and `/readyz` (all addresses).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_CONTROLLERS_METRICS_PORT",
+        default_value_t = 8080
+    )]
+    pub metrics_port: u16,
     /// Kubeconfig for reaching kube-apiserver. Without it: the in-cluster service account.
     #[arg(long, env = "MCP_ACCESS_CONTROLLERS_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -69,24 +79,66 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
     Ok(kube::Client::try_from(config)?)
 }
 
-/// Runs every controller until a signal, or until one of them ends (an error naming it).
+/// Serves metrics and probes, campaigns for the leader Lease and, while holding it, runs
+/// every controller until a signal, or until one of them ends (an error naming it).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = kube_client(cli.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
+    let health = Health::register(&mut registry);
+    // Built now (flags checked before campaigning), polled only by the leader.
     let workloads = mcpserver::controller(client.clone(), cli.mcpserver, &mut registry)?;
-    let retirement = retire::controller(client, cli.retire, &mut registry)?;
-    supervise(workloads, retirement).await
+    let retirement = retire::controller(client.clone(), cli.retire, &mut registry)?;
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], cli.metrics_port));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--metrics-port)"))?;
+    let serving = metrics::serve(listener, registry, health.clone());
+    let leading = leader::run_as_leader(
+        client,
+        &cli.leader,
+        health,
+        supervise(workloads, retirement),
+        shutdown_signal(),
+    );
+    tokio::select! {
+        ended = serving => ended.context("the metrics listener ended"),
+        ended = leading => ended,
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 async fn supervise(
     workloads: impl Future<Output = anyhow::Result<()>>,
     retirement: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         ended = workloads => ended.context("the MCPServer workload controller ended"),
         ended = retirement => ended.context("the retirement controller ended"),
-        _ = tokio::signal::ctrl_c() => Ok(()),
-        _ = terminate.recv() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flattened flag groups must not collide (clap checks this only when parsing).
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

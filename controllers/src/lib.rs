@@ -8,5 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod leader;
 pub mod mcpserver;
+pub mod metrics;
 pub mod retire;

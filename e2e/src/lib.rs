@@ -325,6 +325,32 @@ impl LocalCluster {
         );
         let path = self.dir.join("mcp-access-apiserver.kubeconfig");
         std::fs::write(&path, kubeconfig)?;
+        // The controllers' service account and RBAC from deploy/controllers (not its
+        // Deployment: here the controllers run as local processes, see start_controllers),
+        // and a kubeconfig with that account's token, so the RBAC shipped is what they run with.
+        for file in ["serviceaccount.yaml", "rbac.yaml"] {
+            let file = root.join("deploy/controllers").join(file);
+            self.kubectl_ok(&["apply", "-f", &file.display().to_string()], None)?;
+        }
+        let token = self.kubectl_ok(
+            &[
+                "create",
+                "token",
+                "mcp-access-controllers",
+                "-n",
+                "mcp-access",
+                "--duration=24h",
+            ],
+            None,
+        )?;
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: mcp-access-controllers\n  user:\n    token: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: mcp-access-controllers}}\ncurrent-context: local\n",
+            token.trim()
+        );
+        std::fs::write(
+            self.dir.join("mcp-access-controllers.kubeconfig"),
+            kubeconfig,
+        )?;
         let ca_bundle = std::fs::read(
             self.env
                 .get("AGGREGATED_CA_FILE")
@@ -395,6 +421,59 @@ impl LocalCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Starts one replica of `mcp-access-controllers` (binary `bin`) as the controllers'
+    /// service account, pointed at this cluster's gateway sync listener, with `args` added
+    /// (e.g. `--image-policy=enforce`, `--lease-name=...`). `name` is its Lease identity and
+    /// names its log, `logs/mcp-access-controllers-<name>.log`.
+    pub fn start_controllers(&self, bin: &Path, name: &str, args: &[&str]) -> Result<Controllers> {
+        let logs = self.dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let log_path = logs.join(format!("mcp-access-controllers-{name}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let metrics_port = free_port()?;
+        let child = Command::new(bin)
+            .arg("--kubeconfig")
+            .arg(self.dir.join("mcp-access-controllers.kubeconfig"))
+            .args(["--identity", name])
+            .args(["--metrics-port", &metrics_port.to_string()])
+            // Never pulled: the local cluster has no kubelet, Pods stay Pending.
+            .args(["--gateway-image", "mcp-access-authz:local"])
+            .args(["--gateway-sync-url", &self.sync_url()])
+            .arg("--gateway-sync-ca-file")
+            .arg(self.sync_ca())
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let mut controllers = Controllers {
+            child: Some(child),
+            metrics_port,
+            log: log_path,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while controllers.get("/readyz").is_err() {
+            if !controllers.running() {
+                bail!(
+                    "mcp-access-controllers exited; see {}",
+                    controllers.log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("mcp-access-controllers was not ready within 30s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(controllers)
     }
 
     /// Fails if the `mcp-access-apiserver` this cluster started is not running.
@@ -573,6 +652,79 @@ impl LocalCluster {
 }
 
 impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running `mcp-access-controllers` replica (see [`LocalCluster::start_controllers`]);
+/// stopped when dropped.
+pub struct Controllers {
+    child: Option<Child>,
+    /// Port of its `/metrics`, `/livez` and `/readyz` on 127.0.0.1.
+    pub metrics_port: u16,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+impl Controllers {
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// GET `path` from its metrics listener; the body on 200.
+    pub fn get(&self, path: &str) -> Result<String> {
+        checked(
+            Command::new("curl")
+                .args(["-fsS", "--max-time", "5"])
+                .arg(format!("http://127.0.0.1:{}{path}", self.metrics_port)),
+        )
+    }
+
+    /// The sum of the samples of metric `name` whose labels contain every `labels` pair
+    /// (`key="value"`), from `/metrics`.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        let text = self.get("/metrics")?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+                (metric == name && labels.iter().all(|p| rest.contains(p)))
+                    .then(|| value.parse::<f64>().ok())
+                    .flatten()
+            })
+            .sum())
+    }
+
+    /// SIGKILL: no cleanup, the Lease is left held until it expires.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait (the leader releases its Lease).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Controllers {
     fn drop(&mut self) {
         self.stop();
     }

@@ -4,7 +4,7 @@
 //! order so the cluster is always torn down, and reports each by name.
 //!
 //! Needs (set by `hack/test.sh`): MCP_TEST_DATABASE_URL, MCP_ACCESS_APISERVER_BIN,
-//! MCP_ACCESS_INFORMER_BIN, MCP_ACCESS_GATEWAY_INFORMER_BIN.
+//! MCP_ACCESS_INFORMER_BIN, MCP_ACCESS_GATEWAY_INFORMER_BIN, MCP_ACCESS_CONTROLLERS_BIN.
 //!
 //! Arguments are libtest's (`e2e::harness`): filters, `--exact`, `--skip`, `--list`; the other
 //! harness flags and their values are accepted and ignored. A selection of zero scenarios fails.
@@ -32,6 +32,8 @@ macro_rules! ensure {
     };
 }
 
+#[path = "cluster/controllers.rs"]
+mod controllers;
 #[path = "cluster/expiry.rs"]
 mod expiry;
 #[path = "cluster/fences.rs"]
@@ -45,6 +47,30 @@ mod roles;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
 const SCENARIOS: &[(&str, Scenario)] = &[
+    (
+        "controllers_mcpserver_yields_its_gateway_workload",
+        controllers::mcpserver_yields_its_gateway_workload,
+    ),
+    (
+        "controllers_missing_secret_blocks_until_it_appears",
+        controllers::missing_secret_blocks_until_it_appears,
+    ),
+    (
+        "controllers_enforce_mode_refuses_a_disallowed_image",
+        controllers::enforce_mode_refuses_a_disallowed_image,
+    ),
+    (
+        "controllers_audit_mode_deploys_a_disallowed_image_with_a_warning",
+        controllers::audit_mode_deploys_a_disallowed_image_with_a_warning,
+    ),
+    (
+        "controllers_standby_takes_over_after_the_leader_is_killed",
+        controllers::standby_takes_over_after_the_leader_is_killed,
+    ),
+    (
+        "controllers_noop_resync_of_200_mcpservers_writes_nothing",
+        controllers::noop_resync_of_200_mcpservers_writes_nothing,
+    ),
     (
         "apiservice_available_and_discoverable",
         apiservice_available_and_discoverable,

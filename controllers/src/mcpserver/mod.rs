@@ -1,16 +1,477 @@
-//! Filled in by the mcpserver work of the controllers issue.
+//! MCPServer → its workload (DESIGN §6): a ServiceAccount for the gateway's token, a
+//! ConfigMap with the sync CA, the Service on the gateway port and the Deployment running the
+//! MCP server with the `mcp-access-authz` sidecar. The Secret and the image allow-list are
+//! checked first; status conditions and Events say what happened.
+//!
+//! [`desired`] and [`status`] are pure; this file is the I/O: read, compare, apply only what
+//! differs (a no-op reconcile makes no write), under one field manager.
 
+pub mod desired;
+pub mod status;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apis::runtime::MCPServer;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+use crate::metrics::{ConditionLabels, ReconcileMetrics};
+use desired::{ChildKind, WorkloadSettings, MANAGED_BY, MANAGED_BY_LABEL};
+use status::{ImageCheck, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
+
+/// The field manager of everything this controller applies (children and its conditions).
+/// Distinct from the retirement controller's, so applying our conditions never removes its
+/// `Retiring` condition.
+pub const FIELD_MANAGER: &str = "mcp-access-controllers-mcpserver";
+const CONTROLLER: &str = "mcpserver";
 
 /// Flags of this controller.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[group(id = "mcpserver")]
+pub struct Args {
+    /// Image of the `mcp-access-authz` gateway sidecar put in every MCPServer's Pod.
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_IMAGE")]
+    pub gateway_image: String,
+    /// The gateway sync URL the sidecars use (the apiserver's 8085 Service), `https://` only.
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_SYNC_URL")]
+    pub gateway_sync_url: String,
+    /// PEM CA bundle that verifies the sync listener; copied into a ConfigMap per server.
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_SYNC_CA_FILE")]
+    pub gateway_sync_ca_file: PathBuf,
+    /// Port the sidecar listens on in the Pod (the Service's port).
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_PORT", default_value_t = 8086)]
+    pub gateway_port: u16,
+    /// Lifetime of the gateway's projected token (Kubernetes' minimum is 600).
+    #[arg(
+        long,
+        env = "MCP_ACCESS_GATEWAY_TOKEN_EXPIRATION_SECONDS",
+        default_value_t = 600
+    )]
+    pub gateway_token_expiration_seconds: i64,
+    /// Allowed image prefixes (repeat or comma-separate). None: every image is allowed.
+    #[arg(
+        long = "image-allow-prefix",
+        env = "MCP_ACCESS_IMAGE_ALLOW_PREFIXES",
+        value_delimiter = ','
+    )]
+    pub image_allow_prefixes: Vec<String>,
+    /// What a disallowed image gets: `audit` (Warning Event and condition, deployed) or
+    /// `enforce` (not deployed).
+    #[arg(long, env = "MCP_ACCESS_IMAGE_POLICY", value_enum, default_value_t = ImagePolicyMode::Enforce)]
+    pub image_policy: ImagePolicyMode,
+}
 
-/// The controller, ready to run.
+/// Settings that cannot work stop startup, naming the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("--gateway-sync-url must be an https:// URL")]
+    PlainSyncUrl,
+    #[error("--gateway-sync-ca-file {0}: {1}")]
+    Ca(PathBuf, String),
+    #[error("--gateway-token-expiration-seconds must be at least 600 (Kubernetes' minimum)")]
+    TokenExpiration,
+    #[error("--gateway-port must not be 0")]
+    Port,
+}
+
+impl Args {
+    fn settings(&self) -> Result<(WorkloadSettings, ImagePolicy), SettingsError> {
+        if !self.gateway_sync_url.starts_with("https://") {
+            return Err(SettingsError::PlainSyncUrl);
+        }
+        let pem = std::fs::read_to_string(&self.gateway_sync_ca_file)
+            .map_err(|e| SettingsError::Ca(self.gateway_sync_ca_file.clone(), e.to_string()))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(SettingsError::Ca(
+                self.gateway_sync_ca_file.clone(),
+                "holds no PEM certificate".into(),
+            ));
+        }
+        if self.gateway_token_expiration_seconds < 600 {
+            return Err(SettingsError::TokenExpiration);
+        }
+        if self.gateway_port == 0 {
+            return Err(SettingsError::Port);
+        }
+        Ok((
+            WorkloadSettings {
+                gateway_image: self.gateway_image.clone(),
+                sync_url: self.gateway_sync_url.clone(),
+                sync_ca_pem: pem,
+                gateway_port: i32::from(self.gateway_port),
+                token_expiration_seconds: self.gateway_token_expiration_seconds,
+            },
+            ImagePolicy {
+                prefixes: self
+                    .image_allow_prefixes
+                    .iter()
+                    .map(|p| p.trim().to_string())
+                    .filter(|p| !p.is_empty())
+                    .collect(),
+                mode: self.image_policy,
+            },
+        ))
+    }
+}
+
+/// Why a reconcile failed (the `reason` label of the error counter).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Desired(#[from] desired::DesiredError),
+    #[error("cannot encode {0}: {1}")]
+    Encode(&'static str, serde_json::Error),
+}
+
+impl Error {
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(_)) => "api_error",
+            Error::Kube(_) => "transport",
+            Error::Desired(_) => "incomplete_object",
+            Error::Encode(..) => "encode",
+        }
+    }
+}
+
+struct Context {
+    client: kube::Client,
+    settings: WorkloadSettings,
+    policy: ImagePolicy,
+    recorder: Recorder,
+    metrics: ReconcileMetrics,
+    store: Store<MCPServer>,
+}
+
+/// The controller, ready to run (nothing is watched until the future is polled).
 pub fn controller(
-    _client: kube::Client,
-    _args: Args,
-    _registry: &mut Registry,
+    client: kube::Client,
+    args: Args,
+    registry: &mut Registry,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
-    Ok(std::future::pending())
+    let (settings, policy) = args.settings()?;
+    let metrics = ReconcileMetrics::register(registry);
+    Ok(async move {
+        let managed =
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let controller = Controller::new(
+            Api::<MCPServer>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .with_config(kube::runtime::controller::Config::default().concurrency(16));
+        let store = controller.store();
+        let by_secret = store.clone();
+        // A Secret (metadata only: its values are never held here) re-queues the MCPServers
+        // of its namespace that reference it, so creating a missing Secret deploys at once.
+        let secrets = Api::<PartialObjectMeta<Secret>>::all(client.clone());
+        let reporter = Reporter {
+            controller: "mcp-access-controllers".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let context = Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client: client.clone(),
+            settings,
+            policy,
+            metrics,
+            store,
+        });
+        controller
+            .owns(Api::<Deployment>::all(client.clone()), managed.clone())
+            .owns(Api::<Service>::all(client.clone()), managed.clone())
+            .owns(Api::<ServiceAccount>::all(client.clone()), managed.clone())
+            .owns(Api::<ConfigMap>::all(client.clone()), managed)
+            .watches(secrets, watcher::Config::default(), move |secret| {
+                let ns = secret.namespace();
+                let name = secret.name_any();
+                by_secret
+                    .state()
+                    .into_iter()
+                    .filter(|s| {
+                        s.namespace() == ns
+                            && s.spec.env_secret.as_ref().is_some_and(|e| e.name == name)
+                    })
+                    .map(|s| ObjectRef::from_obj(&*s))
+                    .collect::<Vec<_>>()
+            })
+            .run(reconcile, error_policy, context)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "mcpserver reconcile");
+                }
+            })
+            .await;
+        anyhow::bail!("the MCPServer watch ended")
+    })
+}
+
+fn error_policy(server: Arc<MCPServer>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(CONTROLLER, error.reason());
+    tracing::warn!(
+        namespace = server.namespace().unwrap_or_default(),
+        name = server.name_any(),
+        error = %error,
+        "mcpserver reconcile failed"
+    );
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(server: Arc<MCPServer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_server(&server, &ctx).await;
+    ctx.metrics
+        .observe(CONTROLLER, started.elapsed().as_secs_f64());
+    update_condition_gauges(&ctx);
+    result
+}
+
+async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, Error> {
+    // A server being deleted belongs to the retirement controller: nothing is re-applied.
+    if server.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = server
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(desired::DesiredError::Missing("namespace"))?;
+    let client = ctx.client.clone();
+
+    let secrets = match &server.spec.env_secret {
+        None => SecretCheck::NotReferenced,
+        Some(reference) => {
+            let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+                .get_opt(&reference.name)
+                .await?;
+            let keys = secret.map(|s| s.data.unwrap_or_default().into_keys().collect::<Vec<_>>());
+            SecretCheck::of(
+                Some(reference),
+                keys.as_ref().map(|k| k.iter().map(String::as_str)),
+            )
+        }
+    };
+    let image = ctx.policy.check(&server.spec.image);
+    let previous = server.status.as_ref();
+
+    let mut applied_deployment = false;
+    let workload = if secrets.resolved() && image.deployable() {
+        let mut deployment = Value::Null;
+        for child in desired::children(server, &ctx.settings)? {
+            let (written, live) = match child.kind {
+                ChildKind::ServiceAccount => {
+                    apply(
+                        Api::<ServiceAccount>::namespaced(client.clone(), namespace),
+                        &child,
+                    )
+                    .await?
+                }
+                ChildKind::ConfigMap => {
+                    apply(
+                        Api::<ConfigMap>::namespaced(client.clone(), namespace),
+                        &child,
+                    )
+                    .await?
+                }
+                ChildKind::Service => {
+                    apply(
+                        Api::<Service>::namespaced(client.clone(), namespace),
+                        &child,
+                    )
+                    .await?
+                }
+                ChildKind::Deployment => {
+                    apply(
+                        Api::<Deployment>::namespaced(client.clone(), namespace),
+                        &child,
+                    )
+                    .await?
+                }
+            };
+            if written {
+                ctx.metrics.write(CONTROLLER, child.kind.as_str());
+            }
+            if child.kind == ChildKind::Deployment {
+                applied_deployment = written;
+                deployment = live;
+            }
+        }
+        let generation = deployment["metadata"]["generation"].as_i64();
+        let observed = deployment["status"]["observedGeneration"].as_i64();
+        match (generation, observed) {
+            (Some(g), Some(o)) if o >= g => WorkloadState::Observed,
+            _ => WorkloadState::Pending,
+        }
+    } else {
+        WorkloadState::Blocked
+    };
+
+    // Events on transitions only, so a no-op reconcile publishes nothing.
+    if applied_deployment {
+        publish(
+            ctx,
+            server,
+            EventType::Normal,
+            "Deployed",
+            "Apply",
+            format!(
+                "Deployment {} applied with image {}",
+                server.name_any(),
+                server.spec.image
+            ),
+        )
+        .await?;
+    }
+    if !secrets.resolved()
+        && status::condition_status(previous, status::SECRETS_RESOLVED) != Some("False")
+    {
+        let note = match &secrets {
+            SecretCheck::NotFound { name } => format!("Secret {name} not found: not deployed"),
+            SecretCheck::KeysMissing { name, missing } => format!(
+                "Secret {name} lacks keys {}: not deployed",
+                missing.join(", ")
+            ),
+            _ => String::new(),
+        };
+        publish(
+            ctx,
+            server,
+            EventType::Warning,
+            "SecretMissing",
+            "ValidateSecret",
+            note,
+        )
+        .await?;
+    }
+    if let ImageCheck::NotAllowed {
+        image: refused,
+        mode,
+    } = &image
+    {
+        if status::condition_status(previous, status::IMAGE_ALLOWED) != Some("False") {
+            let note = match mode {
+                ImagePolicyMode::Audit => {
+                    format!("image {refused} matches no allowed prefix (audit: deployed)")
+                }
+                ImagePolicyMode::Enforce => {
+                    format!("image {refused} matches no allowed prefix: not deployed")
+                }
+            };
+            publish(
+                ctx,
+                server,
+                EventType::Warning,
+                "ImageNotAllowed",
+                "CheckImage",
+                note,
+            )
+            .await?;
+        }
+    }
+
+    let generation = server.metadata.generation;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let wanted = status::conditions(previous, generation, &secrets, &image, &workload, now);
+    if !status::status_current(previous, generation, &wanted) {
+        let body = json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "status": {"observedGeneration": generation, "conditions": wanted},
+        });
+        Api::<MCPServer>::namespaced(client, namespace)
+            .patch_status(
+                &server.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        ctx.metrics.write(CONTROLLER, "MCPServerStatus");
+    }
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+/// Applies `child` unless the live object is already up to date; returns whether it wrote
+/// and the live object (as JSON) afterwards.
+async fn apply<K>(api: Api<K>, child: &desired::Child) -> Result<(bool, Value), Error>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let live = api.get_opt(&child.name).await?;
+    let live = serde_json::to_value(&live).map_err(|e| Error::Encode(child.kind.as_str(), e))?;
+    if desired::up_to_date(&child.body, &live) {
+        return Ok((false, live));
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = api
+        .patch(&child.name, &params, &Patch::Apply(&child.body))
+        .await?;
+    let applied =
+        serde_json::to_value(&applied).map_err(|e| Error::Encode(child.kind.as_str(), e))?;
+    Ok((true, applied))
+}
+
+async fn publish(
+    ctx: &Context,
+    server: &MCPServer,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) -> Result<(), Error> {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    ctx.recorder
+        .publish(&event, &server.object_ref(&()))
+        .await?;
+    ctx.metrics.write(CONTROLLER, "Event");
+    Ok(())
+}
+
+/// MCPServers by condition and status, counted from the controller's cache.
+fn update_condition_gauges(ctx: &Context) {
+    let mut counts = std::collections::HashMap::<(String, String), i64>::new();
+    for server in ctx.store.state() {
+        for c in server.status.iter().flat_map(|s| s.conditions.iter()) {
+            *counts
+                .entry((c.type_.clone(), c.status.clone()))
+                .or_default() += 1;
+        }
+    }
+    for condition in status::OWNED {
+        for s in ["True", "False"] {
+            let n = counts
+                .get(&(condition.to_string(), s.to_string()))
+                .copied()
+                .unwrap_or(0);
+            ctx.metrics
+                .servers
+                .get_or_create(&ConditionLabels {
+                    condition: condition.into(),
+                    status: s.into(),
+                })
+                .set(n);
+        }
+    }
 }

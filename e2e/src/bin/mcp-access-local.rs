@@ -18,6 +18,9 @@ struct Cli {
     /// The mcp-access-apiserver binary.
     #[arg(long, env = "MCP_ACCESS_APISERVER_BIN")]
     apiserver_bin: PathBuf,
+    /// The mcp-access-controllers binary: started as one replica when given.
+    #[arg(long, env = "MCP_ACCESS_CONTROLLERS_BIN")]
+    controllers_bin: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,6 +32,10 @@ fn main() -> anyhow::Result<()> {
         database: Database::Local,
         apiserver_args: Vec::new(),
     })?;
+    let controllers = match &cli.controllers_bin {
+        Some(bin) => Some(cluster.start_controllers(&std::path::absolute(bin)?, "local", &[])?),
+        None => None,
+    };
     eprintln!(
         "MCP Access is served through kube-apiserver at {}; logs in {}",
         cluster
@@ -56,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     eprintln!("stopping");
+    drop(controllers);
     drop(cluster);
     Ok(())
 }

@@ -1,0 +1,464 @@
+//! The desired state of one MCPServer's workload: a pure function of the MCPServer and the
+//! controller's settings, built as the JSON that server-side apply sends (and that the
+//! compare-before-apply check reads), so it is snapshot-tested without a cluster.
+
+use apis::runtime::MCPServer;
+use serde_json::{json, Value};
+
+/// Label naming the component that manages an object (with [`MANAGED_BY`] as its value).
+pub const MANAGED_BY_LABEL: &str = "mcp-runtime.dev/managed-by";
+/// Our value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "mcp-access-controllers";
+/// Label naming the MCPServer an object belongs to.
+pub const SERVER_LABEL: &str = "mcp-runtime.dev/mcpserver";
+/// Annotation holding the digest of the spec we last applied: a change of it (a field we
+/// stopped setting included) forces an apply even when the live object still holds
+/// everything we set.
+pub const DESIRED_DIGEST: &str = "mcp-runtime.dev/desired-digest";
+/// Audience of the gateway's projected token: what the 8085 sync listener accepts.
+pub const GATEWAY_AUDIENCE: &str = "mcp-runtime-gateway";
+/// Name of the gateway container (the `mcp-access-authz` sidecar).
+pub const GATEWAY_CONTAINER: &str = "gateway";
+/// Name of the MCP server container.
+pub const SERVER_CONTAINER: &str = "mcp";
+/// Where the gateway container finds its token and the sync CA (one projected volume).
+pub const GATEWAY_MOUNT: &str = "/var/run/secrets/mcp-access";
+/// Name of that volume.
+pub const GATEWAY_VOLUME: &str = "mcp-access";
+
+/// What the controller was configured with (flags), as the builder needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadSettings {
+    /// Image of the `mcp-access-authz` sidecar.
+    pub gateway_image: String,
+    /// The apiserver's gateway sync URL (its 8085 Service), `https://` only.
+    pub sync_url: String,
+    /// PEM bundle of the CA that signed the sync listener's certificate: copied into a
+    /// ConfigMap per server (pods can only mount ConfigMaps of their own namespace).
+    pub sync_ca_pem: String,
+    /// Port the sidecar listens on (all Pod addresses; the Service targets it).
+    pub gateway_port: i32,
+    /// Lifetime asked for the projected token (the kubelet rotates it at 80 %).
+    pub token_expiration_seconds: i64,
+}
+
+/// One child object to apply: its kind (for the right API) and the apply body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    pub kind: ChildKind,
+    pub name: String,
+    pub body: Value,
+}
+
+/// The kinds of children an MCPServer has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChildKind {
+    ServiceAccount,
+    ConfigMap,
+    Service,
+    Deployment,
+}
+
+impl ChildKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildKind::ServiceAccount => "ServiceAccount",
+            ChildKind::ConfigMap => "ConfigMap",
+            ChildKind::Service => "Service",
+            ChildKind::Deployment => "Deployment",
+        }
+    }
+}
+
+/// Names of an MCPServer's children.
+pub fn service_account_name(server: &str) -> String {
+    format!("{server}-gateway")
+}
+pub fn ca_config_map_name(server: &str) -> String {
+    format!("{server}-gateway-ca")
+}
+
+/// The labels every child (and the Pods) carry.
+pub fn labels(server: &str) -> Value {
+    json!({
+        "app": server,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        SERVER_LABEL: server,
+    })
+}
+
+/// Why children cannot be built: the MCPServer lacks what an owner reference needs.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DesiredError {
+    #[error("the MCPServer has no {0} yet")]
+    Missing(&'static str),
+}
+
+fn metadata(server: &MCPServer, name: &str) -> Result<Value, DesiredError> {
+    let meta = &server.metadata;
+    let owner = meta.name.as_deref().ok_or(DesiredError::Missing("name"))?;
+    let uid = meta.uid.as_deref().ok_or(DesiredError::Missing("uid"))?;
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(DesiredError::Missing("namespace"))?;
+    Ok(json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(owner),
+        "ownerReferences": [{
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "name": owner,
+            "uid": uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+    }))
+}
+
+/// The children of `server`, in the order they are applied (the Deployment last: its Pods
+/// need the ServiceAccount and the CA ConfigMap).
+pub fn children(
+    server: &MCPServer,
+    settings: &WorkloadSettings,
+) -> Result<Vec<Child>, DesiredError> {
+    let name = server
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(DesiredError::Missing("name"))?;
+    let spec = &server.spec;
+    let sa = service_account_name(name);
+    let ca = ca_config_map_name(name);
+
+    let service_account = json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(server, &sa)?,
+        // Tokens reach the gateway only through the projected volume below.
+        "automountServiceAccountToken": false,
+    });
+    let config_map = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(server, &ca)?,
+        "data": {"ca.crt": settings.sync_ca_pem},
+    });
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(server, name)?,
+        "spec": {
+            "selector": {"app": name, SERVER_LABEL: name},
+            "ports": [{
+                "name": "gateway",
+                "port": settings.gateway_port,
+                "targetPort": "gateway",
+                "protocol": "TCP",
+            }],
+        },
+    });
+
+    let env: Vec<Value> = spec
+        .env_secret
+        .iter()
+        .flat_map(|s| {
+            s.keys.iter().map(move |key| {
+                json!({
+                    "name": key,
+                    "valueFrom": {"secretKeyRef": {"name": s.name, "key": key}},
+                })
+            })
+        })
+        .collect();
+    let mut server_container = json!({
+        "name": SERVER_CONTAINER,
+        "image": spec.image,
+        "ports": [{"name": "mcp", "containerPort": spec.port, "protocol": "TCP"}],
+    });
+    if !env.is_empty() {
+        server_container["env"] = Value::Array(env);
+    }
+    let gateway_container = json!({
+        "name": GATEWAY_CONTAINER,
+        "image": settings.gateway_image,
+        "args": [
+            format!("--sync-url={}", settings.sync_url),
+            format!("--ca-file={GATEWAY_MOUNT}/ca.crt"),
+            format!("--token-file={GATEWAY_MOUNT}/token"),
+            format!("--listen=0.0.0.0:{}", settings.gateway_port),
+        ],
+        "ports": [{"name": "gateway", "containerPort": settings.gateway_port, "protocol": "TCP"}],
+        // The token is mounted here and nowhere else.
+        "volumeMounts": [{"name": GATEWAY_VOLUME, "mountPath": GATEWAY_MOUNT, "readOnly": true}],
+    });
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(server, name)?,
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name, SERVER_LABEL: name}},
+            "template": {
+                "metadata": {"labels": labels(name)},
+                "spec": {
+                    "serviceAccountName": sa,
+                    "automountServiceAccountToken": false,
+                    "containers": [server_container, gateway_container],
+                    "volumes": [{
+                        "name": GATEWAY_VOLUME,
+                        "projected": {"sources": [
+                            {"serviceAccountToken": {
+                                "audience": GATEWAY_AUDIENCE,
+                                "expirationSeconds": settings.token_expiration_seconds,
+                                "path": "token",
+                            }},
+                            {"configMap": {"name": ca, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        ]},
+                    }],
+                },
+            },
+        },
+    });
+
+    Ok([
+        (ChildKind::ServiceAccount, sa, service_account),
+        (ChildKind::ConfigMap, ca, config_map),
+        (ChildKind::Service, name.to_string(), service),
+        (ChildKind::Deployment, name.to_string(), deployment),
+    ]
+    .into_iter()
+    .map(|(kind, name, body)| Child {
+        kind,
+        name,
+        body: with_digest(body),
+    })
+    .collect())
+}
+
+/// Stamps the digest of `body` into its annotations.
+fn with_digest(mut body: Value) -> Value {
+    let digest = digest(&body);
+    body["metadata"]["annotations"] = json!({ DESIRED_DIGEST: digest });
+    body
+}
+
+/// SHA-256 (hex) of the canonical JSON of `body` (serde_json maps are sorted).
+pub fn digest(body: &Value) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, body.to_string().as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether the live object already is what we would apply: it carries the digest of this
+/// desired body (nothing we set was added, changed or dropped since our last apply) and
+/// every field we set still holds our value (nobody else changed it). Then applying would
+/// change nothing and is skipped, so a no-op reconcile makes no write.
+pub fn up_to_date(desired: &Value, live: &Value) -> bool {
+    let want = &desired["metadata"]["annotations"][DESIRED_DIGEST];
+    live["metadata"]["annotations"][DESIRED_DIGEST] == *want && contains(desired, live)
+}
+
+/// `live` holds every field of `desired` with the same value. Maps may have more keys
+/// (server defaults); lists must match element by element; an empty list or map matches an
+/// absent one (the API server drops them).
+pub fn contains(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Object(want), Value::Object(have)) => want.iter().all(|(k, w)| match have.get(k) {
+            Some(h) => contains(w, h),
+            None => is_empty(w),
+        }),
+        (Value::Object(want), Value::Null) => want.values().all(is_empty),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| contains(w, h))
+        }
+        (Value::Array(want), Value::Null) => want.is_empty(),
+        // Integer-valued fields may come back as 1 vs 1.0 in theory; compare as numbers.
+        (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
+        (w, h) => w == h,
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_empty),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apis::runtime::{EnvSecret, MCPServerSpec, Transport};
+
+    fn settings() -> WorkloadSettings {
+        WorkloadSettings {
+            gateway_image: "ghcr.io/mcp-access/authz:1".into(),
+            sync_url: "https://mcp-access-apiserver.mcp-access.svc:8085".into(),
+            sync_ca_pem: "-----BEGIN CERTIFICATE-----\n...\n".into(),
+            gateway_port: 8086,
+            token_expiration_seconds: 600,
+        }
+    }
+
+    fn server(env_secret: Option<EnvSecret>) -> MCPServer {
+        let mut s = MCPServer::new(
+            "github",
+            MCPServerSpec {
+                image: "ghcr.io/acme/github-mcp:2".into(),
+                port: 8080,
+                transport: Transport::StreamableHttp,
+                env_secret,
+            },
+        );
+        s.metadata.namespace = Some("team-a".into());
+        s.metadata.uid = Some("0b7a3c2e-1111-2222-3333-444455556666".into());
+        s
+    }
+
+    fn find(children: &[Child], kind: ChildKind) -> &Value {
+        &children
+            .iter()
+            .find(|c| c.kind == kind)
+            .expect("child present")
+            .body
+    }
+
+    #[test]
+    fn deployment_snapshot() {
+        let secret = EnvSecret {
+            name: "github-env".into(),
+            keys: vec!["GITHUB_TOKEN".into()],
+        };
+        let children = children(&server(Some(secret)), &settings()).unwrap();
+        let kinds: Vec<_> = children.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ChildKind::ServiceAccount,
+                ChildKind::ConfigMap,
+                ChildKind::Service,
+                ChildKind::Deployment
+            ]
+        );
+        let mut deployment = find(&children, ChildKind::Deployment).clone();
+        let digest = deployment["metadata"]["annotations"][DESIRED_DIGEST].clone();
+        assert_eq!(digest.as_str().map(str::len), Some(64));
+        deployment["metadata"]["annotations"] = Value::Null;
+        let want = json!({
+          "apiVersion": "apps/v1", "kind": "Deployment",
+          "metadata": {
+            "name": "github", "namespace": "team-a", "annotations": null,
+            "labels": {"app": "github", "mcp-runtime.dev/managed-by": "mcp-access-controllers", "mcp-runtime.dev/mcpserver": "github"},
+            "ownerReferences": [{"apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "MCPServer", "name": "github",
+              "uid": "0b7a3c2e-1111-2222-3333-444455556666", "controller": true, "blockOwnerDeletion": true}]
+          },
+          "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "github", "mcp-runtime.dev/mcpserver": "github"}},
+            "template": {
+              "metadata": {"labels": {"app": "github", "mcp-runtime.dev/managed-by": "mcp-access-controllers", "mcp-runtime.dev/mcpserver": "github"}},
+              "spec": {
+                "serviceAccountName": "github-gateway",
+                "automountServiceAccountToken": false,
+                "containers": [
+                  {"name": "mcp", "image": "ghcr.io/acme/github-mcp:2",
+                   "ports": [{"name": "mcp", "containerPort": 8080, "protocol": "TCP"}],
+                   "env": [{"name": "GITHUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "github-env", "key": "GITHUB_TOKEN"}}}]},
+                  {"name": "gateway", "image": "ghcr.io/mcp-access/authz:1",
+                   "args": ["--sync-url=https://mcp-access-apiserver.mcp-access.svc:8085",
+                            "--ca-file=/var/run/secrets/mcp-access/ca.crt",
+                            "--token-file=/var/run/secrets/mcp-access/token",
+                            "--listen=0.0.0.0:8086"],
+                   "ports": [{"name": "gateway", "containerPort": 8086, "protocol": "TCP"}],
+                   "volumeMounts": [{"name": "mcp-access", "mountPath": "/var/run/secrets/mcp-access", "readOnly": true}]}
+                ],
+                "volumes": [{"name": "mcp-access", "projected": {"sources": [
+                  {"serviceAccountToken": {"audience": "mcp-runtime-gateway", "expirationSeconds": 600, "path": "token"}},
+                  {"configMap": {"name": "github-gateway-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+                ]}}]
+              }
+            }
+          }
+        });
+        assert_eq!(deployment, want, "{deployment:#}");
+    }
+
+    #[test]
+    fn token_is_mounted_only_in_the_gateway_container() {
+        let children = children(&server(None), &settings()).unwrap();
+        let pod = &find(&children, ChildKind::Deployment)["spec"]["template"]["spec"];
+        for c in pod["containers"].as_array().unwrap() {
+            let mounts = c["volumeMounts"].as_array().map(Vec::len).unwrap_or(0);
+            if c["name"] == GATEWAY_CONTAINER {
+                assert_eq!(mounts, 1);
+            } else {
+                assert_eq!(mounts, 0, "{c}");
+                assert!(c.get("env").is_none(), "no env without envSecret");
+            }
+        }
+    }
+
+    #[test]
+    fn service_targets_the_gateway_port_and_sa_has_no_automount() {
+        let children = children(&server(None), &settings()).unwrap();
+        let svc = find(&children, ChildKind::Service);
+        assert_eq!(svc["spec"]["ports"][0]["port"], 8086);
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], "gateway");
+        let sa = find(&children, ChildKind::ServiceAccount);
+        assert_eq!(sa["metadata"]["name"], "github-gateway");
+        assert_eq!(sa["automountServiceAccountToken"], false);
+        let cm = find(&children, ChildKind::ConfigMap);
+        assert_eq!(cm["data"]["ca.crt"], settings().sync_ca_pem);
+    }
+
+    #[test]
+    fn without_uid_there_is_no_owner_reference_to_build() {
+        let mut s = server(None);
+        s.metadata.uid = None;
+        assert_eq!(children(&s, &settings()), Err(DesiredError::Missing("uid")));
+    }
+
+    #[test]
+    fn compare_before_apply() {
+        let children = children(&server(None), &settings()).unwrap();
+        let desired = find(&children, ChildKind::Deployment);
+        // The live object has server defaults and status on top: still up to date.
+        let mut live = desired.clone();
+        live["metadata"]["uid"] = json!("x");
+        live["metadata"]["generation"] = json!(1);
+        live["spec"]["strategy"] = json!({"type": "RollingUpdate"});
+        live["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] =
+            json!("IfNotPresent");
+        live["spec"]["template"]["spec"]["volumes"][0]["projected"]["defaultMode"] = json!(420);
+        live["status"] = json!({"observedGeneration": 1});
+        assert!(up_to_date(desired, &live));
+        // Someone changed a field we own: apply again.
+        let mut drifted = live.clone();
+        drifted["spec"]["replicas"] = json!(3);
+        assert!(!up_to_date(desired, &drifted));
+        // A container added by someone else: the list differs.
+        let mut extra = live.clone();
+        extra["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "x"}));
+        assert!(!up_to_date(desired, &extra));
+        // A spec change (env added) changes the digest.
+        let with_env = server(Some(EnvSecret {
+            name: "e".into(),
+            keys: vec!["K".into()],
+        }));
+        let changed = super::children(&with_env, &settings()).unwrap();
+        assert!(!up_to_date(find(&changed, ChildKind::Deployment), &live));
+        // And dropping it again (a field we stop setting) does too, though the live object
+        // still "contains" the smaller body.
+        let mut live_with_env = find(&changed, ChildKind::Deployment).clone();
+        live_with_env["status"] = json!({});
+        assert!(!up_to_date(desired, &live_with_env));
+        // Absent object.
+        assert!(!up_to_date(desired, &Value::Null));
+    }
+}

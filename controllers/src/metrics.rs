@@ -1,0 +1,189 @@
+//! The controllers' metrics (one `prometheus-client` registry, sub-registry `mcp_controllers`)
+//! and the HTTP listener serving `/metrics`, `/livez` and `/readyz`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub controller: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    pub controller: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    pub condition: String,
+    pub status: String,
+}
+
+/// Reconcile metrics shared by the controllers, labelled by controller.
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    pub duration: Family<ControllerLabel, Histogram>,
+    pub errors: Family<ErrorLabels, Counter>,
+    /// API writes (applies, Events) made by reconciles: 0 on a no-op resync.
+    pub writes: Family<WriteLabels, Counter>,
+    /// MCPServers by condition and status, as last reconciled.
+    pub servers: Family<ConditionLabels, Gauge>,
+}
+
+impl ReconcileMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            }),
+            errors: Family::default(),
+            writes: Family::default(),
+            servers: Family::default(),
+        };
+        let sub = registry.sub_registry_with_prefix("mcp_controllers");
+        sub.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            metrics.duration.clone(),
+        );
+        sub.register(
+            "reconcile_errors",
+            "Reconciles that failed, by controller and reason",
+            metrics.errors.clone(),
+        );
+        sub.register(
+            "writes",
+            "API writes made by reconciles (applies and Events), by controller and kind",
+            metrics.writes.clone(),
+        );
+        sub.register(
+            "mcpservers",
+            "MCPServers by condition and status, as last reconciled by this process",
+            metrics.servers.clone(),
+        );
+        metrics
+    }
+
+    pub fn write(&self, controller: &str, kind: &str) {
+        self.writes
+            .get_or_create(&WriteLabels {
+                controller: controller.into(),
+                kind: kind.into(),
+            })
+            .inc();
+    }
+
+    pub fn error(&self, controller: &str, reason: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                controller: controller.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn observe(&self, controller: &str, seconds: f64) {
+        self.duration
+            .get_or_create(&ControllerLabel {
+                controller: controller.into(),
+            })
+            .observe(seconds);
+    }
+}
+
+/// Whether this process holds the lease, and whether it is ready (serving its role).
+#[derive(Clone, Default)]
+pub struct Health {
+    pub leader: Gauge,
+    ready: Arc<AtomicBool>,
+}
+
+impl Health {
+    pub fn register(registry: &mut Registry) -> Self {
+        let health = Self::default();
+        registry
+            .sub_registry_with_prefix("mcp_controllers")
+            .register(
+                "leader",
+                "1 while this replica holds the leader Lease and runs the controllers",
+                health.leader.clone(),
+            );
+        health
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Serves `/metrics`, `/livez` and `/readyz` on `listener` until the future is dropped.
+/// `/readyz` is 200 once the process has a Kubernetes client and takes part in the election
+/// (standbys are ready: they are healthy and waiting), 503 before and while draining.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Registry,
+    health: Health,
+) -> anyhow::Result<()> {
+    use axum::{http::StatusCode, routing::get, Router};
+    let registry = Arc::new(registry);
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut body = String::new();
+                    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                        Ok(()) => (
+                            StatusCode::OK,
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            body,
+                        ),
+                        Err(_) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(axum::http::header::CONTENT_TYPE, "text/plain")],
+                            String::new(),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let health = health.clone();
+                async move {
+                    if health.ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        );
+    axum::serve(listener, app).await?;
+    Ok(())
+}
