@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::duration::parse_go_duration;
@@ -374,6 +374,174 @@ pub fn counts_as_active(session: &AccessSession, now: Timestamp) -> bool {
         session.phase(),
         SessionPhase::Active | SessionPhase::PendingEnrollment
     ) && session.spec.expires_at.as_ref().is_some_and(|t| t.0 > now)
+}
+
+/// The condition type the server sets when a session turns `Expired`.
+pub const CONDITION_EXPIRED: &str = "Expired";
+/// Its reason: the clock reached `spec.expiresAt`.
+pub const REASON_EXPIRES_AT_REACHED: &str = "ExpiresAtReached";
+
+/// Whether a session must turn `Expired` at `now`: it is still usable or pending and its
+/// `spec.expiresAt` has come. A revoked session stays `Revoked` (revocation says more than
+/// expiry); a session without an expiry (never admitted) has no instant to expire at.
+pub fn due_for_expiry(session: &AccessSession, now: Timestamp) -> bool {
+    expiry_instant(session).is_some_and(|at| at <= now)
+}
+
+/// The instant a session will expire at, if it still can (usable or pending, with an
+/// expiry): what the expiry scheduler sleeps until.
+pub fn expiry_instant(session: &AccessSession) -> Option<Timestamp> {
+    match session.phase() {
+        SessionPhase::Active | SessionPhase::PendingEnrollment => {
+            session.spec.expires_at.as_ref().map(|t| t.0)
+        }
+        SessionPhase::Revoked | SessionPhase::Expired => None,
+    }
+}
+
+/// Turns a due session `Expired` at `now` (phase and an `Expired` condition, as Kubernetes
+/// records a transition); pending enrollment metadata stays, so the record says what it was.
+/// Returns whether the session changed: one not [`due_for_expiry`] is left alone.
+pub fn expire_session(session: &mut AccessSession, now: Timestamp) -> bool {
+    if !due_for_expiry(session, now) {
+        return false;
+    }
+    let expires_at = session
+        .spec
+        .expires_at
+        .as_ref()
+        .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default();
+    let status = session
+        .status
+        .get_or_insert_with(AccessSessionStatus::default);
+    status.phase = SessionPhase::Expired;
+    status.conditions.retain(|c| c.type_ != CONDITION_EXPIRED);
+    status.conditions.push(Condition {
+        type_: CONDITION_EXPIRED.into(),
+        status: "True".into(),
+        reason: REASON_EXPIRES_AT_REACHED.into(),
+        message: format!("spec.expiresAt {expires_at} was reached"),
+        last_transition_time: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
+        observed_generation: session.metadata.generation,
+    });
+    true
+}
+
+/// A change of a session worth an Event (DESIGN §6 "Events"), derived from what a write did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionTransition {
+    /// Issuance clamped the requested `spec.expiresAt`.
+    TtlClamped {
+        requested: Timestamp,
+        admitted: Timestamp,
+    },
+    /// The session became `Revoked` (its first revocation).
+    Revoked {
+        cause: String,
+        revocation: Option<String>,
+    },
+    /// The session reached `spec.expiresAt`.
+    Expired { expires_at: Timestamp },
+    /// Its enrollment was completed: `PendingEnrollment` became `Active`.
+    EnrollmentCompleted,
+}
+
+impl SessionTransition {
+    /// The Event reason (CamelCase, as Kubernetes spells reasons).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::TtlClamped { .. } => "TTLClamped",
+            Self::Revoked { .. } => "Revoked",
+            Self::Expired { .. } => "Expired",
+            Self::EnrollmentCompleted => "EnrollmentCompleted",
+        }
+    }
+
+    /// The action the Event reports (events.k8s.io `action`).
+    pub fn action(&self) -> &'static str {
+        match self {
+            Self::TtlClamped { .. } => "Issue",
+            Self::Revoked { .. } => "Revoke",
+            Self::Expired { .. } => "Expire",
+            Self::EnrollmentCompleted => "CompleteEnrollment",
+        }
+    }
+
+    /// Whether the Event is a `Warning` (else `Normal`).
+    pub fn is_warning(&self) -> bool {
+        matches!(self, Self::TtlClamped { .. } | Self::Revoked { .. })
+    }
+
+    /// The human-readable note.
+    pub fn note(&self) -> String {
+        let fmt = |t: &Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        match self {
+            Self::TtlClamped {
+                requested,
+                admitted,
+            } => format!(
+                "spec.expiresAt clamped from {} to {}",
+                fmt(requested),
+                fmt(admitted)
+            ),
+            Self::Revoked {
+                cause,
+                revocation: Some(name),
+            } => format!("revoked ({cause}) by revocation {name}"),
+            Self::Revoked {
+                cause,
+                revocation: None,
+            } => format!("revoked ({cause})"),
+            Self::Expired { expires_at } => {
+                format!("spec.expiresAt {} was reached", fmt(expires_at))
+            }
+            Self::EnrollmentCompleted => "enrollment completed; the session is Active".into(),
+        }
+    }
+}
+
+/// What a write of an existing session did, worth an Event: `before` as stored, `after` as
+/// written.
+pub fn session_transition(
+    before: &AccessSession,
+    after: &AccessSession,
+) -> Option<SessionTransition> {
+    let (was, is) = (before.phase(), after.phase());
+    if was == is {
+        return None;
+    }
+    match is {
+        SessionPhase::Revoked => {
+            let info = after.status.as_ref().and_then(|s| s.revocation.as_ref())?;
+            Some(SessionTransition::Revoked {
+                cause: info.cause.clone(),
+                revocation: info.revocation_name.clone(),
+            })
+        }
+        SessionPhase::Expired => Some(SessionTransition::Expired {
+            expires_at: after.spec.expires_at.as_ref()?.0,
+        }),
+        SessionPhase::Active if was == SessionPhase::PendingEnrollment => {
+            Some(SessionTransition::EnrollmentCompleted)
+        }
+        _ => None,
+    }
+}
+
+/// Whether issuance clamped the requested expiry: `requested` as asked, `admitted` as
+/// stored.
+pub fn ttl_clamped(
+    requested: &AccessSessionSpec,
+    admitted: &AccessSessionSpec,
+) -> Option<SessionTransition> {
+    match (&requested.expires_at, &admitted.expires_at) {
+        (Some(r), Some(a)) if a.0 < r.0 => Some(SessionTransition::TtlClamped {
+            requested: r.0,
+            admitted: a.0,
+        }),
+        _ => None,
+    }
 }
 
 /// What recording a revocation did to a session.
@@ -851,5 +1019,109 @@ mod tests {
         crate::locks::restore(&mut s);
         assert_eq!(s.phase(), SessionPhase::Revoked);
         assert!(!counts_as_active(&s, now()));
+    }
+
+    fn mk_session(phase: SessionPhase, expires_in_s: i64) -> AccessSession {
+        let mut s = AccessSession {
+            spec: mk_spec(None, &["payments"], 0),
+            ..Default::default()
+        };
+        s.spec.expires_at = Some(Time(now() + SignedDuration::from_secs(expires_in_s)));
+        s.metadata.generation = Some(1);
+        s.status = Some(AccessSessionStatus {
+            phase,
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn expiry_is_due_at_expires_at_not_before() {
+        let s = mk_session(SessionPhase::Active, 3);
+        assert!(!due_for_expiry(&s, now()));
+        assert!(!due_for_expiry(
+            &s,
+            now() + SignedDuration::from_millis(2999)
+        ));
+        assert!(due_for_expiry(&s, now() + SignedDuration::from_secs(3)));
+        assert!(due_for_expiry(&s, now() + SignedDuration::from_secs(60)));
+    }
+
+    #[test]
+    fn active_and_pending_sessions_expire_revoked_and_expired_ones_do_not() {
+        let later = now() + SignedDuration::from_secs(10);
+        for phase in [SessionPhase::Active, SessionPhase::PendingEnrollment] {
+            let mut s = mk_session(phase, 3);
+            assert!(expire_session(&mut s, later), "{phase:?}");
+            let status = s.status.as_ref().unwrap();
+            assert_eq!(status.phase, SessionPhase::Expired);
+            let c = &status.conditions[0];
+            assert_eq!(
+                (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+                ("Expired", "True", "ExpiresAtReached")
+            );
+            assert_eq!(c.last_transition_time.0, later);
+            // Expiring twice changes nothing (a second replica finds nothing to do).
+            let once = s.clone();
+            assert!(!expire_session(&mut s, later));
+            assert_eq!(s, once);
+        }
+        let mut revoked = mk_session(SessionPhase::Active, 3);
+        revoke_session(&mut revoked, "manual", Some("r1"), now());
+        let before = revoked.clone();
+        assert!(!expire_session(&mut revoked, later));
+        assert_eq!(revoked, before, "a revoked session stays Revoked");
+        let mut no_expiry = mk_session(SessionPhase::Active, 3);
+        no_expiry.spec.expires_at = None;
+        assert!(!expire_session(&mut no_expiry, later));
+    }
+
+    #[test]
+    fn transitions_are_derived_from_before_and_after() {
+        let later = now() + SignedDuration::from_secs(10);
+        let active = mk_session(SessionPhase::Active, 3);
+        let mut expired = active.clone();
+        expire_session(&mut expired, later);
+        assert_eq!(
+            session_transition(&active, &expired),
+            Some(SessionTransition::Expired {
+                expires_at: now() + SignedDuration::from_secs(3)
+            })
+        );
+        let mut revoked = active.clone();
+        revoke_session(&mut revoked, "compromised", Some("r1"), now());
+        let t = session_transition(&active, &revoked).unwrap();
+        assert_eq!(
+            t,
+            SessionTransition::Revoked {
+                cause: "compromised".into(),
+                revocation: Some("r1".into())
+            }
+        );
+        assert_eq!(t.reason(), "Revoked");
+        assert!(t.note().contains("compromised"), "{}", t.note());
+        // A second revocation covering it is no new transition.
+        let mut again = revoked.clone();
+        revoke_session(&mut again, "manual", Some("r2"), now());
+        assert_eq!(session_transition(&revoked, &again), None);
+        let pending = mk_session(SessionPhase::PendingEnrollment, 3);
+        assert_eq!(
+            session_transition(&pending, &active),
+            Some(SessionTransition::EnrollmentCompleted)
+        );
+        assert_eq!(session_transition(&active, &active), None);
+    }
+
+    #[test]
+    fn ttl_clamp_is_reported_only_when_clamped() {
+        let requested = mk_spec(None, &["payments"], 48);
+        let ctx = ctx(None, 0);
+        let admitted = admit_session(&requested, &ctx).unwrap();
+        let t = ttl_clamped(&requested, &admitted.spec).unwrap();
+        assert_eq!(t.reason(), "TTLClamped");
+        assert!(t.is_warning());
+        let short = mk_spec(None, &["payments"], 1);
+        let admitted = admit_session(&short, &ctx).unwrap();
+        assert_eq!(ttl_clamped(&short, &admitted.spec), None);
     }
 }

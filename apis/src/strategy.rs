@@ -76,6 +76,8 @@ pub enum Read {
     },
     /// The sessions a selector selects, in key order.
     Sessions(SessionSelector),
+    /// Up to `limit` sessions [`rules::due_for_expiry`] at `at`, in key order.
+    DueSessions { at: Timestamp, limit: u32 },
     /// How many sessions bound to each agent uid count as active at `at`
     /// ([`rules::counts_as_active`]).
     ActiveSessions {
@@ -167,6 +169,29 @@ impl Facts {
             Fact::Sessions(s) => Ok(s),
             other => Err(mismatch(other)),
         }
+    }
+
+    /// The sessions due to expire at `at` (at most `limit`).
+    pub fn due_sessions(&self, at: Timestamp, limit: u32) -> Result<&[AccessSession], Stop> {
+        match self.get(Read::DueSessions { at, limit })? {
+            Fact::Sessions(s) => Ok(s),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// The stored session at `key` as this transaction read it (by itself or among the
+    /// sessions of a selector), if it read it: the before-image of a write.
+    pub fn stored_session(&self, key: &ObjectKey) -> Option<AccessSession> {
+        if let Some(Fact::Object(Some(body))) = self.known.get(&Read::Object(key.clone())) {
+            return serde_json::from_value(body.clone()).ok();
+        }
+        self.known.values().find_map(|fact| match fact {
+            Fact::Sessions(sessions) => sessions
+                .iter()
+                .find(|s| ObjectKey::for_object(*s) == *key)
+                .cloned(),
+            _ => None,
+        })
     }
 
     /// Active sessions bound to `agent_uid` at `at`.

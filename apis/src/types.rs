@@ -185,7 +185,7 @@ pub enum SessionPhase {
     PendingEnrollment,
     /// Covered by a revocation or an agent deactivation; `status.revocation` says which.
     Revoked,
-    /// Reserved: the server does not write it; a session past `spec.expiresAt` keeps its phase.
+    /// Reached `spec.expiresAt`: the server writes it within a second of that instant.
     Expired,
 }
 
@@ -209,7 +209,7 @@ pub struct AccessSessionStatus {
     ///
     /// Set by the server: `Active` at issuance, `PendingEnrollment` for a session an Enrollment
     /// created until that enrollment is completed, `Revoked` while any revocation covers it.
-    /// `Expired` is not written: compare `spec.expiresAt` with the current time.
+    /// `Expired` once `spec.expiresAt` is reached (a revoked session stays `Revoked`).
     #[serde(default)]
     pub phase: SessionPhase,
     /// Set when the session was revoked; written only by revocation paths.
@@ -226,7 +226,7 @@ pub struct AccessSessionStatus {
     pub enrollment: Option<EnrollmentInfo>,
     /// Standard conditions.
     ///
-    /// The server writes none in this version.
+    /// `Expired` (reason `ExpiresAtReached`) when the session expires.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

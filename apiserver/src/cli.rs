@@ -19,9 +19,11 @@ use crate::auth::{
     TokenFile,
 };
 use crate::config::{AuthMode, Config, ServingCert, Storage};
+use crate::events;
+use crate::expiry::{self, ExpiryConfig, ExpiryMetrics};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits, SyncState};
 use crate::server::{self, Health};
-use crate::store::{PgStore, StoreConfig};
+use crate::store::{PgStore, Store, StoreConfig};
 use crate::tasks::Tasks;
 use crate::tls::{self, ReloadingCert};
 
@@ -284,6 +286,7 @@ type KubeParts = Option<(
     Arc<NamespaceLifecycle>,
     Arc<dyn GatewayAuthenticator>,
     Duration,
+    kube::Client,
 )>;
 
 /// Authentication, authorization and admission of one mode, with the tasks that keep them
@@ -332,12 +335,12 @@ async fn wire_auth(
                 (
                     authenticator,
                     Arc::new(
-                        SubjectAccessReviewer::new(client, *allow_ttl, *deny_ttl)
+                        SubjectAccessReviewer::new(client.clone(), *allow_ttl, *deny_ttl)
                             .with_cache_metrics(cache_metrics),
                     ),
                     Some(verifier),
                 ),
-                Some((lifecycle, gateways, *gateway_reverify)),
+                Some((lifecycle, gateways, *gateway_reverify, client)),
             ))
         }
     }
@@ -420,6 +423,8 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
     store.change_feed_metrics().register(&mut registry);
+    let expiry_metrics = ExpiryMetrics::register(&mut registry);
+    let event_metrics = events::EventMetrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Arc::new(Health::default());
     // Not ready while the change feed cannot vouch for being current: watches would end.
@@ -444,10 +449,23 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         ..Limits::default()
     });
     let (app, gateways) = match kube_parts {
-        Some((lifecycle, gateways, reverify)) => (
-            app.with_namespace_lifecycle(lifecycle),
-            Some((gateways, reverify)),
-        ),
+        Some((lifecycle, gateways, reverify, client)) => {
+            // Behind kube-apiserver, session transitions are reported as Events.
+            tasks.push((
+                "session event recorder",
+                forever(events::start(
+                    client,
+                    &store.session_signals(),
+                    events::instance_name(),
+                    events::DEFAULT_QUEUE,
+                    event_metrics,
+                )),
+            ));
+            (
+                app.with_namespace_lifecycle(lifecycle),
+                Some((gateways, reverify)),
+            )
+        }
         None => (app, None),
     };
     if let (Some(listener), Some((gateways, reverify))) = (sync_listener, gateways) {
@@ -488,6 +506,14 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         forever(collect_enrollments(
             store.clone(),
             config.enrollment_retention,
+        )),
+    ));
+    tasks.push((
+        "session expiry",
+        forever(expiry::run(
+            store.clone(),
+            ExpiryConfig::default(),
+            expiry_metrics,
         )),
     ));
     Ok(Wired {

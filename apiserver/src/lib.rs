@@ -5,6 +5,8 @@ pub mod admission;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod events;
+pub mod expiry;
 pub mod http;
 pub mod server;
 pub mod store;

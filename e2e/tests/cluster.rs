@@ -34,6 +34,8 @@ macro_rules! ensure {
 
 #[path = "cluster/controllers.rs"]
 mod controllers;
+#[path = "cluster/expiry.rs"]
+mod expiry;
 #[path = "cluster/fences.rs"]
 mod fences;
 #[path = "cluster/gateway_cache.rs"]
@@ -224,6 +226,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "retire_in_a_deleted_namespace",
         retire::deleting_the_namespace_fences_its_servers,
+    ),
+    (
+        "session_expires_within_a_second",
+        expiry::session_expires_within_a_second,
+    ),
+    (
+        "session_events_through_kubectl_events",
+        expiry::session_events_through_kubectl_events,
     ),
 ];
 

@@ -81,6 +81,13 @@ impl World {
                     })
                     .collect(),
             ),
+            Read::DueSessions { at, limit } => Fact::Sessions(
+                self.all::<AccessSession>()
+                    .into_iter()
+                    .filter(|s| rules::due_for_expiry(s, *at))
+                    .take(*limit as usize)
+                    .collect(),
+            ),
             Read::ActiveSessions { agent_uids, at } => {
                 let mut counts = HashMap::new();
                 for s in self.all::<AccessSession>() {

@@ -8,10 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use apis::locks::Fence;
-use apis::rules::counts_as_active;
+use apis::rules::{counts_as_active, due_for_expiry, expiry_instant};
 use apis::strategy::{Context, Fact, Facts, ObjectKey, Read, Stop, Strategy, Withdrawal, Write};
 use apis::{AccessSession, Kind, Revocation};
 use async_trait::async_trait;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
@@ -19,7 +20,7 @@ use super::feed::set_resource_version;
 use super::transact::{self, Backend};
 use super::{
     now, ContinueToken, ListAt, ListQuery, ObjectList, Preconditions, ResourceVersion, Result,
-    Store, StoreError, Subscription, Written,
+    SessionSignals, Store, StoreError, Subscription, Written,
 };
 
 /// The epoch of every resourceVersion the memory store hands out.
@@ -91,6 +92,12 @@ impl State {
                     })
                     .collect(),
             ),
+            Read::DueSessions { at, limit } => Fact::Sessions(
+                self.all::<AccessSession>()
+                    .filter(|s| due_for_expiry(s, *at))
+                    .take(*limit as usize)
+                    .collect(),
+            ),
             Read::ActiveSessions { agent_uids, at } => {
                 let mut counts = std::collections::HashMap::new();
                 for session in self.all::<AccessSession>() {
@@ -138,6 +145,7 @@ impl Shared {
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<Shared>>,
+    signals: Arc<SessionSignals>,
 }
 
 impl MemoryStore {
@@ -346,7 +354,7 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<Written<K>> {
         transact::prepare_new(&mut object, ctx.now)?;
-        transact::create(self.begin().await, object, ctx, dry_run).await
+        transact::create(self.begin().await, object, ctx, dry_run, &self.signals).await
     }
 
     async fn update<K: Strategy>(
@@ -356,7 +364,7 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<Written<K>> {
         transact::check_update(&object)?;
-        transact::update(self.begin().await, object, ctx, dry_run).await
+        transact::update(self.begin().await, object, ctx, dry_run, &self.signals).await
     }
 
     async fn delete<K: Strategy>(
@@ -369,7 +377,17 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<K> {
         let tx = self.begin().await;
-        transact::delete(tx, namespace, name, by, ctx, preconditions, dry_run).await
+        transact::delete(
+            tx,
+            namespace,
+            name,
+            by,
+            ctx,
+            preconditions,
+            dry_run,
+            &self.signals,
+        )
+        .await
     }
 
     async fn write_status<K: Strategy>(
@@ -382,7 +400,34 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<K> {
         let tx = self.begin().await;
-        transact::write_status(tx, namespace, name, requested, ctx, preconditions, dry_run).await
+        transact::write_status(
+            tx,
+            namespace,
+            name,
+            requested,
+            ctx,
+            preconditions,
+            dry_run,
+            &self.signals,
+        )
+        .await
+    }
+
+    async fn expire_sessions(&self, now: Timestamp) -> Result<Vec<AccessSession>> {
+        transact::expire_sessions(self.begin().await, now, &self.signals).await
+    }
+
+    async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {
+        let shared = self.state.lock().await;
+        Ok(shared
+            .current
+            .all::<AccessSession>()
+            .filter_map(|s| expiry_instant(&s))
+            .min())
+    }
+
+    fn session_signals(&self) -> Arc<SessionSignals> {
+        self.signals.clone()
     }
 
     async fn current_version(&self) -> Result<ResourceVersion> {

@@ -17,6 +17,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "scoped_fences",
         include_str!("../../../migrations/0002_scoped_fences.sql"),
     ),
+    (
+        3,
+        "session_expiry",
+        include_str!("../../../migrations/0003_session_expiry.sql"),
+    ),
 ];
 
 /// Advisory lock key: "mcpacces" in ASCII.

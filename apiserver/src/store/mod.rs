@@ -24,7 +24,7 @@ pub use memory::MemoryStore;
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
 pub use rv::{ContinueToken, ResourceVersion};
-pub use transact::{collect_completed_enrollments, transact};
+pub use transact::{collect_completed_enrollments, transact, EXPIRY_BATCH};
 
 pub use apis::locks::RevokerAuthority;
 pub use apis::strategy::{Context, Refusal, Requester, Withdrawal};
@@ -146,7 +146,72 @@ pub struct Written<K> {
     pub warnings: Vec<String>,
 }
 
-/// The storage port: what production calls. The HTTP layer is generic over it; [`PgStore`]
+/// A change of one session worth an Event, reported by the replica that committed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionEvent {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub transition: apis::rules::SessionTransition,
+}
+
+impl SessionEvent {
+    /// The event `transition` of `session`.
+    pub fn of(session: &apis::AccessSession, transition: apis::rules::SessionTransition) -> Self {
+        let meta = &session.metadata;
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            transition,
+        }
+    }
+}
+
+/// What one committed write did to sessions.
+#[derive(Clone, Debug, Default)]
+pub struct SessionChanges {
+    /// The Events it is worth, in write order.
+    pub events: Vec<SessionEvent>,
+    /// Whether it wrote any session (a new or earlier expiry may now be due first).
+    pub sessions_written: bool,
+}
+
+/// Where a store reports what its committed writes did to sessions: the expiry scheduler
+/// waits on [`SessionSignals::written`]; the Event recorder installs an emitter. Reporting
+/// never blocks nor fails a write.
+#[derive(Default)]
+pub struct SessionSignals {
+    written: tokio::sync::Notify,
+    emitter: std::sync::OnceLock<Box<dyn Fn(SessionEvent) + Send + Sync>>,
+}
+
+impl SessionSignals {
+    /// Installs the Event emitter (once; later calls are ignored and return false). It must
+    /// not block: it runs on the write path, after the commit.
+    pub fn set_emitter(&self, emit: impl Fn(SessionEvent) + Send + Sync + 'static) -> bool {
+        self.emitter.set(Box::new(emit)).is_ok()
+    }
+
+    /// Resolves after a committed write wrote a session (at most one wake-up is kept while
+    /// nobody waits, so a burst of writes wakes the waiter once).
+    pub async fn written(&self) {
+        self.written.notified().await
+    }
+
+    pub(crate) fn committed(&self, changes: SessionChanges) {
+        if changes.sessions_written {
+            self.written.notify_one();
+        }
+        if let Some(emit) = self.emitter.get() {
+            for event in changes.events {
+                emit(event);
+            }
+        }
+    }
+}
+
+/// The storage port: what production calls./// The storage port: what production calls. The HTTP layer is generic over it; [`PgStore`]
 /// implements it on PostgreSQL and [`MemoryStore`] in memory (for handler tests). Every
 /// write runs a kind's [`Strategy`] hooks in one transaction (see [`transact`]).
 #[async_trait]
@@ -191,6 +256,19 @@ pub trait Store: Send + Sync + 'static {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<K>;
+
+    /// Turns the sessions due at `now` ([`apis::rules::due_for_expiry`]) `Expired`, each an
+    /// ordinary write with its change-log event, in one write transaction (at most a batch;
+    /// call again while it returns a full one). Safe with several replicas: whoever comes
+    /// second finds nothing due. Returns the sessions expired.
+    async fn expire_sessions(
+        &self,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> Result<Vec<apis::AccessSession>>;
+    /// The earliest `spec.expiresAt` of a session that can still expire, if any.
+    async fn next_session_expiry(&self) -> Result<Option<k8s_openapi::jiff::Timestamp>>;
+    /// Where this store reports what its writes did to sessions.
+    fn session_signals(&self) -> std::sync::Arc<SessionSignals>;
 
     /// The current resourceVersion.
     async fn current_version(&self) -> Result<ResourceVersion>;

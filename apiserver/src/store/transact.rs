@@ -6,11 +6,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use apis::strategy::encode;
 use apis::strategy::{
     Context, Fact, Facts, ObjectKey, Plan, Read, Rejection, Stop, Strategy, Withdrawal, Write,
 };
 use apis::validation::FieldError;
-use apis::{Enrollment, Kind};
+use apis::{AccessSession, Enrollment, Kind};
 use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -19,7 +20,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{
-    ListAt, ListQuery, Preconditions, ResourceVersion, Result, Store, StoreError, Written,
+    ListAt, ListQuery, Preconditions, ResourceVersion, Result, SessionChanges, SessionEvent,
+    SessionSignals, Store, StoreError, Written,
 };
 
 /// Hook rounds one write may take before it is declared a bug (each round loads facts the
@@ -42,8 +44,18 @@ pub trait Backend: Send {
 pub async fn transact<K, B: Backend>(
     backend: &mut B,
     first: Vec<Read>,
-    mut decide: impl FnMut(&Facts) -> Result<Plan<K>, Stop> + Send,
+    decide: impl FnMut(&Facts) -> Result<Plan<K>, Stop> + Send,
 ) -> Result<Plan<K>> {
+    Ok(transact_with_facts(backend, first, decide).await?.0)
+}
+
+/// [`transact`], also returning the facts the plan was decided on (the before-images of its
+/// writes).
+async fn transact_with_facts<K, B: Backend>(
+    backend: &mut B,
+    first: Vec<Read>,
+    mut decide: impl FnMut(&Facts) -> Result<Plan<K>, Stop> + Send,
+) -> Result<(Plan<K>, Facts)> {
     let mut facts = Facts::default();
     let mut reads = first;
     for round in 0..MAX_ROUNDS {
@@ -61,7 +73,7 @@ pub async fn transact<K, B: Backend>(
             }
         }
         match decide(&facts) {
-            Ok(plan) => return Ok(plan),
+            Ok(plan) => return Ok((plan, facts)),
             Err(Stop::Rejected(rejection)) => return Err(rejection.into()),
             Err(Stop::Need(more)) => {
                 if more.iter().all(|r| facts.contains(r)) {
@@ -79,11 +91,15 @@ pub async fn transact<K, B: Backend>(
 }
 
 /// Executes a plan (unless `dry_run`) and commits. The answer's `resourceVersion` is that of
-/// the last write touching its key; with nothing written it stays as read.
+/// the last write touching its key; with nothing written it stays as read. After the commit,
+/// `signals` hears what the write did to sessions (derived from the plan's writes and the
+/// facts it was decided on; `requested` is a created object as the client asked for it).
 async fn finish<K: Kind, B: Backend>(
     mut backend: B,
-    mut plan: Plan<K>,
+    (mut plan, facts): (Plan<K>, Facts),
+    requested: Option<(&ObjectKey, &Value)>,
     dry_run: bool,
+    signals: &SessionSignals,
 ) -> Result<Written<K>> {
     if dry_run || plan.writes.is_empty() {
         return Ok(Written {
@@ -92,15 +108,110 @@ async fn finish<K: Kind, B: Backend>(
         });
     }
     let own = ObjectKey::for_object(&plan.object);
-    let versions = backend.write(std::mem::take(&mut plan.writes)).await?;
+    let writes = std::mem::take(&mut plan.writes);
+    let changes = session_changes(&facts, &writes, requested);
+    let versions = backend.write(writes).await?;
     if let Some((_, rv)) = versions.iter().rev().find(|(key, _)| *key == own) {
         plan.object.meta_mut().resource_version = Some(rv.to_string());
     }
     backend.commit().await?;
+    signals.committed(changes);
     Ok(Written {
         object: plan.object,
         warnings: plan.warnings,
     })
+}
+
+/// What `writes` do to sessions: the Events they are worth and whether any session is
+/// written (the expiry scheduler then looks at the next expiry again).
+fn session_changes(
+    facts: &Facts,
+    writes: &[Write],
+    requested: Option<(&ObjectKey, &Value)>,
+) -> SessionChanges {
+    let mut changes = SessionChanges::default();
+    for write in writes {
+        let (key, body) = match write {
+            Write::Create { key, body, .. } | Write::Replace { key, body }
+                if key.resource == AccessSession::PLURAL =>
+            {
+                (key, body)
+            }
+            _ => continue,
+        };
+        changes.sessions_written = true;
+        let Ok(after) = serde_json::from_value::<AccessSession>(body.clone()) else {
+            continue;
+        };
+        let transition = match write {
+            Write::Create { .. } => requested
+                .filter(|(k, _)| *k == key)
+                .and_then(|(_, v)| serde_json::from_value::<AccessSession>(v.clone()).ok())
+                .and_then(|asked| apis::rules::ttl_clamped(&asked.spec, &after.spec)),
+            _ => facts
+                .stored_session(key)
+                .and_then(|before| apis::rules::session_transition(&before, &after)),
+        };
+        if let Some(transition) = transition {
+            changes.events.push(SessionEvent::of(&after, transition));
+        }
+    }
+    changes
+}
+
+/// How many sessions one expiry transaction turns `Expired` at most (the sync-state lock is
+/// held for it; the sweep runs again at once when a batch was full).
+pub const EXPIRY_BATCH: u32 = 500;
+
+/// Turns the sessions due at `now` `Expired` (at most [`EXPIRY_BATCH`]), in one write
+/// transaction under the write lock: a second replica sweeping after this one finds nothing
+/// due. Returns the sessions expired, as written.
+pub(crate) async fn expire_sessions<B: Backend>(
+    mut backend: B,
+    now: Timestamp,
+    signals: &SessionSignals,
+) -> Result<Vec<AccessSession>> {
+    let first = vec![Read::DueSessions {
+        at: now,
+        limit: EXPIRY_BATCH,
+    }];
+    let (plan, facts) = transact_with_facts(&mut backend, first, |facts| {
+        let mut expired = Vec::new();
+        let mut writes = Vec::new();
+        for session in facts.due_sessions(now, EXPIRY_BATCH)? {
+            let mut session = session.clone();
+            if apis::rules::expire_session(&mut session, now) {
+                writes.push(Write::put(&session, false)?);
+                expired.push(session);
+            }
+        }
+        Ok(Plan {
+            object: expired,
+            writes,
+            warnings: Vec::new(),
+        })
+    })
+    .await?;
+    let Plan {
+        object: mut expired,
+        writes,
+        ..
+    } = plan;
+    if writes.is_empty() {
+        // Dropping the backend rolls back: nothing was due.
+        return Ok(expired);
+    }
+    let changes = session_changes(&facts, &writes, None);
+    let versions = backend.write(writes).await?;
+    backend.commit().await?;
+    for session in &mut expired {
+        let key = ObjectKey::for_object(session);
+        if let Some((_, rv)) = versions.iter().find(|(k, _)| *k == key) {
+            session.metadata.resource_version = Some(rv.to_string());
+        }
+    }
+    signals.committed(changes);
+    Ok(expired)
 }
 
 /// The stored object `key` names, checked against the preconditions of the request.
@@ -178,14 +289,17 @@ pub(crate) async fn create<K: Strategy, B: Backend>(
     object: K,
     ctx: &Context,
     dry_run: bool,
+    signals: &SessionSignals,
 ) -> Result<Written<K>> {
     let mut first = vec![Read::Object(ObjectKey::for_object(&object))];
     first.extend(object.create_reads(ctx));
-    let plan = transact(&mut backend, first, |facts| {
+    let requested = encode(&object)?;
+    let key = ObjectKey::for_object(&object);
+    let decided = transact_with_facts(&mut backend, first, |facts| {
         K::admit_create(object.clone(), ctx, facts)
     })
     .await?;
-    finish(backend, plan, dry_run).await
+    finish(backend, decided, Some((&key, &requested)), dry_run, signals).await
 }
 
 /// Checks what an update can be refused for before anything is read.
@@ -205,18 +319,19 @@ pub(crate) async fn update<K: Strategy, B: Backend>(
     requested: K,
     ctx: &Context,
     dry_run: bool,
+    signals: &SessionSignals,
 ) -> Result<Written<K>> {
     let key = ObjectKey::for_object(&requested);
     let pre = Preconditions {
         uid: requested.meta().uid.clone(),
         resource_version: requested.meta().resource_version.clone(),
     };
-    let plan = transact(&mut backend, vec![Read::Object(key.clone())], |facts| {
+    let decided = transact_with_facts(&mut backend, vec![Read::Object(key.clone())], |facts| {
         let current = existing::<K>(facts, &key, &pre)?;
         K::admit_update(current, requested.clone(), ctx, facts)
     })
     .await?;
-    finish(backend, plan, dry_run).await
+    finish(backend, decided, None, dry_run, signals).await
 }
 
 /// Runs `hook` on the stored object `namespace`/`name` (preconditions checked) and returns
@@ -226,14 +341,17 @@ async fn on_existing<K: Strategy, B: Backend>(
     (namespace, name): (&str, &str),
     pre: &Preconditions,
     dry_run: bool,
+    signals: &SessionSignals,
     hook: impl Fn(K, &Facts) -> Result<Plan<K>, Stop> + Send + Sync,
 ) -> Result<K> {
     let key = ObjectKey::of::<K>(namespace, name);
-    let plan = transact(&mut backend, vec![Read::Object(key.clone())], |facts| {
+    let decided = transact_with_facts(&mut backend, vec![Read::Object(key.clone())], |facts| {
         hook(existing::<K>(facts, &key, pre)?, facts)
     })
     .await?;
-    Ok(finish(backend, plan, dry_run).await?.object)
+    Ok(finish(backend, decided, None, dry_run, signals)
+        .await?
+        .object)
 }
 
 /// Deletes for `by`.
@@ -246,12 +364,14 @@ pub(crate) async fn delete<K: Strategy, B: Backend>(
     ctx: &Context,
     pre: &Preconditions,
     dry_run: bool,
+    signals: &SessionSignals,
 ) -> Result<K> {
     on_existing(
         backend,
         (namespace, name),
         pre,
         dry_run,
+        signals,
         |current, facts| K::admit_delete(current, by, ctx, facts),
     )
     .await
@@ -267,12 +387,14 @@ pub(crate) async fn write_status<K: Strategy, B: Backend>(
     ctx: &Context,
     pre: &Preconditions,
     dry_run: bool,
+    signals: &SessionSignals,
 ) -> Result<K> {
     on_existing(
         backend,
         (namespace, name),
         pre,
         dry_run,
+        signals,
         |current, facts| K::admit_status(current, requested, ctx, facts),
     )
     .await

@@ -13,7 +13,7 @@ use std::time::Duration;
 use apis::strategy::{Context, Strategy, Withdrawal};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use k8s_openapi::jiff::SignedDuration;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use rand::Rng;
 use serde_json::Value;
 
@@ -22,8 +22,8 @@ use super::feed::{Feed, FeedLimits, FeedMetrics, CHANNEL};
 use super::rv::{ResourceVersion, EPOCH_LIMIT};
 use super::transact;
 use super::{
-    apply_migrations, ListQuery, ObjectList, Preconditions, Result, Store, StoreError,
-    Subscription, Written,
+    apply_migrations, ListQuery, ObjectList, Preconditions, Result, SessionSignals, Store,
+    StoreError, Subscription, Written,
 };
 use crate::tasks::Background;
 use tx::WriteTx;
@@ -95,6 +95,7 @@ struct Inner {
     config: StoreConfig,
     /// The change feed and the log trimmer, aborted when the last clone is dropped.
     tasks: Background,
+    signals: Arc<SessionSignals>,
 }
 
 pub(super) fn pg_err(e: tokio_postgres::Error) -> StoreError {
@@ -227,6 +228,7 @@ impl PgStore {
                 feed,
                 config,
                 tasks,
+                signals: Arc::default(),
             }),
         })
     }
@@ -368,7 +370,7 @@ impl Store for PgStore {
         let ctx = self.with_limits(ctx);
         let (_gate, mut client) = self.writer().await?;
         let tx = WriteTx::begin(&mut client).await?;
-        transact::create(tx, object, &ctx, dry_run).await
+        transact::create(tx, object, &ctx, dry_run, &self.inner.signals).await
     }
 
     async fn update<K: Strategy>(
@@ -380,7 +382,14 @@ impl Store for PgStore {
         transact::check_update(&object)?;
         let (_gate, mut client) = self.writer().await?;
         let tx = WriteTx::begin(&mut client).await?;
-        transact::update(tx, object, &self.with_limits(ctx), dry_run).await
+        transact::update(
+            tx,
+            object,
+            &self.with_limits(ctx),
+            dry_run,
+            &self.inner.signals,
+        )
+        .await
     }
 
     async fn delete<K: Strategy>(
@@ -395,7 +404,17 @@ impl Store for PgStore {
         let (_gate, mut client) = self.writer().await?;
         let tx = WriteTx::begin(&mut client).await?;
         let ctx = self.with_limits(ctx);
-        transact::delete(tx, namespace, name, by, &ctx, preconditions, dry_run).await
+        transact::delete(
+            tx,
+            namespace,
+            name,
+            by,
+            &ctx,
+            preconditions,
+            dry_run,
+            &self.inner.signals,
+        )
+        .await
     }
 
     async fn write_status<K: Strategy>(
@@ -410,7 +429,42 @@ impl Store for PgStore {
         let (_gate, mut client) = self.writer().await?;
         let tx = WriteTx::begin(&mut client).await?;
         let ctx = self.with_limits(ctx);
-        transact::write_status(tx, namespace, name, requested, &ctx, preconditions, dry_run).await
+        transact::write_status(
+            tx,
+            namespace,
+            name,
+            requested,
+            &ctx,
+            preconditions,
+            dry_run,
+            &self.inner.signals,
+        )
+        .await
+    }
+
+    async fn expire_sessions(&self, now: Timestamp) -> Result<Vec<apis::AccessSession>> {
+        let (_gate, mut client) = self.writer().await?;
+        let tx = WriteTx::begin(&mut client).await?;
+        transact::expire_sessions(tx, now, &self.inner.signals).await
+    }
+
+    async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&sessions::next_expiry_sql())
+            .await
+            .map_err(pg_err)?;
+        let row = client.query_one(&stmt, &[]).await.map_err(pg_err)?;
+        match row.get::<_, Option<String>>(0) {
+            None => Ok(None),
+            Some(text) => text.parse().map(Some).map_err(|e| {
+                StoreError::Internal(format!("stored spec.expiresAt {text:?} is unreadable: {e}"))
+            }),
+        }
+    }
+
+    fn session_signals(&self) -> Arc<SessionSignals> {
+        self.inner.signals.clone()
     }
 
     async fn current_version(&self) -> Result<ResourceVersion> {

@@ -59,10 +59,7 @@ pub(super) fn selected(selector: &SessionSelector) -> (String, Params) {
 /// [`apis::rules::counts_as_active`] (phase Active or PendingEnrollment, not expired;
 /// RFC 3339 times of second precision compare as strings).
 pub(super) fn active_counts(agent_uids: &[String], at: Timestamp) -> (String, Params) {
-    let at = serde_json::to_value(Time(at))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
+    let at = stored_time(at);
     (
         "SELECT body #>> '{spec,agent,uid}', count(*) FROM objects
           WHERE resource = 'accesssessions' AND body #>> '{spec,agent,uid}' = ANY($1)
@@ -72,4 +69,37 @@ pub(super) fn active_counts(agent_uids: &[String], at: Timestamp) -> (String, Pa
             .into(),
         vec![Box::new(agent_uids.to_vec()), Box::new(at)],
     )
+}
+
+/// The RFC 3339 spelling of `at` as stored times have it (second precision, so stored times
+/// compare as strings; `at` is truncated, which keeps `expiresAt <= at` exact).
+fn stored_time(at: Timestamp) -> String {
+    serde_json::to_value(Time(at))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The narrowing predicate of [`apis::rules::expiry_instant`]: sessions that can still
+/// expire. The partial index `objects_sessions_by_expiry` (migration 0003) has exactly this
+/// predicate, so both queries below are index scans.
+const CAN_EXPIRE: &str = "resource = 'accesssessions'
+            AND COALESCE(body #>> '{status,phase}', 'Active') IN ('Active', 'PendingEnrollment')";
+
+/// Up to `limit` sessions due to expire at `at`, in expiry order; every row is re-checked
+/// with [`apis::rules::due_for_expiry`].
+pub(super) fn due(at: Timestamp, limit: u32) -> (String, Params) {
+    (
+        format!(
+            "SELECT namespace, name, seq, body FROM objects
+              WHERE {CAN_EXPIRE} AND body #>> '{{spec,expiresAt}}' <= $1
+              ORDER BY body #>> '{{spec,expiresAt}}' LIMIT $2"
+        ),
+        vec![Box::new(stored_time(at)), Box::new(i64::from(limit))],
+    )
+}
+
+/// The earliest expiry of a session that can still expire (NULL when none).
+pub(super) fn next_expiry_sql() -> String {
+    format!("SELECT min(body #>> '{{spec,expiresAt}}') FROM objects WHERE {CAN_EXPIRE}")
 }

@@ -74,6 +74,7 @@ pub(super) fn query_for(read: Read) -> ReadQuery {
         } => revocations::candidates(namespace, session, subject.as_deref(), server_uid),
         Read::Sessions(selector) => sessions::selected(selector),
         Read::ActiveSessions { agent_uids, at } => sessions::active_counts(agent_uids, *at),
+        Read::DueSessions { at, limit } => sessions::due(*at, *limit),
     };
     ReadQuery { read, sql, params }
 }
@@ -104,26 +105,17 @@ pub(super) fn fact_of(
             Fact::Flag(result.first().is_some_and(|r| r.get::<_, bool>(0)))
         }
         Read::Revocations { .. } => Fact::Revocations(revocations::decode(&result)?),
-        Read::Sessions(selector) => {
-            let mut selected = Vec::with_capacity(result.len());
-            for row in result {
-                let (ns, name): (String, String) = (row.get(0), row.get(1));
-                let stored = StoredRow {
-                    seq: row.get::<_, i64>(2) as u64,
-                    body: row.get(3),
-                };
-                let mut body = stored.body.clone();
-                set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
-                let session: AccessSession = serde_json::from_value(body).map_err(|e| {
-                    StoreError::Internal(format!("stored AccessSession is unreadable: {e}"))
-                })?;
-                // The SQL only narrows; the typed selector decides.
-                if selector.matches(&ns, &name, &session.spec) {
-                    rows.insert(ObjectKey::of::<AccessSession>(&ns, &name), stored);
-                    selected.push(session);
-                }
-            }
-            Fact::Sessions(selected)
+        Read::Sessions(selector) => Fact::Sessions(decode_sessions(
+            result,
+            epoch,
+            rows,
+            // The SQL only narrows; the typed selector decides.
+            |ns, name, session| selector.matches(ns, name, &session.spec),
+        )?),
+        Read::DueSessions { at, .. } => {
+            Fact::Sessions(decode_sessions(result, epoch, rows, |_, _, session| {
+                apis::rules::due_for_expiry(session, *at)
+            })?)
         }
         Read::ActiveSessions { .. } => Fact::Counts(
             result
@@ -132,6 +124,34 @@ pub(super) fn fact_of(
                 .collect(),
         ),
     })
+}
+
+/// Decodes session rows (namespace, name, seq, body) at `epoch`, keeping those `keep`
+/// accepts; their rows are added to `rows` (the before-images of later writes).
+fn decode_sessions(
+    result: Vec<tokio_postgres::Row>,
+    epoch: u32,
+    rows: &mut HashMap<ObjectKey, StoredRow>,
+    keep: impl Fn(&str, &str, &AccessSession) -> bool,
+) -> Result<Vec<AccessSession>> {
+    let mut selected = Vec::with_capacity(result.len());
+    for row in result {
+        let (ns, name): (String, String) = (row.get(0), row.get(1));
+        let stored = StoredRow {
+            seq: row.get::<_, i64>(2) as u64,
+            body: row.get(3),
+        };
+        let mut body = stored.body.clone();
+        set_resource_version(&mut body, ResourceVersion::new(epoch, stored.seq));
+        let session: AccessSession = serde_json::from_value(body).map_err(|e| {
+            StoreError::Internal(format!("stored AccessSession is unreadable: {e}"))
+        })?;
+        if keep(&ns, &name, &session) {
+            rows.insert(ObjectKey::of::<AccessSession>(&ns, &name), stored);
+            selected.push(session);
+        }
+    }
+    Ok(selected)
 }
 
 /// Runs reads on `client` (pipelined: every statement is sent before the first answer is
