@@ -503,7 +503,13 @@ async fn retirement_fences_the_server_uid() {
     // deleted), restores nothing, and the fence stays: a namespace of that name made again
     // still refuses the retired UID.
     store
-        .delete_revocation("ns", "github-retired", false, &Preconditions::default(), false)
+        .delete_revocation(
+            "ns",
+            "github-retired",
+            false,
+            &Preconditions::default(),
+            false,
+        )
         .await
         .expect("the namespace teardown removes the fence's record");
     assert!(store

@@ -406,7 +406,9 @@ fn withdrawing_restores_only_what_nothing_else_covers_and_asks_once_for_restore_
             .unwrap_err(),
         Rejection::Refused(Refusal::FencePermanent("f".into()))
     );
-    let plan = world.delete(&fence, &Withdrawal::NamespaceTeardown).unwrap();
+    let plan = world
+        .delete(&fence, &Withdrawal::NamespaceTeardown)
+        .unwrap();
     assert_eq!(kinds_written(&plan.writes), ["remove revocations/f"]);
     // A single-session withdrawal says why it cannot restore.
     world.fenced.push(("srv-1".into(), "ns".into()));
