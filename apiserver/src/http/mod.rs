@@ -382,7 +382,16 @@ impl<S: Store + Clone> AppState<S> {
             }
             "update" => resource::update::<K, S>(&self.store, req).await,
             "patch" => resource::patch::<K, S>(&self.store, req).await,
-            "delete" => resource::delete::<K, S>(&self.store, req).await,
+            "delete" => {
+                let mut req = req;
+                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
+                    req.namespace_terminating = matches!(
+                        lifecycle.check_create(ns).await,
+                        Err(NamespaceRefusal::Terminating(_))
+                    );
+                }
+                resource::delete::<K, S>(&self.store, req).await
+            }
             "deletecollection" => {
                 // As kube-apiserver, which registers only list and watch on the
                 // all-namespaces path of a namespaced resource.

@@ -490,11 +490,18 @@ pub async fn delete<K: Strategy, S: Store>(
     let (preconditions, dry_run) = delete_options(&req)?;
     let name = req.name.unwrap_or_default();
     let ctx = context(&req);
+    // The namespace controller deletes one by one what has no deletecollection (revocations):
+    // that is the namespace's teardown, not a withdrawal by the caller.
+    let by = if req.namespace_terminating {
+        Withdrawal::NamespaceTeardown
+    } else {
+        Withdrawal::ByCaller(ctx.requester.clone())
+    };
     let last: K = store
         .delete(
             req.namespace.unwrap_or_default(),
             name,
-            &Withdrawal::ByCaller(ctx.requester.clone()),
+            &by,
             &ctx,
             &preconditions,
             dry_run,
