@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use apis::duration::GoDuration;
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 
@@ -42,11 +42,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use process::LogFormat;
 
 /// PostgreSQL and the change log.
 #[derive(Debug, Args)]
@@ -223,36 +219,10 @@ const API_LISTENER: &str = "API listener";
 const METRICS_LISTENER: &str = "metrics listener";
 const SYNC_LISTENER: &str = "gateway sync listener";
 
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await?
-        }
-        None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    process::init_tracing(cli.log_format);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -312,7 +282,7 @@ async fn wire_auth(
             require_allowed_names,
             gateway_reverify,
         } => {
-            let client = kube_client(kubeconfig.as_deref()).await?;
+            let client = process::kube_client(kubeconfig.as_deref()).await?;
             let options = DelegatedOptions {
                 require_allowed_names: *require_allowed_names,
             };

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::Health;
@@ -35,26 +35,12 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
+pub use process::LogFormat;
 
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    process::init_tracing(cli.log_format);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -62,27 +48,10 @@ pub fn main() -> anyhow::Result<()> {
         .block_on(run(cli))
 }
 
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await?
-        }
-        None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// Serves metrics and probes, campaigns for the leader Lease and, while holding it, runs
 /// every controller until a signal, or until one of them ends (an error naming it).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = process::kube_client(cli.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
     let health = Health::register(&mut registry);
     // Built now (flags checked before campaigning), polled only by the leader.

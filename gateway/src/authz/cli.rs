@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
 use prometheus_client::registry::Registry;
 
 use super::http::{router, AuthzMetrics, AuthzState};
@@ -27,11 +27,7 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use process::LogFormat;
 
 /// Where the session feed is and how to authenticate to it.
 #[derive(Debug, Args)]
@@ -84,20 +80,10 @@ fn parse_header_name(raw: &str) -> Result<http::HeaderName, String> {
     http::HeaderName::from_bytes(raw.as_bytes()).map_err(|e| format!("{raw:?}: {e}"))
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    process::init_tracing(cli.log_format);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,45 @@
+//! What every MCP Access binary does at start: set up logging in the format its flag asks
+//! for, and reach kube-apiserver from a kubeconfig or the in-cluster service account.
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Log format of a binary (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// A client of kube-apiserver: from `kubeconfig` when given, else the in-cluster service
+/// account.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    // kube-rs's TLS uses the process-wide rustls provider; ring is the workspace's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?
+        }
+        None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
