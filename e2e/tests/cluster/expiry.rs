@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use e2e::LocalCluster;
 use serde_json::Value;
 
+use super::gateway_cache::Authz;
 use super::{create_namespace, ok};
 
 /// RFC 3339 (UTC, whole seconds) of `secs` since the Unix epoch.
@@ -121,108 +122,25 @@ impl Watch {
     }
 }
 
-/// The real `mcp-access-authz` on the cluster's sync listener; killed on drop.
-struct Authz {
-    child: Child,
-    base: String,
-    rt: tokio::runtime::Runtime,
-    http: reqwest::Client,
-}
-
-impl Drop for Authz {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Authz {
-    fn start(c: &LocalCluster, name: &str, token: &str) -> Result<Self, String> {
-        let bin = std::env::var("MCP_ACCESS_AUTHZ_BIN")
-            .map_err(|_| "MCP_ACCESS_AUTHZ_BIN is not set: run through hack/test.sh".to_string())?;
-        let dir = c.dir.join(format!("authz-{name}"));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, token).map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(c.dir.join(format!("logs/authz-{name}.log")))
-            .map_err(|e| e.to_string())?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| e.to_string())?;
-        let child = Command::new(bin)
-            .args(["--sync-url", &c.sync_url()])
-            .arg("--ca-file")
-            .arg(c.sync_ca())
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env_remove("SESSION_SYNC_STALE_WINDOW")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            rt,
-            http,
-        })
-    }
-
-    /// The deny reason for `ns/name`, "allow", or "unavailable" while not answering.
-    fn decision(&self, ns: &str, name: &str) -> String {
-        let request = self
-            .http
-            .post(format!("{}/mcp", self.base))
-            .header("X-MCP-Session", format!("{ns}/{name}"));
-        self.rt.block_on(async {
-            let Ok(resp) = request.send().await else {
-                return "unavailable".to_string();
-            };
-            match resp.status().as_u16() {
-                200 => "allow".to_string(),
-                status => {
-                    let body: Value = resp.json().await.unwrap_or(Value::Null);
-                    match body["reason"].as_str() {
-                        Some(reason) if status == 401 => reason.to_string(),
-                        _ => format!("{status} {body}"),
-                    }
-                }
-            }
-        })
-    }
-
-    fn wait_decision(
-        &self,
-        ns: &str,
-        name: &str,
-        want: &str,
-        limit: Duration,
-    ) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let got = self.decision(ns, name);
-            if got == want {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{ns}/{name}: {got}, not {want} within {limit:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// Waits until `mcp-access-authz` decides `want` ("allow" or a deny reason) for `ns/name`; a
+/// sidecar not answering yet counts as not yet.
+fn wait_decision(
+    authz: &Authz,
+    ns: &str,
+    name: &str,
+    want: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = authz.decision(ns, name).unwrap_or_else(|e| e);
+        if got == want {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            return Err(format!("{ns}/{name}: {got}, not {want} within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -250,7 +168,7 @@ pub fn session_expires_within_a_second(c: &mut LocalCluster) -> Result<(), Strin
         .create_gateway_chain(ns, "alpha")
         .map_err(|e| format!("{e:#}"))?;
     let token = c.gateway_token(&chain).map_err(|e| format!("{e:#}"))?;
-    let authz = Authz::start(c, "expiry", &token)?;
+    let authz = Authz::start(c, "expiry", &token, &[])?;
     // `kubectl get -w` prints its header with the first object: one that outlives the test.
     kubectl_create(
         c,
@@ -266,7 +184,7 @@ pub fn session_expires_within_a_second(c: &mut LocalCluster) -> Result<(), Strin
         &session_manifest("brief", &chain.server_uid, &rfc3339(expires_at)),
     )?;
     watch.wait_for(&["ADDED", "brief", "Active"], Duration::from_secs(5))?;
-    authz.wait_decision(ns, "brief", "allow", Duration::from_secs(30))?;
+    wait_decision(&authz, ns, "brief", "allow", Duration::from_secs(30))?;
 
     let seen = watch.wait_for(&["MODIFIED", "brief", "Expired"], Duration::from_secs(10))?;
     let late = seen.saturating_sub(Duration::from_secs(expires_at));
@@ -282,7 +200,13 @@ pub fn session_expires_within_a_second(c: &mut LocalCluster) -> Result<(), Strin
         phase(c, ns, "brief")? == "Expired",
         "stored phase is not Expired"
     );
-    authz.wait_decision(ns, "brief", "session_expired", Duration::from_secs(5))?;
+    wait_decision(
+        &authz,
+        ns,
+        "brief",
+        "session_expired",
+        Duration::from_secs(5),
+    )?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::{create_namespace, ok, session_yaml};
 
 /// A running sidecar with its own token file; killed on drop.
-struct Authz {
+pub(crate) struct Authz {
     child: Child,
     base: String,
     token_file: PathBuf,
@@ -40,7 +40,12 @@ fn free_port() -> Result<u16, String> {
 
 impl Authz {
     /// Starts `mcp-access-authz` against the cluster's sync listener with `token`.
-    fn start(c: &LocalCluster, name: &str, token: &str, extra: &[&str]) -> Result<Self, String> {
+    pub(crate) fn start(
+        c: &LocalCluster,
+        name: &str,
+        token: &str,
+        extra: &[&str],
+    ) -> Result<Self, String> {
         let bin = std::env::var("MCP_ACCESS_AUTHZ_BIN")
             .map_err(|_| "MCP_ACCESS_AUTHZ_BIN is not set: run through hack/test.sh".to_string())?;
         let dir = c.dir.join(format!("authz-{name}"));
@@ -116,7 +121,7 @@ impl Authz {
     }
 
     /// The deny reason for `ns/name`, or "allow"; the header must say what the body says.
-    fn decision(&self, ns: &str, name: &str) -> Result<String, String> {
+    pub(crate) fn decision(&self, ns: &str, name: &str) -> Result<String, String> {
         let (status, body, header) = self.check(ns, name)?;
         match status {
             200 => Ok("allow".into()),
