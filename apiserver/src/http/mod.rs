@@ -276,6 +276,18 @@ impl<S: Store + Clone> AppState<S> {
         Ok((verb, resource_label, response))
     }
 
+    /// Whether `namespace` is being deleted: its deletes are then the namespace's teardown
+    /// (the namespace controller's), not withdrawals by the caller.
+    async fn terminating(&self, namespace: Option<&str>) -> bool {
+        match (&self.namespaces, namespace) {
+            (Some(lifecycle), Some(ns)) => matches!(
+                lifecycle.check_create(ns).await,
+                Err(NamespaceRefusal::Terminating(_))
+            ),
+            _ => false,
+        }
+    }
+
     async fn serve<K: Strategy>(
         &self,
         verb: &str,
@@ -384,12 +396,7 @@ impl<S: Store + Clone> AppState<S> {
             "patch" => resource::patch::<K, S>(&self.store, req).await,
             "delete" => {
                 let mut req = req;
-                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
-                    req.namespace_terminating = matches!(
-                        lifecycle.check_create(ns).await,
-                        Err(NamespaceRefusal::Terminating(_))
-                    );
-                }
+                req.namespace_terminating = self.terminating(req.namespace).await;
                 resource::delete::<K, S>(&self.store, req).await
             }
             "deletecollection" => {
@@ -400,12 +407,7 @@ impl<S: Store + Clone> AppState<S> {
                 }
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let mut req = req;
-                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
-                    req.namespace_terminating = matches!(
-                        lifecycle.check_create(ns).await,
-                        Err(NamespaceRefusal::Terminating(_))
-                    );
-                }
+                req.namespace_terminating = self.terminating(req.namespace).await;
                 resource::delete_collection::<K, S>(&self.store, req, options).await
             }
             other => Err(ApiError::method_not_allowed(
