@@ -41,6 +41,174 @@ pub struct MCPServerSpec {
     /// namespace. The workload is not deployed until the Secret exists with every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_secret: Option<EnvSecret>,
+    /// Destinations outside the cluster the server may reach (NetworkPolicy layer L3). A
+    /// binding that cannot be proven safe keeps the workload from being deployed
+    /// (condition `ExternalEgressReady=False`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub egress_bindings: Vec<EgressBinding>,
+    /// In-cluster sources allowed in and destinations allowed out, beyond the gateway and the
+    /// hosts of the Contexts that grant the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ServerNetwork>,
+}
+
+/// One external destination of an MCP server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressBinding {
+    /// Names the binding (unique within the server; `status.resolvedEgressIPs` is keyed by it).
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// `ExactHost`: one `cidr` or one public DNS `host`, on one `port`/`protocol`.
+    /// `PublicWeb`: any public address on TCP 80 and 443, private and special ranges excluded.
+    #[serde(rename = "type")]
+    pub kind: EgressBindingType,
+    /// ExactHost: a public CIDR (a host address or a network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// ExactHost: a public DNS name, resolved to /32 (or /128) addresses and refreshed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// ExactHost: the destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+    /// ExactHost: `TCP` (default), `UDP` or `SCTP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<NetworkProtocol>,
+}
+
+/// The kinds of egress bindings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum EgressBindingType {
+    ExactHost,
+    PublicWeb,
+}
+
+/// Transport protocols of NetworkPolicy ports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum NetworkProtocol {
+    #[default]
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl NetworkProtocol {
+    /// The NetworkPolicy spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkProtocol::Tcp => "TCP",
+            NetworkProtocol::Udp => "UDP",
+            NetworkProtocol::Sctp => "SCTP",
+        }
+    }
+}
+
+/// Per-server in-cluster network rules.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerNetwork {
+    /// Further pods allowed to reach the server port (its own gateway and the granted hosts
+    /// always are).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_from: Vec<PodPeer>,
+    /// In-cluster destinations the server may reach. DNS is always allowed alongside.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_to: Vec<EgressPeer>,
+}
+
+/// Pods selected by labels in one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPeer {
+    /// Namespace of the pods; the server's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Which pods of that namespace (an empty selector: all of them).
+    #[serde(default)]
+    pub pod_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+}
+
+/// An in-cluster destination on given ports.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressPeer {
+    /// Namespace of the pods; the server's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Which pods of that namespace (an empty selector: all of them).
+    #[serde(default)]
+    pub pod_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    /// Destination ports (at least one: an allow on every port is not offered).
+    #[schemars(length(min = 1))]
+    pub ports: Vec<PortRef>,
+}
+
+/// A port and its protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortRef {
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    #[serde(default)]
+    pub protocol: NetworkProtocol,
+}
+
+/// The addresses a DNS-named egress binding resolved to, as last proven.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedEgress {
+    /// The binding's name.
+    pub binding: String,
+    /// Its host.
+    pub host: String,
+    /// The addresses, each checked to be public.
+    #[serde(default)]
+    pub ips: Vec<String>,
+    /// When they were resolved (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<String>,
+}
+
+/// Which MCPServers a group of hosts may use: the NetworkPolicy layer L2 opens exactly these
+/// routes (host pods → server pods on the server port) and nothing else.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "mcp-runtime.dev",
+    version = "v1alpha1",
+    kind = "Context",
+    plural = "contexts",
+    singular = "context",
+    shortname = "mctx",
+    namespaced,
+    doc = "A group of MCP hosts (pods of this namespace chosen by hostSelector) and the MCPServers they may use.",
+    printcolumn = r#"{"name":"Servers","type":"string","jsonPath":".spec.mcpServers[*].name"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextSpec {
+    /// The MCPServers granted to the hosts.
+    #[serde(default)]
+    pub mcp_servers: Vec<ServerRef>,
+    /// The host pods, in the Context's namespace. An empty selector selects every pod there.
+    pub host_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+}
+
+/// A reference to an MCPServer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerRef {
+    /// The MCPServer's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Its namespace; the Context's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// A Secret whose keys become environment variables of the same names.
@@ -62,11 +230,16 @@ pub struct MCPServerStatus {
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `SecretsResolved`, `ImageAllowed`, `Retiring`, by Kubernetes condition
+    /// `Ready`, `SecretsResolved`, `ImageAllowed`, `ExternalEgressReady`, `Retiring`, by Kubernetes condition
     /// conventions. Each controller owns its own types (server-side apply keyed by `type`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// The addresses the DNS-named egress bindings resolved to at the last refresh. A binding
+    /// absent here has no DNS-derived allow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["binding"]))]
+    pub resolved_egress_ips: Vec<ResolvedEgress>,
 }
 
 /// MCP transports a server can be reached over through its gateway.
@@ -87,7 +260,10 @@ pub fn crds() -> Vec<(
     k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 )> {
     use kube::CustomResourceExt;
-    vec![("mcpservers.yaml", MCPServer::crd())]
+    vec![
+        ("mcpservers.yaml", MCPServer::crd()),
+        ("contexts.yaml", Context::crd()),
+    ]
 }
 
 #[cfg(test)]

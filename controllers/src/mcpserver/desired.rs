@@ -311,6 +311,8 @@ mod tests {
                 port: 8080,
                 transport: Transport::StreamableHttp,
                 env_secret,
+                egress_bindings: Vec::new(),
+                network: None,
             },
         );
         s.metadata.namespace = Some("team-a".into());

@@ -1,0 +1,1 @@
+//! Flags of the NetworkPolicy controller and their fail-closed validation.
