@@ -10,6 +10,6 @@
 pub mod cli;
 pub mod leader;
 pub mod mcpserver;
-pub mod netpol;
 pub mod metrics;
+pub mod netpol;
 pub mod retire;
