@@ -238,7 +238,7 @@ pub fn children(
 }
 
 /// Stamps the digest of `body` into its annotations.
-fn with_digest(mut body: Value) -> Value {
+pub(crate) fn with_digest(mut body: Value) -> Value {
     let digest = digest(&body);
     body["metadata"]["annotations"] = json!({ DESIRED_DIGEST: digest });
     body

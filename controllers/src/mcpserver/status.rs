@@ -367,6 +367,7 @@ mod tests {
         let previous = MCPServerStatus {
             observed_generation: Some(1),
             conditions: first.clone(),
+            ..Default::default()
         };
         // Same observation later: identical conditions, so no write.
         let again = conditions(
