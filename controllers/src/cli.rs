@@ -8,7 +8,8 @@ use clap::Parser;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::Health;
-use crate::{leader, mcpserver, metrics, retire};
+use crate::metrics::ReconcileMetrics;
+use crate::{leader, mcpserver, metrics, netpol, retire};
 
 /// The MCP Access controllers.
 #[derive(Debug, Parser)]
@@ -18,6 +19,10 @@ pub struct Cli {
     pub mcpserver: mcpserver::Args,
     #[command(flatten)]
     pub retire: retire::Args,
+    #[command(flatten)]
+    pub netpol: netpol::settings::Args,
+    #[command(flatten)]
+    pub egress: netpol::egress::EgressArgs,
     #[command(flatten)]
     pub leader: leader::Args,
     /// Port of `/metrics`, `/livez` and `/readyz` (all addresses).
@@ -54,9 +59,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = process::kube_client(cli.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
     let health = Health::register(&mut registry);
+    let reconcile = ReconcileMetrics::register(&mut registry);
     // Built now (flags checked before campaigning), polled only by the leader.
-    let workloads = mcpserver::controller(client.clone(), cli.mcpserver, &mut registry)?;
+    let gateway_port = cli.mcpserver.gateway_port;
+    let workloads = mcpserver::controller(client.clone(), cli.mcpserver, reconcile.clone())?;
     let retirement = retire::controller(client.clone(), cli.retire, &mut registry)?;
+    let (policies, synced) = netpol::controller(
+        client.clone(),
+        cli.netpol,
+        cli.egress,
+        gateway_port,
+        netpol::lease_reference(&cli.leader.lease_namespace, &cli.leader.lease_name),
+        reconcile,
+        &mut registry,
+    )?;
+    let health = health.requiring(synced);
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], cli.metrics_port));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -66,7 +83,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         client,
         &cli.leader,
         health,
-        supervise(workloads, retirement),
+        supervise(workloads, retirement, policies),
         shutdown_signal(),
     );
     tokio::select! {
@@ -93,10 +110,12 @@ async fn shutdown_signal() {
 async fn supervise(
     workloads: impl Future<Output = anyhow::Result<()>>,
     retirement: impl Future<Output = anyhow::Result<()>>,
+    policies: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     tokio::select! {
         ended = workloads => ended.context("the MCPServer workload controller ended"),
         ended = retirement => ended.context("the retirement controller ended"),
+        ended = policies => ended.context("the NetworkPolicy controller ended"),
     }
 }
 

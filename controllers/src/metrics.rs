@@ -111,6 +111,9 @@ impl ReconcileMetrics {
 pub struct Health {
     pub leader: Gauge,
     ready: Arc<AtomicBool>,
+    /// Raised by the NetworkPolicy controller after its first complete pass: a leader is
+    /// ready only then (obsolete allows removed before it says so).
+    leader_synced: Option<Arc<AtomicBool>>,
 }
 
 impl Health {
@@ -130,8 +133,21 @@ impl Health {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
+    /// Readiness that, while this replica leads, also waits for `synced`.
+    pub fn requiring(mut self, synced: Arc<AtomicBool>) -> Self {
+        self.leader_synced = Some(synced);
+        self
+    }
+
+    /// Ready: taking part in the election, and as the leader, past the first complete pass.
     pub fn ready(&self) -> bool {
+        let leading = self.leader.get() == 1;
         self.ready.load(Ordering::Relaxed)
+            && (!leading
+                || self
+                    .leader_synced
+                    .as_ref()
+                    .is_none_or(|s| s.load(Ordering::Relaxed)))
     }
 }
 

@@ -25,13 +25,12 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::metrics::{ConditionLabels, ReconcileMetrics};
 use desired::{ChildKind, WorkloadSettings, MANAGED_BY, MANAGED_BY_LABEL};
-use status::{ImageCheck, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
+use status::{EgressGate, ImageCheck, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
 
 /// The field manager of everything this controller applies (children and its conditions).
 /// Distinct from the retirement controller's, so applying our conditions never removes its
@@ -165,10 +164,9 @@ struct Context {
 pub fn controller(
     client: kube::Client,
     args: Args,
-    registry: &mut Registry,
+    metrics: ReconcileMetrics,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     let (settings, policy) = args.settings()?;
-    let metrics = ReconcileMetrics::register(registry);
     Ok(async move {
         let managed =
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
@@ -270,9 +268,14 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
     };
     let image = ctx.policy.check(&server.spec.image);
     let previous = server.status.as_ref();
+    let egress = EgressGate::of(
+        server.spec.egress_bindings.len(),
+        previous,
+        server.metadata.generation,
+    );
 
     let mut applied_deployment = false;
-    let workload = if secrets.resolved() && image.deployable() {
+    let workload = if secrets.resolved() && image.deployable() && egress.open() {
         let mut deployment = Value::Null;
         for child in desired::children(server, &ctx.settings)? {
             let (written, live) = match child.kind {
@@ -388,7 +391,9 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
 
     let generation = server.metadata.generation;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let wanted = status::conditions(previous, generation, &secrets, &image, &workload, now);
+    let wanted = status::conditions(
+        previous, generation, &secrets, &image, &egress, &workload, now,
+    );
     if !status::status_current(previous, generation, &wanted) {
         let body = json!({
             "apiVersion": "mcp-runtime.dev/v1alpha1",

@@ -11,6 +11,8 @@ pub const READY: &str = "Ready";
 pub const SECRETS_RESOLVED: &str = "SecretsResolved";
 pub const IMAGE_ALLOWED: &str = "ImageAllowed";
 pub const OWNED: [&str; 3] = [READY, SECRETS_RESOLVED, IMAGE_ALLOWED];
+/// Owned by the NetworkPolicy controller; read here as a gate.
+pub const EXTERNAL_EGRESS_READY: &str = "ExternalEgressReady";
 
 /// What the referenced Secret looked like.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +183,45 @@ impl ImageCheck {
     }
 }
 
+/// Whether the server's external egress (NetworkPolicy layer L3) is proven, as the
+/// NetworkPolicy controller reports it in `ExternalEgressReady`: a server that declares
+/// egress bindings is deployed only once every binding is proven for its current generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressGate {
+    /// No `spec.egressBindings`.
+    NotRequired,
+    /// `ExternalEgressReady=True` for the current generation.
+    Proven,
+    /// Not (yet) proven: the condition is absent, stale or False.
+    NotProven,
+}
+
+impl EgressGate {
+    /// The gate for a server with `bindings` and `status`.
+    pub fn of(bindings: usize, status: Option<&MCPServerStatus>, generation: Option<i64>) -> Self {
+        if bindings == 0 {
+            return EgressGate::NotRequired;
+        }
+        let proven = status
+            .into_iter()
+            .flat_map(|s| s.conditions.iter())
+            .any(|c| {
+                c.type_ == EXTERNAL_EGRESS_READY
+                    && c.status == "True"
+                    && c.observed_generation == generation
+            });
+        if proven {
+            EgressGate::Proven
+        } else {
+            EgressGate::NotProven
+        }
+    }
+
+    pub fn open(&self) -> bool {
+        !matches!(self, EgressGate::NotProven)
+    }
+}
+
 /// Where the workload stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkloadState {
@@ -199,6 +240,7 @@ pub fn conditions(
     generation: Option<i64>,
     secrets: &SecretCheck,
     image: &ImageCheck,
+    egress: &EgressGate,
     workload: &WorkloadState,
     now: Time,
 ) -> Vec<Condition> {
@@ -219,11 +261,19 @@ pub fn conditions(
             "SecretsUnresolved",
             "not deployed: see SecretsResolved".to_string(),
         ),
-        WorkloadState::Blocked => (
+        WorkloadState::Blocked if !image.deployable() => (
             false,
             "ImageNotAllowed",
             "not deployed: see ImageAllowed".to_string(),
         ),
+        WorkloadState::Blocked => {
+            debug_assert!(!egress.open());
+            (
+                false,
+                "ExternalEgressNotReady",
+                "not deployed: see ExternalEgressReady".to_string(),
+            )
+        }
     };
     [
         (READY, ready),
@@ -355,6 +405,7 @@ mod tests {
             Some(1),
             &missing,
             &ImageCheck::NoAllowList,
+            &EgressGate::NotRequired,
             &WorkloadState::Blocked,
             t(100),
         );
@@ -375,6 +426,7 @@ mod tests {
             Some(1),
             &missing,
             &ImageCheck::NoAllowList,
+            &EgressGate::NotRequired,
             &WorkloadState::Blocked,
             t(200),
         );
@@ -387,6 +439,7 @@ mod tests {
             Some(1),
             &SecretCheck::Resolved,
             &ImageCheck::NoAllowList,
+            &EgressGate::NotRequired,
             &WorkloadState::Pending,
             t(300),
         );
@@ -408,5 +461,50 @@ mod tests {
         });
         assert!(status_current(Some(&with_retiring), Some(1), &first));
         assert!(!status_current(Some(&with_retiring), Some(2), &first));
+    }
+
+    #[test]
+    fn unproven_egress_blocks_the_workload() {
+        let cond = |status: &str, generation: i64| Condition {
+            type_: EXTERNAL_EGRESS_READY.into(),
+            status: status.into(),
+            reason: "x".into(),
+            message: String::new(),
+            observed_generation: Some(generation),
+            last_transition_time: t(1),
+        };
+        let with = |c: Vec<Condition>| MCPServerStatus {
+            conditions: c,
+            ..Default::default()
+        };
+        assert_eq!(EgressGate::of(0, None, Some(1)), EgressGate::NotRequired);
+        assert_eq!(EgressGate::of(1, None, Some(1)), EgressGate::NotProven);
+        assert_eq!(
+            EgressGate::of(1, Some(&with(vec![cond("True", 1)])), Some(1)),
+            EgressGate::Proven
+        );
+        assert_eq!(
+            EgressGate::of(1, Some(&with(vec![cond("False", 1)])), Some(1)),
+            EgressGate::NotProven
+        );
+        // Proven for an older spec says nothing about the current one.
+        assert_eq!(
+            EgressGate::of(1, Some(&with(vec![cond("True", 1)])), Some(2)),
+            EgressGate::NotProven
+        );
+        let blocked = conditions(
+            None,
+            Some(1),
+            &SecretCheck::NotReferenced,
+            &ImageCheck::NoAllowList,
+            &EgressGate::NotProven,
+            &WorkloadState::Blocked,
+            t(5),
+        );
+        let ready = blocked.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ExternalEgressNotReady")
+        );
     }
 }

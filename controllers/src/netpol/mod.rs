@@ -9,8 +9,727 @@
 //! - L3 external egress from `spec.egressBindings` ([`egress`] proves each binding safe);
 //! - per-server `spec.network` ingress sources and in-cluster egress allow-lists.
 //!
-//! [`desired`] computes the whole set as a pure function of the inventory; this module applies
-//! it and sweeps what is ours and no longer wanted, within caps.
+//! [`desired`] computes the whole set as a pure function of the inventory and [`sweep`] decides
+//! what goes; this file is the I/O. The inventory is global (a Context grants servers of any
+//! namespace), so one pass recomputes everything from the watch caches whenever any input
+//! changes, applies only what differs, and deletes what [`sweep`] allows. The first pass runs
+//! only once every cache holds a complete list (an empty cache would make every allow look
+//! obsolete), and the controller is ready only after it.
 
 pub mod desired;
+pub mod egress;
 pub mod settings;
+pub mod sweep;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apis::runtime::{Context, MCPServer, ResolvedEgress};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::mcpserver::desired::{up_to_date, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::metrics::ReconcileMetrics;
+use desired::{EgressAllow, Inventory, Policy};
+use egress::{EgressProof, Resolve};
+use settings::{NetpolSettings, SweepCaps};
+use sweep::{LivePolicy, Owners};
+
+/// The field manager of the policies and of the egress status of MCPServers.
+pub const FIELD_MANAGER: &str = "mcp-access-controllers-netpol";
+/// The condition this controller owns on MCPServers that declare egress bindings.
+pub const EXTERNAL_EGRESS_READY: &str = "ExternalEgressReady";
+const CONTROLLER: &str = "netpol";
+/// Changes arriving together are taken in one pass.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// A failed pass is retried after this long (sooner when an input changes).
+const RETRY: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    policy_type: String,
+}
+
+/// The NetworkPolicy controller's own metrics (with the shared reconcile metrics).
+#[derive(Clone, Default)]
+pub struct Metrics {
+    /// Desired policies by layer, as of the last pass.
+    policies: Family<TypeLabel, Gauge>,
+    /// Orphaned policies the last sweep kept because they were over a cap (0: none).
+    orphans_withheld: Gauge,
+    /// Sweeps that withheld orphans.
+    sweeps_withheld: Counter,
+    /// Desired policies whose name is taken by a policy we do not manage (not overwritten).
+    unmanaged_conflicts: Gauge,
+    /// 1 once the first complete pass has applied the desired set and removed what it may.
+    synced: Gauge,
+}
+
+impl Metrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let sub = registry.sub_registry_with_prefix("mcp_controllers_netpol");
+        sub.register(
+            "policies",
+            "Desired NetworkPolicies by policy type",
+            m.policies.clone(),
+        );
+        sub.register(
+            "orphans_withheld",
+            "Orphaned NetworkPolicies the last sweep did not delete because they exceed a cap",
+            m.orphans_withheld.clone(),
+        );
+        sub.register(
+            "sweeps_withheld",
+            "Sweeps that found more orphaned NetworkPolicies than a cap allows and deleted none",
+            m.sweeps_withheld.clone(),
+        );
+        sub.register(
+            "unmanaged_conflicts",
+            "Desired NetworkPolicies whose name is held by a policy without our managed-by label",
+            m.unmanaged_conflicts.clone(),
+        );
+        sub.register(
+            "synced",
+            "1 once the first complete pass finished (obsolete allows removed)",
+            m.synced.clone(),
+        );
+        m
+    }
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cannot encode {0}: {1}")]
+    Encode(&'static str, serde_json::Error),
+}
+
+impl Error {
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(_)) => "api_error",
+            Error::Kube(_) => "transport",
+            Error::Encode(..) => "encode",
+        }
+    }
+}
+
+/// The last proof of one server's bindings.
+struct Proven {
+    uid: String,
+    generation: Option<i64>,
+    at: Instant,
+    proof: EgressProof,
+}
+
+struct Ctx {
+    client: kube::Client,
+    settings: NetpolSettings,
+    caps: SweepCaps,
+    resolver: Box<dyn Resolve>,
+    dns_deadline: Duration,
+    refresh: Duration,
+    recorder: Recorder,
+    /// What sweep alerts are published about (the controllers' Lease).
+    regarding: ObjectReference,
+    reconcile: ReconcileMetrics,
+    metrics: Metrics,
+    synced: Arc<AtomicBool>,
+    servers: Store<MCPServer>,
+    contexts: Store<Context>,
+    policies: Store<NetworkPolicy>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+}
+
+/// A handle on whether the first complete pass is done (readiness of the leader).
+pub type Synced = Arc<AtomicBool>;
+
+/// The controller, ready to run (nothing is watched until the future is polled), and the
+/// flag it raises after its first complete pass.
+pub fn controller(
+    client: kube::Client,
+    args: settings::Args,
+    egress_args: egress::EgressArgs,
+    gateway_port: u16,
+    regarding: ObjectReference,
+    reconcile: ReconcileMetrics,
+    registry: &mut Registry,
+) -> anyhow::Result<(
+    impl std::future::Future<Output = anyhow::Result<()>>,
+    Synced,
+)> {
+    let (settings, caps) = args.settings(gateway_port)?;
+    let resolver = egress_args.resolver()?;
+    let metrics = Metrics::register(registry);
+    let synced: Synced = Arc::default();
+    let flag = synced.clone();
+    let run = async move {
+        let (servers, servers_w) = reflector::store();
+        let (contexts, contexts_w) = reflector::store();
+        let (policies, policies_w) = reflector::store();
+        let (namespaces, namespaces_w) = reflector::store();
+        let changed = Arc::new(Notify::new());
+        let managed =
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let mut watches = tokio::task::JoinSet::new();
+        watches.spawn(follow(
+            "MCPServers",
+            watcher(Api::<MCPServer>::all(client.clone()), Default::default())
+                .default_backoff()
+                .reflect(servers_w),
+            changed.clone(),
+        ));
+        watches.spawn(follow(
+            "Contexts",
+            watcher(Api::<Context>::all(client.clone()), Default::default())
+                .default_backoff()
+                .reflect(contexts_w),
+            changed.clone(),
+        ));
+        watches.spawn(follow(
+            "NetworkPolicies",
+            watcher(Api::<NetworkPolicy>::all(client.clone()), managed)
+                .default_backoff()
+                .reflect(policies_w),
+            changed.clone(),
+        ));
+        watches.spawn(follow(
+            "Namespaces",
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                Default::default(),
+            )
+            .default_backoff()
+            .reflect(namespaces_w),
+            changed.clone(),
+        ));
+        let reporter = Reporter {
+            controller: "mcp-access-controllers".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let ctx = Ctx {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            caps,
+            resolver,
+            dns_deadline: egress_args.dns_timeout(),
+            refresh: egress_args.refresh_interval(),
+            regarding,
+            reconcile,
+            metrics,
+            synced: flag,
+            servers,
+            contexts,
+            policies,
+            namespaces,
+        };
+        tokio::select! {
+            ended = watches.join_next() => match ended {
+                Some(Ok(what)) => anyhow::bail!("the {what} watch of the NetworkPolicy controller ended"),
+                Some(Err(e)) => anyhow::bail!("a watch of the NetworkPolicy controller failed: {e}"),
+                None => anyhow::bail!("the NetworkPolicy controller has no watches"),
+            },
+            ended = ctx.run(changed) => ended,
+        }
+    };
+    Ok((run, synced))
+}
+
+/// Drives one reflector and signals every change; returns (naming what) if the stream ends.
+async fn follow<S, K>(what: &'static str, stream: S, changed: Arc<Notify>) -> &'static str
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(_) => changed.notify_one(),
+            Err(e) => tracing::debug!(error = %e, watch = what, "netpol watch"),
+        }
+    }
+    what
+}
+
+impl Ctx {
+    async fn run(&self, changed: Arc<Notify>) -> anyhow::Result<()> {
+        // Never a pass on a partial view: every cache first holds a complete list.
+        let (a, b, c, d) = tokio::join!(
+            self.servers.wait_until_ready(),
+            self.contexts.wait_until_ready(),
+            self.policies.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+        );
+        for ready in [a, b, c, d] {
+            ready.map_err(|e| anyhow::anyhow!("a watch cache was dropped: {e}"))?;
+        }
+        let mut proofs: HashMap<(String, String), Proven> = HashMap::new();
+        let mut last_withheld = 0usize;
+        loop {
+            let started = Instant::now();
+            let next = match self.pass(&mut proofs, &mut last_withheld).await {
+                Ok(()) => {
+                    if !self.synced.swap(true, Ordering::Relaxed) {
+                        tracing::info!("NetworkPolicies in place: obsolete allows removed");
+                        self.metrics.synced.set(1);
+                    }
+                    self.refresh
+                }
+                Err(e) => {
+                    self.reconcile.error(CONTROLLER, e.reason());
+                    tracing::warn!(error = %e, "NetworkPolicy pass failed");
+                    RETRY
+                }
+            };
+            self.reconcile
+                .observe(CONTROLLER, started.elapsed().as_secs_f64());
+            // The next pass: on a change (taking what arrives within the debounce together),
+            // or when DNS-derived allows are due for a refresh, or a failed pass is retried.
+            let next = next.min(self.next_refresh(&proofs));
+            tokio::select! {
+                () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                () = tokio::time::sleep(next) => {}
+            }
+        }
+    }
+
+    /// Time until the oldest DNS proof is due again.
+    fn next_refresh(&self, proofs: &HashMap<(String, String), Proven>) -> Duration {
+        proofs
+            .values()
+            .filter(|p| !p.proof.resolved.is_empty() || !p.proof.failures.is_empty())
+            .map(|p| self.refresh.saturating_sub(p.at.elapsed()))
+            .min()
+            .unwrap_or(self.refresh)
+            .max(Duration::from_millis(100))
+    }
+
+    async fn pass(
+        &self,
+        proofs: &mut HashMap<(String, String), Proven>,
+        last_withheld: &mut usize,
+    ) -> Result<(), Error> {
+        let servers = self.servers.state();
+        let contexts: Vec<Context> = self
+            .contexts
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
+
+        let egress = self.prove_egress(&servers, proofs).await?;
+        let servers: Vec<MCPServer> = servers.iter().map(|s| (**s).clone()).collect();
+        let inventory = Inventory {
+            servers: &servers,
+            contexts: &contexts,
+            egress: &egress,
+        };
+        // A namespace that does not exist (or is going away) cannot hold a policy; one
+        // created later triggers a pass through the namespace watch.
+        let usable: BTreeSet<String> = self
+            .namespaces
+            .state()
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .map(|n| n.name_any())
+            .collect();
+        let wanted: Vec<Policy> = desired::policies(&inventory, &self.settings)
+            .into_iter()
+            .filter(|p| usable.contains(&p.namespace))
+            .collect();
+
+        let mut counts: BTreeMap<&str, i64> = desired::PolicyType::ALL
+            .iter()
+            .map(|t| (t.as_str(), 0))
+            .collect();
+        for p in &wanted {
+            *counts.entry(p.policy_type.as_str()).or_default() += 1;
+        }
+        for (t, n) in counts {
+            self.metrics
+                .policies
+                .get_or_create(&TypeLabel {
+                    policy_type: t.into(),
+                })
+                .set(n);
+        }
+
+        let live: BTreeMap<(String, String), Arc<NetworkPolicy>> = self
+            .policies
+            .state()
+            .into_iter()
+            .map(|p| ((p.namespace().unwrap_or_default(), p.name_any()), p))
+            .collect();
+        let mut conflicts = 0;
+        let mut failed = None;
+        for policy in &wanted {
+            let key = (policy.namespace.clone(), policy.name.clone());
+            let result = match live.get(&key) {
+                Some(current) => self.apply_if_changed(policy, Some(current)).await,
+                None => self.apply_if_unclaimed(policy, &mut conflicts).await,
+            };
+            // One policy failing (a namespace being created, say) must not hold back the
+            // others; the pass still reports the failure and is retried.
+            if let Err(e) = result {
+                tracing::warn!(ns = %policy.namespace, name = %policy.name, error = %e, "cannot apply the NetworkPolicy");
+                failed = Some(e);
+            }
+        }
+        self.metrics.unmanaged_conflicts.set(conflicts);
+
+        let desired_keys: BTreeSet<(String, String)> = wanted
+            .iter()
+            .map(|p| (p.namespace.clone(), p.name.clone()))
+            .collect();
+        let owners = Owners {
+            servers: servers
+                .iter()
+                .filter_map(|s| Some((s.namespace()?, s.name_any())))
+                .collect(),
+            contexts: contexts
+                .iter()
+                .filter_map(|c| Some((c.namespace()?, c.name_any())))
+                .collect(),
+            runtime_namespaces: self.settings.runtime_namespaces.iter().cloned().collect(),
+        };
+        let live_policies: Vec<LivePolicy> = live
+            .values()
+            .map(|p| LivePolicy {
+                namespace: p.namespace().unwrap_or_default(),
+                name: p.name_any(),
+                uid: p.uid(),
+                labels: p.labels().clone(),
+            })
+            .collect();
+        let plan = sweep::plan(&live_policies, &desired_keys, &owners, self.caps);
+        for policy in &plan.delete {
+            if let Err(e) = self.delete(policy).await {
+                tracing::warn!(ns = %policy.namespace, name = %policy.name, error = %e, "cannot delete the NetworkPolicy");
+                failed = Some(e);
+            }
+        }
+        self.metrics
+            .orphans_withheld
+            .set(plan.withheld.len() as i64);
+        if !plan.withheld.is_empty() {
+            if plan.withheld.len() != *last_withheld {
+                self.metrics.sweeps_withheld.inc();
+                self.alert_withheld(&plan).await;
+            }
+        }
+        *last_withheld = plan.withheld.len();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Proves the egress bindings of every live server (reusing a proof while its server is
+    /// unchanged and it is fresh), writes what changed into the servers' status, and returns
+    /// the proven allows by server.
+    async fn prove_egress(
+        &self,
+        servers: &[Arc<MCPServer>],
+        proofs: &mut HashMap<(String, String), Proven>,
+    ) -> Result<BTreeMap<(String, String), Vec<EgressAllow>>, Error> {
+        let live: Vec<&Arc<MCPServer>> = servers
+            .iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .collect();
+        let keys: BTreeSet<(String, String)> = live
+            .iter()
+            .filter_map(|s| Some((s.namespace()?, s.name_any())))
+            .collect();
+        proofs.retain(|k, _| keys.contains(k));
+
+        let due: Vec<&Arc<MCPServer>> = live
+            .iter()
+            .copied()
+            .filter(|s| {
+                let Some(ns) = s.namespace() else {
+                    return false;
+                };
+                match proofs.get(&(ns, s.name_any())) {
+                    None => true,
+                    Some(p) => {
+                        Some(p.uid.as_str()) != s.metadata.uid.as_deref()
+                            || p.generation != s.metadata.generation
+                            || ((!p.proof.resolved.is_empty() || !p.proof.failures.is_empty())
+                                && p.at.elapsed() >= self.refresh)
+                    }
+                }
+            })
+            .collect();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let fresh = futures::future::join_all(due.iter().map(|s| {
+            egress::prove(
+                &s.spec.egress_bindings,
+                self.resolver.as_ref(),
+                self.dns_deadline,
+                now,
+            )
+        }))
+        .await;
+        for (server, mut proof) in due.into_iter().zip(fresh) {
+            let key = (server.namespace().unwrap_or_default(), server.name_any());
+            keep_resolution_times(server, &mut proof.resolved);
+            for failure in &proof.failures {
+                tracing::warn!(ns = %key.0, name = %key.1, binding = %failure.binding, error = %failure.error, "egress binding not proven: no allow");
+            }
+            proofs.insert(
+                key,
+                Proven {
+                    uid: server.metadata.uid.clone().unwrap_or_default(),
+                    generation: server.metadata.generation,
+                    at: Instant::now(),
+                    proof,
+                },
+            );
+        }
+
+        let mut allows = BTreeMap::new();
+        for server in live {
+            let Some(ns) = server.namespace() else {
+                continue;
+            };
+            let key = (ns, server.name_any());
+            let Some(proven) = proofs.get(&key) else {
+                continue;
+            };
+            self.write_egress_status(server, &proven.proof).await?;
+            allows.insert(key, proven.proof.allows.clone());
+        }
+        Ok(allows)
+    }
+
+    /// Applies `ExternalEgressReady` and `status.resolvedEgressIPs` when they differ from
+    /// what the server shows; for a server without bindings, removes them if present.
+    async fn write_egress_status(
+        &self,
+        server: &MCPServer,
+        proof: &EgressProof,
+    ) -> Result<(), Error> {
+        let status = server.status.as_ref();
+        let previous = status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == EXTERNAL_EGRESS_READY)
+        });
+        let shown = status
+            .map(|s| s.resolved_egress_ips.clone())
+            .unwrap_or_default();
+        let condition = egress_condition(
+            server,
+            proof,
+            previous,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        );
+        let current = match &condition {
+            None => previous.is_none() && shown.is_empty(),
+            Some(c) => previous == Some(c) && shown == proof.resolved,
+        };
+        if current {
+            return Ok(());
+        }
+        let body = json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "status": {
+                "conditions": condition.into_iter().collect::<Vec<_>>(),
+                "resolvedEgressIPs": proof.resolved,
+            },
+        });
+        Api::<MCPServer>::namespaced(self.client.clone(), &server.namespace().unwrap_or_default())
+            .patch_status(
+                &server.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        self.reconcile.write(CONTROLLER, "MCPServerStatus");
+        Ok(())
+    }
+
+    async fn apply_if_changed(
+        &self,
+        policy: &Policy,
+        live: Option<&NetworkPolicy>,
+    ) -> Result<(), Error> {
+        let live = serde_json::to_value(live).map_err(|e| Error::Encode("NetworkPolicy", e))?;
+        if up_to_date(&policy.body, &live) {
+            return Ok(());
+        }
+        Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace)
+            .patch(
+                &policy.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&policy.body),
+            )
+            .await?;
+        self.reconcile.write(CONTROLLER, "NetworkPolicy");
+        Ok(())
+    }
+
+    /// A desired policy absent from the cache of managed policies: created, unless a policy
+    /// of that name exists without our label — that one is someone else's and stays as is.
+    async fn apply_if_unclaimed(&self, policy: &Policy, conflicts: &mut i64) -> Result<(), Error> {
+        let api = Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace);
+        if let Some(existing) = api.get_opt(&policy.name).await? {
+            if existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
+                *conflicts += 1;
+                tracing::warn!(ns = %policy.namespace, name = %policy.name, "a NetworkPolicy we do not manage holds this name: left alone");
+                return Ok(());
+            }
+            return self.apply_if_changed(policy, Some(&existing)).await;
+        }
+        self.apply_if_changed(policy, None).await
+    }
+
+    async fn delete(&self, policy: &LivePolicy) -> Result<(), Error> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: policy.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace)
+            .delete(&policy.name, &params)
+            .await
+        {
+            Ok(_) => {}
+            // Gone already (the garbage collector, or another pass) or re-created: fine.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.reconcile.write(CONTROLLER, "NetworkPolicyDelete");
+        tracing::info!(ns = %policy.namespace, name = %policy.name, "deleted an obsolete NetworkPolicy");
+        Ok(())
+    }
+
+    async fn alert_withheld(&self, plan: &sweep::SweepPlan) {
+        let sample: Vec<String> = plan
+            .withheld
+            .iter()
+            .take(5)
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        let note = format!(
+            "{} orphaned NetworkPolicies exceed the sweep cap (at most {} and {}% of {} managed): none deleted. First: {}",
+            plan.withheld.len(),
+            self.caps.max,
+            self.caps.max_percent,
+            plan.fleet,
+            sample.join(", ")
+        );
+        tracing::warn!(orphans = plan.withheld.len(), fleet = plan.fleet, "{note}");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "OrphanSweepWithheld".into(),
+            note: Some(note),
+            action: "Sweep".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &self.regarding).await {
+            Ok(()) => self.reconcile.write(CONTROLLER, "Event"),
+            Err(e) => tracing::warn!(error = %e, "cannot publish the sweep Event"),
+        }
+    }
+}
+
+/// A re-proven binding that resolved to the same addresses keeps the time they were first
+/// resolved, so an unchanged answer writes nothing.
+fn keep_resolution_times(server: &MCPServer, resolved: &mut [ResolvedEgress]) {
+    let Some(status) = &server.status else {
+        return;
+    };
+    for r in resolved {
+        if let Some(before) = status
+            .resolved_egress_ips
+            .iter()
+            .find(|b| b.binding == r.binding && b.host == r.host && b.ips == r.ips)
+        {
+            r.resolved_at.clone_from(&before.resolved_at);
+        }
+    }
+}
+
+/// The `ExternalEgressReady` condition of a server with bindings (`None` without), keeping
+/// `lastTransitionTime` while the status holds.
+pub fn egress_condition(
+    server: &MCPServer,
+    proof: &EgressProof,
+    previous: Option<&Condition>,
+    now: Time,
+) -> Option<Condition> {
+    if server.spec.egress_bindings.is_empty() {
+        return None;
+    }
+    let (status, reason, message) = if proof.failures.is_empty() {
+        (
+            "True",
+            "EgressProven",
+            format!(
+                "{} egress binding(s) proven and allowed",
+                server.spec.egress_bindings.len()
+            ),
+        )
+    } else {
+        let failures: Vec<String> = proof
+            .failures
+            .iter()
+            .map(|f| format!("{}: {}", f.binding, f.error))
+            .collect();
+        (
+            "False",
+            "EgressBindingRejected",
+            format!("not deployed: {}", failures.join("; ")),
+        )
+    };
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => now,
+    };
+    Some(Condition {
+        type_: EXTERNAL_EGRESS_READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: server.metadata.generation,
+        last_transition_time,
+    })
+}
+
+/// A reference to the Lease the controllers elect their leader with (what sweep alerts are
+/// about: they concern the controller, not one object).
+pub fn lease_reference(namespace: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}
