@@ -438,6 +438,8 @@ fn expected() -> BTreeMap<(String, String), &'static str> {
     // L2: the Contexts' hosts reach exactly their granted servers' ports, and resolve names
     // (the cluster DNS and the NodeLocal cache) — nothing else: the host-side egress policy
     // makes them egress-isolated.
+    // The port opened is the MCPServer's `spec.port` (the `mcp` container), not the gateway
+    // port 8086 that the Service targets: an open design question, kept visible here.
     allow(DEV_HOST, GITHUB, "TCP 8080");
     allow(DEV_HOST, SEARCH, "TCP 9000");
     allow(DEV_HOST, COREDNS, DNS);
