@@ -2,7 +2,8 @@
 # Runs every test: unit, storage (real PostgreSQL), interop (real kubectl, kube-rs) and
 # end-to-end (real etcd + kube-apiserver + kube-controller-manager, client-go informers).
 # Starts its own PostgreSQL in a temporary directory and never touches any other database.
-# Kubernetes binaries and the client-go programs are built once and cached outside the repository.
+# Kubernetes binaries, the client-go programs and the NetworkPolicy analyzer (the oracle of
+# controllers/tests/netpol_oracle.rs) are built once and cached outside the repository.
 # Extra arguments go to `cargo test` (e.g. `-p apiserver --test kubectl`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
 export MCP_ACCESS_INFORMER_BIN
 MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
 export MCP_ACCESS_GATEWAY_INFORMER_BIN
+MCP_ACCESS_NETPOL_ANALYZER_BIN=$(hack/build-netpol-analyzer.sh)
+export MCP_ACCESS_NETPOL_ANALYZER_BIN
 cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
   -p controllers --bin mcp-access-controllers
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver

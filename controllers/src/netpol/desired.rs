@@ -59,7 +59,7 @@ pub enum PolicyType {
     GatewaySync,
     /// L2: a Context's hosts (and the server's own pods) may reach a server's port.
     ContextIngress,
-    /// L2: the paired egress, on the hosts' side.
+    /// L2: the paired egress, on the hosts' side (with the cluster DNS: it isolates them).
     ContextEgress,
     /// L3: a server's proven external destinations.
     ExternalEgress,
@@ -172,7 +172,7 @@ pub fn policies(inventory: &Inventory, settings: &NetpolSettings) -> Vec<Policy>
         for key in granted {
             // A grant of a server that does not exist (yet) opens nothing.
             if let Some(server) = live_servers.get(&key) {
-                context_pair(context, ctx_ns, ctx_name, key.0, key.1, server, &mut out);
+                context_pair(context, (ctx_ns, ctx_name), key, server, settings, &mut out);
             }
         }
     }
@@ -191,13 +191,6 @@ fn namespace_layers(ns: &str, settings: &NetpolSettings, out: &mut Vec<Policy>) 
         json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
     ));
 
-    let mut dns_peers = vec![json!({
-        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.dns_namespace}},
-        "podSelector": {"matchLabels": label_map(&settings.dns_pod_label)},
-    })];
-    if let Some(ip) = settings.node_local_dns {
-        dns_peers.push(json!({"ipBlock": {"cidr": ip.to_string()}}));
-    }
     out.push(policy(
         ns,
         "mcp-l1-dns".into(),
@@ -207,7 +200,7 @@ fn namespace_layers(ns: &str, settings: &NetpolSettings, out: &mut Vec<Policy>) 
         json!({
             "podSelector": {},
             "policyTypes": ["Egress"],
-            "egress": [{"to": dns_peers, "ports": dns_ports()}],
+            "egress": [dns_rule(settings)],
         }),
     ));
 
@@ -259,7 +252,7 @@ fn server_layers(
     name: &str,
     server: &MCPServer,
     egress: &BTreeMap<(String, String), Vec<EgressAllow>>,
-    _settings: &NetpolSettings,
+    settings: &NetpolSettings,
     out: &mut Vec<Policy>,
 ) {
     let owner = server_owner(server);
@@ -336,9 +329,9 @@ fn server_layers(
                 })
             })
             .collect();
-        // A restricted server still resolves names: DNS to any destination on port 53 (the
-        // cluster DNS in a runtime namespace is narrowed by L1 anyway).
-        rules.push(json!({"ports": dns_ports()}));
+        // A restricted server still resolves names, through the cluster DNS only: allows add
+        // up, so a rule on port 53 to any destination would open port 53 everywhere, L1 or not.
+        rules.push(dns_rule(settings));
         out.push(policy(
             ns,
             fit("mcp-net-egress", &[name]),
@@ -356,11 +349,10 @@ fn server_layers(
 
 fn context_pair(
     context: &Context,
-    ctx_ns: &str,
-    ctx_name: &str,
-    server_ns: &str,
-    server_name: &str,
+    (ctx_ns, ctx_name): (&str, &str),
+    (server_ns, server_name): (&str, &str),
     server: &MCPServer,
+    settings: &NetpolSettings,
     out: &mut Vec<Policy>,
 ) {
     let hosts = selector(&context.spec.host_selector);
@@ -416,13 +408,18 @@ fn context_pair(
         json!({
             "podSelector": hosts,
             "policyTypes": ["Egress"],
-            "egress": [{
-                "to": [{
-                    "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: server_ns}},
-                    "podSelector": server_pods(server_name),
-                }],
-                "ports": server_port,
-            }],
+            // Selecting the hosts for egress isolates them: without the DNS rule they could
+            // not even resolve the server's Service name.
+            "egress": [
+                {
+                    "to": [{
+                        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: server_ns}},
+                        "podSelector": server_pods(server_name),
+                    }],
+                    "ports": server_port,
+                },
+                dns_rule(settings),
+            ],
         }),
     ));
 }
@@ -471,6 +468,18 @@ fn ip_block(b: &IpBlock) -> Value {
 
 fn port(p: &PortRef) -> Value {
     json!({"protocol": p.protocol.as_str(), "port": p.port})
+}
+
+/// Egress to the cluster DNS (and the NodeLocal cache, if any) on port 53, UDP and TCP.
+fn dns_rule(settings: &NetpolSettings) -> Value {
+    let mut to = vec![json!({
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: settings.dns_namespace}},
+        "podSelector": {"matchLabels": label_map(&settings.dns_pod_label)},
+    })];
+    if let Some(ip) = settings.node_local_dns {
+        to.push(json!({"ipBlock": {"cidr": ip.to_string()}}));
+    }
+    json!({"to": to, "ports": dns_ports()})
 }
 
 fn dns_ports() -> Value {
@@ -743,6 +752,16 @@ mod tests {
             egress["spec"]["egress"][0]["to"][0]["podSelector"],
             server_pods("jira")
         );
+        // The hosts are egress-isolated by this policy: they keep the cluster DNS, and only it.
+        assert_eq!(egress["spec"]["egress"][1], dns_rule(&settings()));
+        assert_eq!(
+            egress["spec"]["egress"][1]["to"][0],
+            json!({
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            })
+        );
+        assert_eq!(egress["spec"]["egress"].as_array().unwrap().len(), 2);
 
         // A Context or a server being deleted opens nothing any more.
         let mut deleting = contexts.clone();
@@ -816,9 +835,16 @@ mod tests {
         let net_out = &find(&ps, "team-a", "mcp-net-egress.github").body["spec"]["egress"];
         assert_eq!(
             net_out[1],
-            json!({"ports": dns_ports()}),
-            "DNS stays allowed"
+            dns_rule(&settings()),
+            "DNS stays allowed, to the cluster DNS only"
         );
+        // Never port 53 to anywhere: every rule names its destinations.
+        for rule in net_out.as_array().unwrap() {
+            assert!(
+                rule["to"].as_array().is_some_and(|to| !to.is_empty()),
+                "{rule}"
+            );
+        }
         assert_eq!(
             net_out[0]["to"][0]["namespaceSelector"],
             json!({"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})

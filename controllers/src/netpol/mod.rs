@@ -5,7 +5,7 @@
 //! - L1 infrastructure in every runtime namespace: DNS, the Kubernetes API for pods that opt in,
 //!   the gateway → apiserver sync path;
 //! - L2 per Context × server: ingress to the server port from the server's own pods and the
-//!   Context's host pods, and the paired egress on the hosts' side;
+//!   Context's host pods, and the paired egress (with the cluster DNS) on the hosts' side;
 //! - L3 external egress from `spec.egressBindings` ([`egress`] proves each binding safe);
 //! - per-server `spec.network` ingress sources and in-cluster egress allow-lists.
 //!
