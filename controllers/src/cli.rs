@@ -56,6 +56,10 @@ pub fn main() -> anyhow::Result<()> {
 /// Serves metrics and probes, campaigns for the leader Lease and, while holding it, runs
 /// every controller until a signal, or until one of them ends (an error naming it).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // The NetworkPolicy settings are checked before any I/O: one that would widen a policy
+    // stops startup naming the value, whether or not the cluster is reachable.
+    cli.netpol.settings(cli.mcpserver.gateway_port)?;
+    cli.egress.resolver()?;
     let client = process::kube_client(cli.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
     let health = Health::register(&mut registry);

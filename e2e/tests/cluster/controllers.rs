@@ -11,13 +11,13 @@ use serde_json::{json, Value};
 
 use super::{create_namespace, ok};
 
-fn controllers_bin() -> Result<PathBuf, String> {
+pub(super) fn controllers_bin() -> Result<PathBuf, String> {
     std::env::var("MCP_ACCESS_CONTROLLERS_BIN")
         .map(PathBuf::from)
         .map_err(|_| "MCP_ACCESS_CONTROLLERS_BIN is not set: run through hack/test.sh".into())
 }
 
-fn start(c: &LocalCluster, name: &str, lease: &str, extra: &[&str]) -> Result<Controllers, String> {
+pub(super) fn start(c: &LocalCluster, name: &str, lease: &str, extra: &[&str]) -> Result<Controllers, String> {
     let lease = format!("--lease-name={lease}");
     let mut args = vec![lease.as_str()];
     args.extend_from_slice(extra);
@@ -25,7 +25,7 @@ fn start(c: &LocalCluster, name: &str, lease: &str, extra: &[&str]) -> Result<Co
         .map_err(|e| format!("{e:#}"))
 }
 
-fn apply(c: &LocalCluster, manifest: &Value) -> Result<(), String> {
+pub(super) fn apply(c: &LocalCluster, manifest: &Value) -> Result<(), String> {
     let out = c.kubectl_as(
         &c.kubeconfig,
         &["apply", "-f", "-"],
@@ -34,7 +34,7 @@ fn apply(c: &LocalCluster, manifest: &Value) -> Result<(), String> {
     ok(&out, "kubectl apply").map(|_| ())
 }
 
-fn get_json(c: &LocalCluster, args: &[&str]) -> Result<Option<Value>, String> {
+pub(super) fn get_json(c: &LocalCluster, args: &[&str]) -> Result<Option<Value>, String> {
     let mut full = args.to_vec();
     full.extend(["-o", "json"]);
     let out = c.kubectl(&full);
@@ -62,7 +62,7 @@ fn mcpserver(name: &str, image: &str, env_secret: Option<(&str, &[&str])>) -> Va
     })
 }
 
-fn in_ns(mut manifest: Value, ns: &str) -> Value {
+pub(super) fn in_ns(mut manifest: Value, ns: &str) -> Value {
     manifest["metadata"]["namespace"] = json!(ns);
     manifest
 }
@@ -85,7 +85,7 @@ fn until<T>(
     }
 }
 
-fn condition(server: &Value, type_: &str) -> Option<Value> {
+pub(super) fn condition(server: &Value, type_: &str) -> Option<Value> {
     server["status"]["conditions"]
         .as_array()?
         .iter()
@@ -93,7 +93,7 @@ fn condition(server: &Value, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-fn wait_condition(
+pub(super) fn wait_condition(
     c: &LocalCluster,
     ns: &str,
     name: &str,
@@ -113,7 +113,7 @@ fn wait_condition(
     )
 }
 
-fn events(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
+pub(super) fn events(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
     ok(
         &c.kubectl(&["events", "-n", ns, "--for", &format!("mcpserver/{name}")]),
         "kubectl events",
