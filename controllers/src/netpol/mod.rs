@@ -13,4 +13,5 @@
 //! it and sweeps what is ours and no longer wanted, within caps.
 
 pub mod desired;
+pub mod egress;
 pub mod settings;
