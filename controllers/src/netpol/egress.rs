@@ -105,7 +105,8 @@ pub const FORBIDDEN_RANGES: &[ForbiddenRange] = &[
     v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, "multicast"), // RFC 4291
 ];
 
-/// Domains that never name a public destination: (the pattern as errors show it, the suffix).
+/// Names that never name a public destination: (the pattern as errors show it, the name itself
+/// or, with a leading dot, a suffix).
 const FORBIDDEN_SUFFIXES: &[(&str, &str)] = &[
     ("localhost", "localhost"),
     ("*.localhost", ".localhost"),
@@ -280,7 +281,11 @@ pub fn check_host(value: &str) -> Result<String, BindingError> {
         return Err(BindingError::IpLiteralHost(value.into()));
     }
     for &(pattern, suffix) in FORBIDDEN_SUFFIXES {
-        if host == pattern || host.ends_with(suffix) {
+        let hit = match suffix.strip_prefix('.') {
+            Some(_) => host.ends_with(suffix),
+            None => host == suffix,
+        };
+        if hit {
             return Err(BindingError::ForbiddenHost {
                 host: value.into(),
                 pattern,
@@ -691,5 +696,783 @@ impl Resolve for StaticResolver {
             .cloned()
             .unwrap_or(Err(ResolveFailure::NxDomain));
         Box::pin(async move { answer })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("test CIDR")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn forbidden(cidr: &str, range: &str, what: &'static str) -> BindingError {
+        BindingError::ForbiddenCidr {
+            cidr: cidr.into(),
+            range: net(range),
+            what,
+        }
+    }
+
+    fn mk_host(name: &str, host: &str, port: i32) -> EgressBinding {
+        EgressBinding {
+            name: name.into(),
+            kind: EgressBindingType::ExactHost,
+            cidr: None,
+            host: Some(host.into()),
+            port: Some(port),
+            protocol: None,
+        }
+    }
+
+    fn mk_cidr(name: &str, cidr: &str, port: i32) -> EgressBinding {
+        EgressBinding {
+            cidr: Some(cidr.into()),
+            host: None,
+            ..mk_host(name, "", port)
+        }
+    }
+
+    fn mk_web(name: &str) -> EgressBinding {
+        EgressBinding {
+            name: name.into(),
+            kind: EgressBindingType::PublicWeb,
+            cidr: None,
+            host: None,
+            port: None,
+            protocol: None,
+        }
+    }
+
+    fn now() -> Timestamp {
+        "2026-12-01T12:00:00.25Z".parse().expect("test timestamp")
+    }
+
+    const DEADLINE: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn every_forbidden_cidr_class_is_rejected() {
+        let cases: &[(&str, BindingError)] = &[
+            (
+                "0.0.0.0/8",
+                forbidden("0.0.0.0/8", "0.0.0.0/8", "\"this network\""),
+            ),
+            (
+                "10.1.0.0/16",
+                forbidden("10.1.0.0/16", "10.0.0.0/8", "private"),
+            ),
+            (
+                "100.64.1.1",
+                forbidden("100.64.1.1", "100.64.0.0/10", "shared (CGNAT)"),
+            ),
+            (
+                "127.0.0.1/32",
+                forbidden("127.0.0.1/32", "127.0.0.0/8", "loopback"),
+            ),
+            (
+                "169.254.169.254/32",
+                forbidden(
+                    "169.254.169.254/32",
+                    "169.254.0.0/16",
+                    "link-local (cloud metadata)",
+                ),
+            ),
+            (
+                "172.31.0.0/16",
+                forbidden("172.31.0.0/16", "172.16.0.0/12", "private"),
+            ),
+            (
+                "192.0.0.8/32",
+                forbidden("192.0.0.8/32", "192.0.0.0/24", "IETF protocol assignments"),
+            ),
+            (
+                "192.0.2.1",
+                forbidden("192.0.2.1", "192.0.2.0/24", "documentation"),
+            ),
+            (
+                "192.88.99.1",
+                forbidden("192.88.99.1", "192.88.99.0/24", "6to4 relay anycast"),
+            ),
+            (
+                "192.168.1.0/24",
+                forbidden("192.168.1.0/24", "192.168.0.0/16", "private"),
+            ),
+            (
+                "198.19.0.0/16",
+                forbidden("198.19.0.0/16", "198.18.0.0/15", "benchmarking"),
+            ),
+            (
+                "198.51.100.7",
+                forbidden("198.51.100.7", "198.51.100.0/24", "documentation"),
+            ),
+            (
+                "203.0.113.0/25",
+                forbidden("203.0.113.0/25", "203.0.113.0/24", "documentation"),
+            ),
+            (
+                "239.1.1.1",
+                forbidden("239.1.1.1", "224.0.0.0/4", "multicast"),
+            ),
+            (
+                "255.255.255.255/32",
+                forbidden("255.255.255.255/32", "240.0.0.0/4", "reserved"),
+            ),
+            // Overlap, not containment: broad CIDRs that contain a forbidden range.
+            (
+                "0.0.0.0/0",
+                forbidden("0.0.0.0/0", "0.0.0.0/8", "\"this network\""),
+            ),
+            ("8.0.0.0/6", forbidden("8.0.0.0/6", "10.0.0.0/8", "private")),
+            (
+                "168.0.0.0/6",
+                forbidden(
+                    "168.0.0.0/6",
+                    "169.254.0.0/16",
+                    "link-local (cloud metadata)",
+                ),
+            ),
+            // IPv6
+            ("::/128", forbidden("::/128", "::/128", "unspecified")),
+            ("::1", forbidden("::1", "::1/128", "loopback")),
+            (
+                "::ffff:10.0.0.1/128",
+                forbidden("::ffff:10.0.0.1/128", "::ffff:0:0/96", "IPv4-mapped"),
+            ),
+            (
+                "64:ff9b::a00:1/128",
+                forbidden("64:ff9b::a00:1/128", "64:ff9b::/96", "NAT64"),
+            ),
+            (
+                "64:ff9b:1::/64",
+                forbidden("64:ff9b:1::/64", "64:ff9b:1::/48", "local-use NAT64"),
+            ),
+            ("100::1", forbidden("100::1", "100::/64", "discard-only")),
+            (
+                "2001::/32",
+                forbidden("2001::/32", "2001::/23", "IETF protocol assignments"),
+            ),
+            (
+                "2001:db8::1",
+                forbidden("2001:db8::1", "2001:db8::/32", "documentation"),
+            ),
+            (
+                "2002:a00:1::/48",
+                forbidden("2002:a00:1::/48", "2002::/16", "6to4"),
+            ),
+            (
+                "3fff:1::/32",
+                forbidden("3fff:1::/32", "3fff::/20", "documentation"),
+            ),
+            (
+                "fd00::/8",
+                forbidden("fd00::/8", "fc00::/7", "unique local"),
+            ),
+            ("fe80::1", forbidden("fe80::1", "fe80::/10", "link-local")),
+            (
+                "fec0::/16",
+                forbidden("fec0::/16", "fec0::/10", "site-local"),
+            ),
+            ("ff02::1", forbidden("ff02::1", "ff00::/8", "multicast")),
+            ("::/0", forbidden("::/0", "::/128", "unspecified")),
+            (
+                "2000::/3",
+                forbidden("2000::/3", "2001::/23", "IETF protocol assignments"),
+            ),
+            // Malformed and host bits.
+            (
+                "1.2.3.4/24",
+                BindingError::HostBits {
+                    cidr: "1.2.3.4/24".into(),
+                    network: net("1.2.3.0/24"),
+                },
+            ),
+            (
+                "2606:4700::1/32",
+                BindingError::HostBits {
+                    cidr: "2606:4700::1/32".into(),
+                    network: net("2606:4700::/32"),
+                },
+            ),
+            (
+                "1.2.3.0/33",
+                BindingError::MalformedCidr("1.2.3.0/33".into()),
+            ),
+            ("1.2.3/24", BindingError::MalformedCidr("1.2.3/24".into())),
+            (
+                "api.github.com",
+                BindingError::MalformedCidr("api.github.com".into()),
+            ),
+            (" 1.2.3.4", BindingError::MalformedCidr(" 1.2.3.4".into())),
+            ("", BindingError::MalformedCidr("".into())),
+        ];
+        for (cidr, want) in cases {
+            assert_eq!(check_cidr(cidr).as_ref(), Err(want), "{cidr}");
+        }
+        // Every range of the table is hit by at least one case above.
+        for r in FORBIDDEN_RANGES {
+            assert!(
+                cases.iter().any(|(_, e)| matches!(e, BindingError::ForbiddenCidr { range, .. } if *range == r.net)),
+                "no case for {}",
+                r.net
+            );
+        }
+    }
+
+    #[test]
+    fn public_cidrs_are_accepted() {
+        for (cidr, want) in [
+            ("140.82.112.3/32", "140.82.112.3/32"),
+            ("140.82.112.3", "140.82.112.3/32"),
+            ("140.82.112.0/20", "140.82.112.0/20"),
+            ("8.8.8.8/32", "8.8.8.8/32"),
+            // Just outside 10/8 and 172.16/12 on either side.
+            ("11.0.0.0/8", "11.0.0.0/8"),
+            ("172.32.0.0/11", "172.32.0.0/11"),
+            ("2606:4700::/32", "2606:4700::/32"),
+            ("2a00:1450:4001::1", "2a00:1450:4001::1/128"),
+        ] {
+            assert_eq!(check_cidr(cidr), Ok(net(want)), "{cidr}");
+        }
+    }
+
+    #[test]
+    fn every_forbidden_host_class_is_rejected() {
+        let invalid = |host: &str, reason| BindingError::InvalidHost {
+            host: host.into(),
+            reason,
+        };
+        let pattern = |host: &str, pattern| BindingError::ForbiddenHost {
+            host: host.into(),
+            pattern,
+        };
+        let long = format!("{}.com", vec!["a".repeat(63); 4].join("."));
+        for (host, want) in [
+            ("localhost", pattern("localhost", "localhost")),
+            ("LocalHost.", pattern("LocalHost.", "localhost")),
+            ("api.localhost", pattern("api.localhost", "*.localhost")),
+            (
+                "metadata.google.internal",
+                pattern("metadata.google.internal", "*.internal"),
+            ),
+            (
+                "db.corp.internal.",
+                pattern("db.corp.internal.", "*.internal"),
+            ),
+            (
+                "kubernetes.default.svc",
+                pattern("kubernetes.default.svc", "*.svc"),
+            ),
+            (
+                "kubernetes.default.svc.cluster.local",
+                pattern("kubernetes.default.svc.cluster.local", "*.cluster.local"),
+            ),
+            ("printer.local", pattern("printer.local", "*.local")),
+            ("github", BindingError::SingleLabelHost("github".into())),
+            ("github.", BindingError::SingleLabelHost("github.".into())),
+            ("10.0.0.1", BindingError::IpLiteralHost("10.0.0.1".into())),
+            (
+                "140.82.112.3",
+                BindingError::IpLiteralHost("140.82.112.3".into()),
+            ),
+            ("::1", BindingError::IpLiteralHost("::1".into())),
+            (
+                "2606:4700::1111",
+                BindingError::IpLiteralHost("2606:4700::1111".into()),
+            ),
+            ("127.1", BindingError::IpLiteralHost("127.1".into())),
+            ("0x7f.1", BindingError::IpLiteralHost("0x7f.1".into())),
+            (&long, invalid(&long, "it is longer than 253 characters")),
+            ("", invalid("", "it is empty")),
+            (".", invalid(".", "it is empty")),
+            ("a..com", invalid("a..com", "it has an empty label")),
+            (
+                ".example.com",
+                invalid(".example.com", "it has an empty label"),
+            ),
+            (
+                "example.com..",
+                invalid("example.com..", "it has an empty label"),
+            ),
+            (
+                &format!("{}.com", "a".repeat(64)),
+                invalid(
+                    &format!("{}.com", "a".repeat(64)),
+                    "a label is longer than 63 characters",
+                ),
+            ),
+            (
+                "api_1.example.com",
+                invalid(
+                    "api_1.example.com",
+                    "only letters, digits, '-' and '.' are allowed",
+                ),
+            ),
+            (
+                "*.example.com",
+                invalid(
+                    "*.example.com",
+                    "only letters, digits, '-' and '.' are allowed",
+                ),
+            ),
+            (
+                "api.example.com:443",
+                invalid(
+                    "api.example.com:443",
+                    "only letters, digits, '-' and '.' are allowed",
+                ),
+            ),
+            (
+                "[::1]",
+                invalid("[::1]", "only letters, digits, '-' and '.' are allowed"),
+            ),
+            (
+                "exa mple.com",
+                invalid(
+                    "exa mple.com",
+                    "only letters, digits, '-' and '.' are allowed",
+                ),
+            ),
+            (
+                "bücher.de",
+                invalid("bücher.de", "only letters, digits, '-' and '.' are allowed"),
+            ),
+            (
+                "-api.example.com",
+                invalid("-api.example.com", "a label starts or ends with '-'"),
+            ),
+            (
+                "api-.example.com",
+                invalid("api-.example.com", "a label starts or ends with '-'"),
+            ),
+        ] {
+            assert_eq!(check_host(host), Err(want), "{host}");
+        }
+    }
+
+    #[test]
+    fn public_hosts_are_accepted_and_normalized() {
+        let max = format!(
+            "{}.{}.com",
+            vec!["a".repeat(63); 3].join("."),
+            "a".repeat(57)
+        );
+        assert_eq!(max.len(), MAX_HOST);
+        for (host, want) in [
+            ("api.github.com", "api.github.com"),
+            ("API.GitHub.com.", "api.github.com"),
+            ("xn--bcher-kva.de", "xn--bcher-kva.de"),
+            ("1password.com", "1password.com"),
+            ("s3.eu-west-1.amazonaws.com", "s3.eu-west-1.amazonaws.com"),
+            // Only the exact suffixes are refused.
+            ("localhost.example.com", "localhost.example.com"),
+            ("foo.mylocalhost", "foo.mylocalhost"),
+            ("my-internal.com", "my-internal.com"),
+            ("internal.example.com", "internal.example.com"),
+            ("svc.example.com", "svc.example.com"),
+            (max.as_str(), max.as_str()),
+        ] {
+            assert_eq!(check_host(host).as_deref(), Ok(want), "{host}");
+        }
+    }
+
+    #[test]
+    fn public_web_carves_out_every_forbidden_range() {
+        let allow = public_web_allow("web");
+        assert_eq!(allow.binding, "web");
+        assert_eq!(
+            allow.ports,
+            vec![
+                PortRef {
+                    port: 80,
+                    protocol: NetworkProtocol::Tcp
+                },
+                PortRef {
+                    port: 443,
+                    protocol: NetworkProtocol::Tcp
+                },
+            ]
+        );
+        let [v4, v6] = allow.blocks.as_slice() else {
+            panic!("two blocks expected: {:?}", allow.blocks);
+        };
+        assert_eq!(v4.cidr, net("0.0.0.0/0"));
+        assert_eq!(v6.cidr, net("::/0"));
+        let want_v4: Vec<IpNet> = FORBIDDEN_RANGES
+            .iter()
+            .map(|r| r.net)
+            .filter(|n| matches!(n, IpNet::V4(_)))
+            .collect();
+        let want_v6: Vec<IpNet> = FORBIDDEN_RANGES
+            .iter()
+            .map(|r| r.net)
+            .filter(|n| matches!(n, IpNet::V6(_)))
+            .collect();
+        assert_eq!(v4.except, want_v4);
+        assert_eq!(v6.except, want_v6);
+        assert_eq!(v4.except.len(), 15);
+        assert_eq!(v6.except.len(), 14);
+        for e in v4.except.iter().chain(&v6.except) {
+            assert!(
+                e.prefix_len() > 0,
+                "NetworkPolicy needs except strictly inside cidr: {e}"
+            );
+        }
+        for b in [v4, v6] {
+            for e in &b.except {
+                assert!(b.cidr.contains(e), "{e} not inside {}", b.cidr);
+            }
+        }
+        let carved = |addr: &str| {
+            let addr = ip(addr);
+            allow
+                .blocks
+                .iter()
+                .any(|b| b.cidr.contains(&addr) && b.except.iter().any(|e| e.contains(&addr)))
+        };
+        for inside in [
+            "169.254.169.254",
+            "10.1.2.3",
+            "192.168.0.1",
+            "127.0.0.1",
+            "100.100.100.200",
+            "::1",
+            "::ffff:10.0.0.1",
+            "fd00:ec2::254",
+            "fe80::1",
+        ] {
+            assert!(carved(inside), "{inside} should be carved out");
+        }
+        for outside in ["8.8.8.8", "140.82.112.3", "1.1.1.1", "2606:4700:4700::1111"] {
+            assert!(!carved(outside), "{outside} should be allowed");
+        }
+    }
+
+    #[test]
+    fn binding_shapes_are_checked() {
+        let web_with = |f: fn(&mut EgressBinding)| {
+            let mut b = mk_web("w");
+            f(&mut b);
+            check_binding(&b).err()
+        };
+        assert_eq!(
+            web_with(|b| b.cidr = Some("1.1.1.1/32".into())),
+            Some(BindingError::PublicWebField("cidr"))
+        );
+        assert_eq!(
+            web_with(|b| b.host = Some("a.example.com".into())),
+            Some(BindingError::PublicWebField("host"))
+        );
+        assert_eq!(
+            web_with(|b| b.port = Some(443)),
+            Some(BindingError::PublicWebField("port"))
+        );
+        assert_eq!(
+            web_with(|b| b.protocol = Some(NetworkProtocol::Tcp)),
+            Some(BindingError::PublicWebField("protocol"))
+        );
+
+        let both = EgressBinding {
+            cidr: Some("1.1.1.1/32".into()),
+            ..mk_host("b", "one.one.one.one", 443)
+        };
+        assert_eq!(
+            check_binding(&both).err(),
+            Some(BindingError::BothCidrAndHost)
+        );
+        let neither = EgressBinding {
+            host: None,
+            ..mk_host("b", "x", 443)
+        };
+        assert_eq!(check_binding(&neither).err(), Some(BindingError::NoTarget));
+        let no_port = EgressBinding {
+            port: None,
+            ..mk_cidr("b", "1.1.1.1/32", 1)
+        };
+        assert_eq!(check_binding(&no_port).err(), Some(BindingError::NoPort));
+        for p in [0, -1, 65536] {
+            assert_eq!(
+                check_binding(&mk_cidr("b", "1.1.1.1/32", p)).err(),
+                Some(BindingError::PortOutOfRange(p))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn prove_allows_cidrs_hosts_and_public_web_and_fails_the_rest_alone() {
+        let resolver = StaticResolver::default()
+            .with(
+                "api.github.com",
+                &[
+                    ip("140.82.112.6"),
+                    ip("2606:50c0:8000::64"),
+                    ip("140.82.112.5"),
+                    ip("140.82.112.6"),
+                ],
+            )
+            .with("mixed.example.com", &[ip("93.184.215.14"), ip("10.0.0.5")])
+            .with("mapped.example.com", &[ip("::ffff:169.254.169.254")])
+            .with("empty.example.com", &[])
+            .failing("slow.example.com", ResolveFailure::Timeout(DEADLINE));
+        let bindings = vec![
+            mk_host("github", "API.GitHub.com.", 443),
+            mk_host("mixed", "mixed.example.com", 443),
+            mk_host("mapped", "mapped.example.com", 443),
+            mk_host("empty", "empty.example.com", 443),
+            mk_host("slow", "slow.example.com", 443),
+            mk_host("gone", "nx.example.com", 443),
+            EgressBinding {
+                protocol: Some(NetworkProtocol::Udp),
+                ..mk_cidr("ntp", "162.159.200.1/32", 123)
+            },
+            mk_cidr("private", "10.0.0.0/8", 443),
+            mk_web("web"),
+        ];
+        let proof = prove(&bindings, &resolver, DEADLINE, now()).await;
+
+        let allowed: Vec<&str> = proof.allows.iter().map(|a| a.binding.as_str()).collect();
+        assert_eq!(allowed, ["github", "ntp", "web"]);
+        let github = &proof.allows[0];
+        assert_eq!(
+            github.blocks,
+            [
+                "140.82.112.5/32",
+                "140.82.112.6/32",
+                "2606:50c0:8000::64/128"
+            ]
+            .iter()
+            .map(|c| IpBlock {
+                cidr: net(c),
+                except: vec![]
+            })
+            .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            github.ports,
+            vec![PortRef {
+                port: 443,
+                protocol: NetworkProtocol::Tcp
+            }]
+        );
+        assert_eq!(
+            proof.allows[1].ports,
+            vec![PortRef {
+                port: 123,
+                protocol: NetworkProtocol::Udp
+            }]
+        );
+        assert_eq!(proof.allows[2], public_web_allow("web"));
+        assert_eq!(
+            proof.resolved,
+            vec![ResolvedEgress {
+                binding: "github".into(),
+                host: "api.github.com".into(),
+                ips: vec![
+                    "140.82.112.5".into(),
+                    "140.82.112.6".into(),
+                    "2606:50c0:8000::64".into()
+                ],
+                resolved_at: Some("2026-12-01T12:00:00Z".into()),
+            }]
+        );
+
+        let failures: BTreeMap<&str, &BindingError> = proof
+            .failures
+            .iter()
+            .map(|f| (f.binding.as_str(), &f.error))
+            .collect();
+        assert_eq!(failures.len(), 6, "{failures:?}");
+        assert_eq!(
+            failures["mixed"],
+            &BindingError::ForbiddenAddress {
+                host: "mixed.example.com".into(),
+                addr: ip("10.0.0.5"),
+                range: net("10.0.0.0/8"),
+                what: "private",
+            }
+        );
+        assert_eq!(
+            failures["mixed"].to_string(),
+            "host \"mixed.example.com\" resolved to 10.0.0.5, in the private range 10.0.0.0/8"
+        );
+        assert!(matches!(
+            failures["mapped"],
+            BindingError::ForbiddenAddress {
+                what: "IPv4-mapped",
+                ..
+            }
+        ));
+        assert_eq!(
+            failures["empty"],
+            &BindingError::Resolution {
+                host: "empty.example.com".into(),
+                cause: ResolveFailure::NoAddresses
+            }
+        );
+        assert_eq!(
+            failures["slow"],
+            &BindingError::Resolution {
+                host: "slow.example.com".into(),
+                cause: ResolveFailure::Timeout(DEADLINE)
+            }
+        );
+        assert_eq!(
+            failures["gone"],
+            &BindingError::Resolution {
+                host: "nx.example.com".into(),
+                cause: ResolveFailure::NxDomain
+            }
+        );
+        assert_eq!(
+            failures["private"],
+            &forbidden("10.0.0.0/8", "10.0.0.0/8", "private")
+        );
+        assert_eq!(
+            failures["private"].to_string(),
+            "cidr \"10.0.0.0/8\" overlaps the private range 10.0.0.0/8"
+        );
+    }
+
+    #[tokio::test]
+    async fn duplicate_names_open_nothing() {
+        let bindings = vec![
+            mk_cidr("api", "140.82.112.3/32", 443),
+            mk_cidr("api", "140.82.112.4/32", 443),
+            mk_cidr("other", "140.82.112.5/32", 443),
+        ];
+        let proof = prove(&bindings, &StaticResolver::default(), DEADLINE, now()).await;
+        assert_eq!(proof.allows.len(), 1);
+        assert_eq!(proof.allows[0].binding, "other");
+        assert_eq!(
+            proof.failures,
+            vec![BindingFailure {
+                binding: "api".into(),
+                error: BindingError::DuplicateName("api".into())
+            }]
+        );
+    }
+
+    /// A resolver that never answers: `prove` cuts it at the deadline by itself.
+    struct Hang;
+
+    impl Resolve for Hang {
+        fn resolve<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, ResolveFailure>> {
+            Box::pin(futures::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hanging_resolver_is_cut_at_the_deadline() {
+        let start = std::time::Instant::now();
+        let proof = prove(
+            &[
+                mk_host("a", "a.example.com", 443),
+                mk_host("b", "b.example.com", 443),
+                mk_web("web"),
+            ],
+            &Hang,
+            Duration::from_millis(500),
+            now(),
+        )
+        .await;
+        // Concurrent: two hanging lookups cost one deadline, not two.
+        let elapsed = start.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(900),
+            "{elapsed:?}"
+        );
+        assert_eq!(proof.allows, vec![public_web_allow("web")]);
+        assert!(proof.resolved.is_empty());
+        assert_eq!(proof.failures.len(), 2);
+        for f in &proof.failures {
+            assert!(
+                matches!(&f.error, BindingError::Resolution { cause: ResolveFailure::Timeout(d), .. } if *d == Duration::from_millis(500)),
+                "{f:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn settings_fail_closed() {
+        let args = |server: Option<&str>, timeout: &str, interval: &str| EgressArgs {
+            egress_dns_server: server.map(Into::into),
+            egress_dns_timeout: timeout.parse().expect("test duration"),
+            egress_refresh_interval: interval.parse().expect("test duration"),
+        };
+        assert_eq!(
+            args(None, "2s", "5m").settings(),
+            Ok(EgressSettings {
+                dns_server: None,
+                dns_timeout: Duration::from_secs(2),
+                refresh_interval: Duration::from_secs(300)
+            })
+        );
+        assert_eq!(
+            args(Some("10.96.0.10"), "500ms", "1m")
+                .settings()
+                .map(|s| s.dns_server),
+            Ok(Some("10.96.0.10:53".parse().expect("addr")))
+        );
+        assert_eq!(
+            args(Some("[fd00::a]:5353"), "2s", "5m")
+                .settings()
+                .map(|s| s.dns_server),
+            Ok(Some("[fd00::a]:5353".parse().expect("addr")))
+        );
+        assert_eq!(
+            args(Some("kube-dns"), "2s", "5m").settings(),
+            Err(EgressSettingsError::DnsServer("kube-dns".into()))
+        );
+        assert_eq!(
+            args(Some("1.1.1.1:0"), "2s", "5m").settings(),
+            Err(EgressSettingsError::UnusableDnsServer("1.1.1.1:0".into()))
+        );
+        assert_eq!(
+            args(Some("0.0.0.0:53"), "2s", "5m").settings(),
+            Err(EgressSettingsError::UnusableDnsServer("0.0.0.0:53".into()))
+        );
+        assert_eq!(
+            args(None, "0", "5m").settings(),
+            Err(EgressSettingsError::Zero("--egress-dns-timeout"))
+        );
+        assert_eq!(
+            args(None, "2s", "0s").settings(),
+            Err(EgressSettingsError::Zero("--egress-refresh-interval"))
+        );
+        assert!(matches!(
+            args(None, "5m", "5m").settings(),
+            Err(EgressSettingsError::TimeoutOverInterval { .. })
+        ));
+        assert!(args(Some("nope"), "2s", "5m").resolver().is_err());
+    }
+
+    #[test]
+    fn flags_parse_from_the_command_line() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            egress: EgressArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "x",
+            "--egress-dns-server=127.0.0.1:5353",
+            "--egress-dns-timeout=1500ms",
+            "--egress-refresh-interval=1m30s",
+        ])
+        .expect("flags parse");
+        assert_eq!(
+            cli.egress.settings(),
+            Ok(EgressSettings {
+                dns_server: Some("127.0.0.1:5353".parse().expect("addr")),
+                dns_timeout: Duration::from_millis(1500),
+                refresh_interval: Duration::from_secs(90),
+            })
+        );
+        assert!(Cli::try_parse_from(["x", "--egress-dns-timeout=-1s"]).is_err());
     }
 }
