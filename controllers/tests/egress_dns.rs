@@ -131,6 +131,7 @@ fn answers() -> BTreeMap<&'static str, Vec<IpAddr>> {
                 ip("140.82.112.3"),
             ],
         ),
+        ("v4only.example.com", vec![ip("140.82.113.3")]),
         ("private.example.com", vec![ip("10.0.0.5")]),
         (
             "mixed.example.com",
@@ -153,9 +154,24 @@ async fn prove_with(server: SocketAddr, bindings: &[EgressBinding]) -> EgressPro
 #[tokio::test]
 async fn a_public_answer_is_proven_with_sorted_addresses() {
     let server = upstream(Some(answers())).await;
-    let proof = prove_with(server, &[mk_host("api", "API.example.com.")]).await;
+    let proof = prove_with(
+        server,
+        &[
+            mk_host("api", "API.example.com."),
+            mk_host("v4only", "v4only.example.com"),
+        ],
+    )
+    .await;
     assert_eq!(proof.failures, vec![]);
-    assert_eq!(proof.allows.len(), 1);
+    assert_eq!(proof.allows.len(), 2);
+    // No AAAA records (NODATA) is not a failure when A records exist.
+    assert_eq!(
+        proof.allows[1].blocks,
+        vec![IpBlock {
+            cidr: "140.82.113.3/32".parse().expect("cidr"),
+            except: vec![]
+        }]
+    );
     assert_eq!(
         proof.allows[0].blocks,
         [
@@ -177,9 +193,10 @@ async fn a_public_answer_is_proven_with_sorted_addresses() {
             protocol: NetworkProtocol::Tcp
         }]
     );
+    assert_eq!(proof.resolved.len(), 2);
     assert_eq!(
-        proof.resolved,
-        vec![ResolvedEgress {
+        proof.resolved[..1],
+        [ResolvedEgress {
             binding: "api".into(),
             host: "api.example.com".into(),
             ips: vec![

@@ -34,6 +34,7 @@ use super::desired::{EgressAllow, IpBlock};
 /// A range no egress binding may reach, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForbiddenRange {
+    /// The range.
     pub net: IpNet,
     /// What the range is, as error messages name it ("private", "loopback", ...).
     pub what: &'static str,
@@ -181,7 +182,9 @@ pub enum ResolveFailure {
 /// One binding that opens nothing, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingFailure {
+    /// The binding's name.
     pub binding: String,
+    /// Why it opens nothing.
     pub error: BindingError,
 }
 
@@ -189,15 +192,18 @@ pub struct BindingFailure {
 /// is sorted by binding name, so the policies built from it compare byte for byte.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EgressProof {
+    /// The bindings proven safe, as the L3 policy opens them.
     pub allows: Vec<EgressAllow>,
     /// The addresses of the DNS-named bindings that were allowed (`status.resolvedEgressIPs`).
     pub resolved: Vec<ResolvedEgress>,
+    /// The bindings that open nothing (condition `ExternalEgressReady=False`).
     pub failures: Vec<BindingFailure>,
 }
 
 /// Resolves a DNS name (already checked by [`check_host`]) to its A and AAAA addresses.
 pub trait Resolve: Send + Sync {
-    /// Every address of `host`; an empty answer may be returned as `Ok(vec![])`.
+    /// Every address of `host` (normalized: lowercase, no trailing dot, never searched in a
+    /// domain list); an empty answer may be returned as `Ok(vec![])`.
     fn resolve<'a>(&'a self, host: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, ResolveFailure>>;
 }
 
@@ -501,8 +507,11 @@ pub struct EgressArgs {
 /// The L3 resolver settings, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EgressSettings {
+    /// The nameserver to ask; /etc/resolv.conf's when `None`.
     pub dns_server: Option<SocketAddr>,
+    /// The bound of one hostname lookup.
     pub dns_timeout: Duration,
+    /// How often hostnames are resolved again.
     pub refresh_interval: Duration,
 }
 
@@ -671,6 +680,7 @@ impl Resolve for DnsResolver {
 /// A fixed table of answers, for tests and fixtures: a name absent from it is NXDOMAIN.
 #[derive(Debug, Clone, Default)]
 pub struct StaticResolver {
+    /// Normalized host → its answer.
     pub answers: BTreeMap<String, Result<Vec<IpAddr>, ResolveFailure>>,
 }
 
