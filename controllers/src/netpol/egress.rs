@@ -68,42 +68,39 @@ const fn v6(segs: [u16; 8], len: u8, what: &'static str) -> ForbiddenRange {
 /// multicast and reserved space, and the IPv6 prefixes that embed IPv4 addresses (mapped,
 /// NAT64, 6to4) and could otherwise smuggle a private IPv4 destination. Sources: the IANA
 /// IPv4 and IPv6 special-purpose address registries (RFC 6890 and its updates).
+#[rustfmt::skip] // a table: one range a line, aligned
 pub const FORBIDDEN_RANGES: &[ForbiddenRange] = &[
     // IPv4
-    v4(0, 0, 0, 0, 8, "\"this network\""),   // RFC 791
-    v4(10, 0, 0, 0, 8, "private"),           // RFC 1918
-    v4(100, 64, 0, 0, 10, "shared (CGNAT)"), // RFC 6598
-    v4(127, 0, 0, 0, 8, "loopback"),         // RFC 1122
-    v4(169, 254, 0, 0, 16, "link-local (cloud metadata)"), // RFC 3927; 169.254.169.254
-    v4(172, 16, 0, 0, 12, "private"),        // RFC 1918
-    v4(192, 0, 0, 0, 24, "IETF protocol assignments"), // RFC 6890
-    v4(192, 0, 2, 0, 24, "documentation"),   // RFC 5737 TEST-NET-1
-    v4(192, 88, 99, 0, 24, "6to4 relay anycast"), // RFC 7526 (deprecated)
-    v4(192, 168, 0, 0, 16, "private"),       // RFC 1918
-    v4(198, 18, 0, 0, 15, "benchmarking"),   // RFC 2544
-    v4(198, 51, 100, 0, 24, "documentation"), // RFC 5737 TEST-NET-2
-    v4(203, 0, 113, 0, 24, "documentation"), // RFC 5737 TEST-NET-3
-    v4(224, 0, 0, 0, 4, "multicast"),        // RFC 5771
-    v4(240, 0, 0, 0, 4, "reserved"),         // RFC 1112; includes 255.255.255.255
+    v4(0, 0, 0, 0, 8,       "\"this network\""),            // RFC 791
+    v4(10, 0, 0, 0, 8,      "private"),                     // RFC 1918
+    v4(100, 64, 0, 0, 10,   "shared (CGNAT)"),              // RFC 6598
+    v4(127, 0, 0, 0, 8,     "loopback"),                    // RFC 1122
+    v4(169, 254, 0, 0, 16,  "link-local (cloud metadata)"), // RFC 3927; 169.254.169.254
+    v4(172, 16, 0, 0, 12,   "private"),                     // RFC 1918
+    v4(192, 0, 0, 0, 24,    "IETF protocol assignments"),   // RFC 6890
+    v4(192, 0, 2, 0, 24,    "documentation"),               // RFC 5737 TEST-NET-1
+    v4(192, 88, 99, 0, 24,  "6to4 relay anycast"),          // RFC 7526 (deprecated)
+    v4(192, 168, 0, 0, 16,  "private"),                     // RFC 1918
+    v4(198, 18, 0, 0, 15,   "benchmarking"),                // RFC 2544
+    v4(198, 51, 100, 0, 24, "documentation"),               // RFC 5737 TEST-NET-2
+    v4(203, 0, 113, 0, 24,  "documentation"),               // RFC 5737 TEST-NET-3
+    v4(224, 0, 0, 0, 4,     "multicast"),                   // RFC 5771
+    v4(240, 0, 0, 0, 4,     "reserved"),                    // RFC 1112; with 255.255.255.255
     // IPv6
-    v6([0, 0, 0, 0, 0, 0, 0, 0], 128, "unspecified"), // RFC 4291
-    v6([0, 0, 0, 0, 0, 0, 0, 1], 128, "loopback"),    // RFC 4291
-    v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96, "IPv4-mapped"), // RFC 4291
-    v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96, "NAT64"), // RFC 6052
-    v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48, "local-use NAT64"), // RFC 8215
-    v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64, "discard-only"), // RFC 6666
-    v6(
-        [0x2001, 0, 0, 0, 0, 0, 0, 0],
-        23,
-        "IETF protocol assignments",
-    ), // RFC 2928
-    v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32, "documentation"), // RFC 3849
-    v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16, "6to4"),    // RFC 3056
-    v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20, "documentation"), // RFC 9637
-    v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7, "unique local"), // RFC 4193
-    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10, "link-local"), // RFC 4291
-    v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10, "site-local"), // RFC 3879 (deprecated)
-    v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8, "multicast"), // RFC 4291
+    v6([0, 0, 0, 0, 0, 0, 0, 0], 128,           "unspecified"),               // RFC 4291
+    v6([0, 0, 0, 0, 0, 0, 0, 1], 128,           "loopback"),                  // RFC 4291
+    v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96,       "IPv4-mapped"),               // RFC 4291
+    v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96,    "NAT64"),                     // RFC 6052
+    v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48,    "local-use NAT64"),           // RFC 8215
+    v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64,        "discard-only"),              // RFC 6666
+    v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23,       "IETF protocol assignments"), // RFC 2928
+    v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32,   "documentation"),             // RFC 3849
+    v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16,       "6to4"),                      // RFC 3056
+    v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20,       "documentation"),             // RFC 9637
+    v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7,        "unique local"),              // RFC 4193
+    v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10,       "link-local"),                // RFC 4291
+    v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10,       "site-local"),                // RFC 3879 (deprecated)
+    v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8,        "multicast"),                 // RFC 4291
 ];
 
 /// Names that never name a public destination: (the pattern as errors show it, the name itself
