@@ -42,6 +42,8 @@ mod fences;
 mod gateway_cache;
 #[path = "cluster/gateway_isolation.rs"]
 mod gateway_isolation;
+#[path = "cluster/netpol.rs"]
+mod netpol;
 #[path = "cluster/retire.rs"]
 mod retire;
 #[path = "cluster/roles.rs"]
@@ -234,6 +236,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "session_events_through_kubectl_events",
         expiry::session_events_through_kubectl_events,
+    ),
+    (
+        "netpol_policies_follow_servers_and_contexts",
+        netpol::policies_follow_servers_and_contexts,
+    ),
+    (
+        "netpol_orphan_sweep_over_the_cap_deletes_nothing",
+        netpol::orphan_sweep_over_the_cap_deletes_nothing,
     ),
 ];
 

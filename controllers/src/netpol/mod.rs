@@ -181,7 +181,8 @@ pub fn controller(
     Synced,
 )> {
     let (settings, caps) = args.settings(gateway_port)?;
-    let resolver = egress_args.resolver()?;
+    let egress_settings = egress_args.settings()?;
+    let resolver: Box<dyn Resolve> = Box::new(egress_args.resolver()?);
     let metrics = Metrics::register(registry);
     let synced: Synced = Arc::default();
     let flag = synced.clone();
@@ -235,8 +236,8 @@ pub fn controller(
             settings,
             caps,
             resolver,
-            dns_deadline: egress_args.dns_timeout(),
-            refresh: egress_args.refresh_interval(),
+            dns_deadline: egress_settings.dns_timeout,
+            refresh: egress_settings.refresh_interval,
             regarding,
             reconcile,
             metrics,
@@ -433,11 +434,10 @@ impl Ctx {
         self.metrics
             .orphans_withheld
             .set(plan.withheld.len() as i64);
-        if !plan.withheld.is_empty() {
-            if plan.withheld.len() != *last_withheld {
-                self.metrics.sweeps_withheld.inc();
-                self.alert_withheld(&plan).await;
-            }
+        // Alerted once per change of the withheld set's size, not on every pass.
+        if !plan.withheld.is_empty() && plan.withheld.len() != *last_withheld {
+            self.metrics.sweeps_withheld.inc();
+            self.alert_withheld(&plan).await;
         }
         *last_withheld = plan.withheld.len();
         match failed {

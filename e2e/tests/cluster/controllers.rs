@@ -17,7 +17,12 @@ pub(super) fn controllers_bin() -> Result<PathBuf, String> {
         .map_err(|_| "MCP_ACCESS_CONTROLLERS_BIN is not set: run through hack/test.sh".into())
 }
 
-pub(super) fn start(c: &LocalCluster, name: &str, lease: &str, extra: &[&str]) -> Result<Controllers, String> {
+pub(super) fn start(
+    c: &LocalCluster,
+    name: &str,
+    lease: &str,
+    extra: &[&str],
+) -> Result<Controllers, String> {
     let lease = format!("--lease-name={lease}");
     let mut args = vec![lease.as_str()];
     args.extend_from_slice(extra);
@@ -68,7 +73,7 @@ pub(super) fn in_ns(mut manifest: Value, ns: &str) -> Value {
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, for at most `within`.
-fn until<T>(
+pub(super) fn until<T>(
     within: Duration,
     what: &str,
     mut f: impl FnMut() -> Result<Option<T>, String>,

@@ -1,0 +1,510 @@
+//! The NetworkPolicy layers against the local cluster: `mcp-access-controllers` (its own service
+//! account and RBAC) writes, changes and removes policies as MCPServers and Contexts change,
+//! gates a workload on its egress proofs, and sweeps orphans only within its caps. The local
+//! cluster has no CNI, so what is checked is the policies kube-apiserver holds; what they allow
+//! is proven by the analyzer test of the builders (`controllers/tests/netpol_oracle.rs`).
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use e2e::LocalCluster;
+use serde_json::{json, Value};
+
+use super::controllers::{apply, get_json, in_ns, start, until, wait_condition};
+use super::{create_namespace, ok};
+
+const MANAGED: &str = "mcp-runtime.dev/managed-by=mcp-access-controllers";
+
+fn policy(c: &LocalCluster, ns: &str, name: &str) -> Result<Option<Value>, String> {
+    get_json(c, &["get", "networkpolicy", name, "-n", ns])
+}
+
+fn wait_policy(c: &LocalCluster, ns: &str, name: &str) -> Result<Value, String> {
+    until(
+        Duration::from_secs(30),
+        &format!("policy {ns}/{name}"),
+        || policy(c, ns, name),
+    )
+}
+
+fn wait_policy_gone(c: &LocalCluster, ns: &str, name: &str) -> Result<(), String> {
+    until(
+        Duration::from_secs(30),
+        &format!("policy {ns}/{name} removed"),
+        || Ok(policy(c, ns, name)?.is_none().then_some(())),
+    )
+}
+
+/// Names of the managed policies in `ns`, sorted.
+fn managed_names(c: &LocalCluster, ns: &str) -> Result<Vec<String>, String> {
+    let list = get_json(c, &["get", "networkpolicy", "-n", ns, "-l", MANAGED])?.ok_or("no list")?;
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn server(name: &str, port: i64, bindings: Value) -> Value {
+    json!({
+        "apiVersion": "mcp-runtime.dev/v1alpha1",
+        "kind": "MCPServer",
+        "metadata": {"name": name},
+        "spec": {"image": "ghcr.io/acme/mcp:1", "port": port, "egressBindings": bindings},
+    })
+}
+
+fn context(name: &str, servers: Value) -> Value {
+    json!({
+        "apiVersion": "mcp-runtime.dev/v1alpha1",
+        "kind": "Context",
+        "metadata": {"name": name},
+        "spec": {"mcpServers": servers, "hostSelector": {"matchLabels": {"host": name}}},
+    })
+}
+
+/// Waits until this replica leads and its first NetworkPolicy pass is complete (a standby is
+/// ready too, so readiness alone does not say the sweep has run).
+fn synced(controllers: &e2e::Controllers) -> Result<(), String> {
+    until(
+        Duration::from_secs(30),
+        "the first NetworkPolicy pass",
+        || {
+            let synced = controllers
+                .metric("mcp_controllers_netpol_synced", &[])
+                .map_err(|e| e.to_string())?;
+            Ok((synced == 1.0).then_some(()))
+        },
+    )
+}
+
+fn deployment_exists(c: &LocalCluster, ns: &str, name: &str) -> Result<bool, String> {
+    Ok(get_json(c, &["get", "deployment", name, "-n", ns])?.is_some())
+}
+
+/// Deletes what a scenario left: its MCPServers and Contexts while the controllers still run
+/// (the retirement fences servers), then, stopped, the managed policies of its namespaces.
+fn clean_up(c: &LocalCluster, namespaces: &[&str]) {
+    for ns in namespaces {
+        let _ = c.kubectl(&[
+            "delete",
+            "contexts.mcp-runtime.dev",
+            "--all",
+            "-n",
+            ns,
+            "--wait=false",
+        ]);
+        let _ = c.kubectl(&["delete", "mcpservers", "--all", "-n", ns, "--timeout=60s"]);
+    }
+}
+
+fn delete_managed(c: &LocalCluster, namespaces: &[&str]) {
+    for ns in namespaces {
+        let _ = c.kubectl(&["delete", "networkpolicy", "-n", ns, "-l", MANAGED]);
+    }
+}
+
+/// Layers appear, change and disappear with MCPServers and Contexts; a binding that cannot be
+/// proven (a private CIDR, a DNS server that never answers) blocks the workload before its
+/// Deployment exists, and the condition says why.
+pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), String> {
+    let runtime = ["np1-a", "np1-b", "np1-c"];
+    let hosts = "np1-hosts";
+    for ns in runtime.iter().chain([&hosts]) {
+        create_namespace(c, ns)?;
+    }
+    // A DNS server on loopback that never answers: the hostname binding must fail at the
+    // deadline, closed.
+    let silent = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let dns = format!(
+        "--egress-dns-server={}",
+        silent.local_addr().map_err(|e| e.to_string())?
+    );
+    let mut controllers = start(
+        c,
+        "netpol-1",
+        "netpol-1",
+        &[
+            "--runtime-namespace=np1-a,np1-b,np1-c",
+            "--kube-api-cidr=10.96.0.1/32",
+            &dns,
+            "--egress-dns-timeout=1s",
+        ],
+    )?;
+    let result = (|| {
+        // L0 and L1 in every runtime namespace, and nowhere else.
+        for ns in runtime {
+            let names = until(Duration::from_secs(30), "L0/L1", || {
+                let names = managed_names(c, ns)?;
+                Ok((names.len() >= 4).then_some(names))
+            })?;
+            ensure!(
+                names
+                    == [
+                        "mcp-l0-deny-all",
+                        "mcp-l1-dns",
+                        "mcp-l1-gateway-sync",
+                        "mcp-l1-kube-api"
+                    ],
+                "{ns}: {names:?}"
+            );
+        }
+        ensure!(managed_names(c, hosts)?.is_empty(), "hosts has no L0/L1");
+        let deny = wait_policy(c, "np1-a", "mcp-l0-deny-all")?;
+        ensure!(
+            deny["spec"]["podSelector"] == json!({})
+                && deny["spec"]["policyTypes"] == json!(["Ingress", "Egress"]),
+            "deny-all: {}",
+            deny["spec"]
+        );
+        let api = wait_policy(c, "np1-a", "mcp-l1-kube-api")?;
+        ensure!(
+            api["spec"]["egress"][0]["to"] == json!([{"ipBlock": {"cidr": "10.96.0.1/32"}}]),
+            "kube-api: {}",
+            api["spec"]
+        );
+
+        // A proven exact-host binding: the L3 policy, the condition, then the Deployment.
+        apply(
+            c,
+            &in_ns(
+                server(
+                    "github",
+                    8080,
+                    json!([{"name": "api", "type": "ExactHost", "cidr": "140.82.112.0/24", "port": 443}]),
+                ),
+                "np1-a",
+            ),
+        )?;
+        let l3 = wait_policy(c, "np1-a", "mcp-l3-egress.github")?;
+        ensure!(
+            l3["spec"]["egress"]
+                == json!([{"to": [{"ipBlock": {"cidr": "140.82.112.0/24"}}], "ports": [{"protocol": "TCP", "port": 443}]}]),
+            "L3: {}",
+            l3["spec"]
+        );
+        ensure!(
+            l3["metadata"]["labels"]["mcp-runtime.dev/policy-type"] == "l3-egress",
+            "typed: {}",
+            l3["metadata"]["labels"]
+        );
+        wait_condition(c, "np1-a", "github", "ExternalEgressReady", "True")?;
+        until(Duration::from_secs(30), "github deployed", || {
+            Ok(deployment_exists(c, "np1-a", "github")?.then_some(()))
+        })?;
+
+        // A private CIDR and an unanswered hostname: refused, not deployed.
+        apply(
+            c,
+            &in_ns(
+                server(
+                    "private",
+                    8080,
+                    json!([{"name": "db", "type": "ExactHost", "cidr": "10.0.0.0/8", "port": 5432}]),
+                ),
+                "np1-b",
+            ),
+        )?;
+        let refused = wait_condition(c, "np1-b", "private", "ExternalEgressReady", "False")?;
+        let message = refused["message"].as_str().unwrap_or_default();
+        ensure!(message.contains("10.0.0.0/8"), "names the CIDR: {message}");
+        let ready = wait_condition(c, "np1-b", "private", "Ready", "False")?;
+        ensure!(
+            ready["reason"] == "ExternalEgressNotReady",
+            "Ready: {ready}"
+        );
+        ensure!(
+            !deployment_exists(c, "np1-b", "private")?,
+            "a refused binding deploys nothing"
+        );
+        ensure!(
+            policy(c, "np1-b", "mcp-l3-egress.private")?.is_none(),
+            "no L3 allow for a refused binding"
+        );
+
+        apply(
+            c,
+            &in_ns(
+                server(
+                    "named",
+                    8080,
+                    json!([{"name": "api", "type": "ExactHost", "host": "api.example.com", "port": 443}]),
+                ),
+                "np1-c",
+            ),
+        )?;
+        let timed_out = wait_condition(c, "np1-c", "named", "ExternalEgressReady", "False")?;
+        let message = timed_out["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains("api.example.com"),
+            "names the host: {message}"
+        );
+        ensure!(
+            !deployment_exists(c, "np1-c", "named")?
+                && policy(c, "np1-c", "mcp-l3-egress.named")?.is_none(),
+            "an unresolved name deploys and allows nothing"
+        );
+
+        // A Context opens github to its hosts, both sides.
+        apply(
+            c,
+            &in_ns(
+                context("dev", json!([{"name": "github", "namespace": "np1-a"}])),
+                hosts,
+            ),
+        )?;
+        let ingress = wait_policy(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+        ensure!(
+            ingress["spec"]["ingress"][0]["from"][1]
+                == json!({
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hosts}},
+                    "podSelector": {"matchLabels": {"host": "dev"}},
+                })
+                && ingress["spec"]["ingress"][0]["ports"]
+                    == json!([{"protocol": "TCP", "port": 8080}]),
+            "L2 ingress: {}",
+            ingress["spec"]
+        );
+        wait_policy(c, hosts, "mcp-l2-egress.dev.np1-a.github")?;
+
+        // The server's port changes: so does the route.
+        apply(
+            c,
+            &in_ns(
+                server(
+                    "github",
+                    9090,
+                    json!([{"name": "api", "type": "ExactHost", "cidr": "140.82.112.0/24", "port": 443}]),
+                ),
+                "np1-a",
+            ),
+        )?;
+        until(Duration::from_secs(30), "L2 on the new port", || {
+            let p = policy(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+            Ok(
+                p.filter(|p| p["spec"]["ingress"][0]["ports"][0]["port"] == 9090)
+                    .map(|_| ()),
+            )
+        })?;
+
+        // The Context stops granting github: both sides go.
+        apply(c, &in_ns(context("dev", json!([])), hosts))?;
+        wait_policy_gone(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+        wait_policy_gone(c, hosts, "mcp-l2-egress.dev.np1-a.github")?;
+
+        // Granted again, then the Context is deleted: its families go.
+        apply(
+            c,
+            &in_ns(
+                context("dev", json!([{"name": "github", "namespace": "np1-a"}])),
+                hosts,
+            ),
+        )?;
+        wait_policy(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+        ok(
+            &c.kubectl(&["delete", "contexts.mcp-runtime.dev", "dev", "-n", hosts]),
+            "delete context",
+        )?;
+        wait_policy_gone(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+        wait_policy_gone(c, hosts, "mcp-l2-egress.dev.np1-a.github")?;
+
+        // The server is deleted (fenced by the retirement controller first): its L3 goes.
+        ok(
+            &c.kubectl(&[
+                "delete",
+                "mcpserver",
+                "github",
+                "-n",
+                "np1-a",
+                "--timeout=60s",
+            ]),
+            "delete mcpserver",
+        )?;
+        wait_policy_gone(c, "np1-a", "mcp-l3-egress.github")?;
+        let withheld = controllers
+            .metric("mcp_controllers_netpol_orphans_withheld", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(withheld == 0.0, "nothing withheld here: {withheld}");
+        Ok(())
+    })();
+    clean_up(c, &runtime);
+    controllers.stop();
+    delete_managed(c, &runtime);
+    delete_managed(c, &[hosts]);
+    drop(silent);
+    result
+}
+
+/// Eleven orphans (policies of ours naming MCPServers that do not exist) are over the
+/// absolute cap: the sweep deletes none, and the metric and a Warning Event say so. Policies
+/// that look like ours but lack the managed-by label are never touched, not even one holding
+/// the name of a policy the controller wants. Within the caps, orphans are swept.
+pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = "np2-a";
+    create_namespace(c, ns)?;
+    let orphan = |i: usize| {
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": format!("mcp-l3-egress.ghost-{i}"),
+                "namespace": ns,
+                "labels": {
+                    "mcp-runtime.dev/managed-by": "mcp-access-controllers",
+                    "mcp-runtime.dev/policy-type": "l3-egress",
+                    "mcp-runtime.dev/mcpserver": format!("ghost-{i}"),
+                },
+            },
+            "spec": {"podSelector": {"matchLabels": {"mcp-runtime.dev/mcpserver": format!("ghost-{i}")}}, "policyTypes": ["Egress"]},
+        })
+    };
+    for i in 0..11 {
+        apply(c, &orphan(i))?;
+    }
+    // Lookalikes: our naming and type label, no managed-by. One holds the name of the L0
+    // policy the controller will want in this namespace, with another spec.
+    let lookalike = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "mcp-l3-egress.ghost-x",
+            "namespace": ns,
+            "labels": {"mcp-runtime.dev/policy-type": "l3-egress", "mcp-runtime.dev/mcpserver": "ghost-x"},
+        },
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"]},
+    });
+    let squatter = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "mcp-l0-deny-all",
+            "namespace": ns,
+            "labels": {"mcp-runtime.dev/policy-type": "l0-deny-all"},
+        },
+        "spec": {"podSelector": {"matchLabels": {"team": "a"}}, "policyTypes": ["Ingress"]},
+    });
+    apply(c, &lookalike)?;
+    apply(c, &squatter)?;
+
+    let result = (|| {
+        let controllers = start(c, "netpol-2", "netpol-2", &["--runtime-namespace=np2-a"])?;
+        synced(&controllers)?;
+        let withheld = controllers
+            .metric("mcp_controllers_netpol_orphans_withheld", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(withheld == 11.0, "orphans withheld: {withheld}");
+        let sweeps = controllers
+            .metric("mcp_controllers_netpol_sweeps_withheld_total", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(sweeps == 1.0, "one withheld sweep (11 orphans, alerted once): {sweeps}");
+        let conflicts = controllers
+            .metric("mcp_controllers_netpol_unmanaged_conflicts", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(conflicts == 1.0, "the squatter is counted: {conflicts}");
+        let names = managed_names(c, ns)?;
+        ensure!(
+            names.iter().filter(|n| n.contains("ghost-")).count() == 11,
+            "no orphan deleted: {names:?}"
+        );
+        wait_policy(c, ns, "mcp-l1-dns")?;
+        let events = until(Duration::from_secs(15), "the sweep's Warning Event", || {
+            let out = c.kubectl(&[
+                "get",
+                "events.events.k8s.io",
+                "-n",
+                "mcp-access",
+                "-o",
+                "json",
+            ]);
+            let list: Value =
+                serde_json::from_str(&ok(&out, "get events")?).map_err(|e| e.to_string())?;
+            let found: Vec<Value> = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["reason"] == "OrphanSweepWithheld")
+                .cloned()
+                .collect();
+            Ok((!found.is_empty()).then_some(found))
+        })?;
+        let note = events[0]["note"].as_str().unwrap_or_default();
+        ensure!(
+            events[0]["type"] == "Warning"
+                && note.contains("11 orphaned")
+                && note.contains("none deleted"),
+            "event: {}",
+            events[0]
+        );
+        ensure!(
+            events[0]["regarding"]["kind"] == "Lease",
+            "regarding: {}",
+            events[0]["regarding"]
+        );
+        let untouched = |c: &LocalCluster| -> Result<(), String> {
+            let l = policy(c, ns, "mcp-l3-egress.ghost-x")?.ok_or("the lookalike was deleted")?;
+            ensure!(
+                l["spec"]["podSelector"] == json!({}),
+                "lookalike changed: {}",
+                l["spec"]
+            );
+            let s = policy(c, ns, "mcp-l0-deny-all")?.ok_or("the squatter was deleted")?;
+            ensure!(
+                s["spec"]["podSelector"] == json!({"matchLabels": {"team": "a"}})
+                    && s["metadata"]["labels"]
+                        .get("mcp-runtime.dev/managed-by")
+                        .is_none(),
+                "squatter overwritten: {}",
+                s
+            );
+            Ok(())
+        };
+        untouched(c)?;
+        drop(controllers);
+
+        // Within the caps (2 orphans in a fleet of 4: two L1 policies and the orphans, so at
+        // most 50 %), orphans are swept; the lookalikes still stay.
+        for i in 2..11 {
+            ok(
+                &c.kubectl(&[
+                    "delete",
+                    "networkpolicy",
+                    &format!("mcp-l3-egress.ghost-{i}"),
+                    "-n",
+                    ns,
+                ]),
+                "delete orphan",
+            )?;
+        }
+        let controllers = start(
+            c,
+            "netpol-2b",
+            "netpol-2",
+            &[
+                "--runtime-namespace=np2-a",
+                "--orphan-delete-max-percent=50",
+            ],
+        )?;
+        synced(&controllers)?;
+        let withheld = controllers
+            .metric("mcp_controllers_netpol_orphans_withheld", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(withheld == 0.0, "within the caps: {withheld}");
+        let names = until(Duration::from_secs(15), "orphans swept", || {
+            let names = managed_names(c, ns)?;
+            Ok((!names.iter().any(|n| n.contains("ghost-"))).then_some(names))
+        })?;
+        ensure!(
+            names == ["mcp-l1-dns", "mcp-l1-gateway-sync"],
+            "what remains managed: {names:?}"
+        );
+        untouched(c)?;
+        drop(controllers);
+        Ok(())
+    })();
+    delete_managed(c, &[ns]);
+    let _ = c.kubectl(&["delete", "networkpolicy", "--all", "-n", ns]);
+    result
+}
