@@ -340,7 +340,8 @@ impl Ctx {
             .map(|c| (**c).clone())
             .collect();
 
-        let egress = self.prove_egress(&servers, proofs).await?;
+        let mut failed = None;
+        let egress = self.prove_egress(&servers, proofs, &mut failed).await;
         let servers: Vec<MCPServer> = servers.iter().map(|s| (**s).clone()).collect();
         let inventory = Inventory {
             servers: &servers,
@@ -384,7 +385,6 @@ impl Ctx {
             .map(|p| ((p.namespace().unwrap_or_default(), p.name_any()), p))
             .collect();
         let mut conflicts = 0;
-        let mut failed = None;
         for policy in &wanted {
             let key = (policy.namespace.clone(), policy.name.clone());
             let result = match live.get(&key) {
@@ -448,12 +448,14 @@ impl Ctx {
 
     /// Proves the egress bindings of every live server (reusing a proof while its server is
     /// unchanged and it is fresh), writes what changed into the servers' status, and returns
-    /// the proven allows by server.
+    /// the proven allows by server. A status write that fails (the server deleted meanwhile,
+    /// say) is reported in `failed` and does not hold back the policies.
     async fn prove_egress(
         &self,
         servers: &[Arc<MCPServer>],
         proofs: &mut HashMap<(String, String), Proven>,
-    ) -> Result<BTreeMap<(String, String), Vec<EgressAllow>>, Error> {
+        failed: &mut Option<Error>,
+    ) -> BTreeMap<(String, String), Vec<EgressAllow>> {
         let live: Vec<&Arc<MCPServer>> = servers
             .iter()
             .filter(|s| s.metadata.deletion_timestamp.is_none())
@@ -518,10 +520,13 @@ impl Ctx {
             let Some(proven) = proofs.get(&key) else {
                 continue;
             };
-            self.write_egress_status(server, &proven.proof).await?;
+            if let Err(e) = self.write_egress_status(server, &proven.proof).await {
+                tracing::warn!(ns = %key.0, name = %key.1, error = %e, "cannot write the egress status");
+                *failed = Some(e);
+            }
             allows.insert(key, proven.proof.allows.clone());
         }
-        Ok(allows)
+        allows
     }
 
     /// Applies `ExternalEgressReady` and `status.resolvedEgressIPs` when they differ from

@@ -399,7 +399,10 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
         let sweeps = controllers
             .metric("mcp_controllers_netpol_sweeps_withheld_total", &[])
             .map_err(|e| e.to_string())?;
-        ensure!(sweeps == 1.0, "one withheld sweep (11 orphans, alerted once): {sweeps}");
+        ensure!(
+            sweeps == 1.0,
+            "one withheld sweep (11 orphans, alerted once): {sweeps}"
+        );
         let conflicts = controllers
             .metric("mcp_controllers_netpol_unmanaged_conflicts", &[])
             .map_err(|e| e.to_string())?;
