@@ -181,7 +181,11 @@ pub fn controller(
     Synced,
 )> {
     let (settings, caps) = args.settings(gateway_port)?;
-    let resolver = egress_args.resolver()?;
+    let egress = egress_args.settings()?;
+    let resolver: Box<dyn Resolve> = Box::new(egress::DnsResolver::new(
+        egress.dns_server,
+        egress.dns_timeout,
+    )?);
     let metrics = Metrics::register(registry);
     let synced: Synced = Arc::default();
     let flag = synced.clone();
@@ -235,8 +239,8 @@ pub fn controller(
             settings,
             caps,
             resolver,
-            dns_deadline: egress_args.dns_timeout(),
-            refresh: egress_args.refresh_interval(),
+            dns_deadline: egress.dns_timeout,
+            refresh: egress.refresh_interval,
             regarding,
             reconcile,
             metrics,
