@@ -17,7 +17,12 @@ pub(super) fn controllers_bin() -> Result<PathBuf, String> {
         .map_err(|_| "MCP_ACCESS_CONTROLLERS_BIN is not set: run through hack/test.sh".into())
 }
 
-pub(super) fn start(c: &LocalCluster, name: &str, lease: &str, extra: &[&str]) -> Result<Controllers, String> {
+pub(super) fn start(
+    c: &LocalCluster,
+    name: &str,
+    lease: &str,
+    extra: &[&str],
+) -> Result<Controllers, String> {
     let lease = format!("--lease-name={lease}");
     let mut args = vec![lease.as_str()];
     args.extend_from_slice(extra);
