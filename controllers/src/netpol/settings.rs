@@ -124,6 +124,8 @@ pub struct SweepCaps {
 pub enum SettingsError {
     #[error("--kube-api-cidr {0:?} is not a CIDR or an address")]
     MalformedCidr(String),
+    #[error("--kube-api-cidr {0:?} has host bits set (the network is {1})")]
+    HostBits(String, IpNet),
     #[error("--kube-api-cidr {0:?} is broader than /{1}: the Kubernetes API is a few addresses")]
     BroadCidr(String, u8),
     #[error("--node-local-dns-ip {0:?} is not a single IP address")]
@@ -220,7 +222,7 @@ pub fn check_api_cidr(value: &str) -> Result<IpNet, SettingsError> {
     };
     // "10.0.0.7/8" is a typo or a trick; either way not what it looks like.
     if net.network() != net.addr() {
-        return Err(SettingsError::MalformedCidr(value.into()));
+        return Err(SettingsError::HostBits(value.into(), net.trunc()));
     }
     let bound = match net {
         IpNet::V4(_) => MAX_API_PREFIX_V4,
@@ -317,7 +319,7 @@ mod tests {
             ("::/0", SettingsError::BroadCidr("::/0".into(), 120)),
             (
                 "10.96.0.7/24",
-                SettingsError::MalformedCidr("10.96.0.7/24".into()),
+                SettingsError::HostBits("10.96.0.7/24".into(), "10.96.0.0/24".parse().unwrap()),
             ),
             (
                 "10.96.0/24",
