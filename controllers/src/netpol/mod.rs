@@ -437,11 +437,9 @@ impl Ctx {
         self.metrics
             .orphans_withheld
             .set(plan.withheld.len() as i64);
-        if !plan.withheld.is_empty() {
-            if plan.withheld.len() != *last_withheld {
-                self.metrics.sweeps_withheld.inc();
-                self.alert_withheld(&plan).await;
-            }
+        if !plan.withheld.is_empty() && plan.withheld.len() != *last_withheld {
+            self.metrics.sweeps_withheld.inc();
+            self.alert_withheld(&plan).await;
         }
         *last_withheld = plan.withheld.len();
         match failed {
