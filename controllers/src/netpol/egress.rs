@@ -519,7 +519,8 @@ pub enum EgressSettingsError {
     DnsServer(String),
     #[error("--egress-dns-server {0:?} is not a usable nameserver address")]
     UnusableDnsServer(String),
-    #[error("{0} must be positive")]
+    // Every zero duration ("0", "0s", "0m") is the same value, so it is named as 0s.
+    #[error("{0} is 0s: it must be positive")]
     Zero(&'static str),
     #[error("--egress-dns-timeout ({timeout:?}) must be shorter than --egress-refresh-interval ({interval:?})")]
     TimeoutOverInterval {
@@ -1445,6 +1446,10 @@ mod tests {
         assert_eq!(
             args(None, "0", "5m").settings(),
             Err(EgressSettingsError::Zero("--egress-dns-timeout"))
+        );
+        assert_eq!(
+            EgressSettingsError::Zero("--egress-dns-timeout").to_string(),
+            "--egress-dns-timeout is 0s: it must be positive"
         );
         assert_eq!(
             args(None, "2s", "0s").settings(),

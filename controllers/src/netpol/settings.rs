@@ -124,14 +124,16 @@ pub struct SweepCaps {
 pub enum SettingsError {
     #[error("--kube-api-cidr {0:?} is not a CIDR or an address")]
     MalformedCidr(String),
+    #[error("--kube-api-cidr {0:?} has host bits set (the network is {1})")]
+    HostBits(String, IpNet),
     #[error("--kube-api-cidr {0:?} is broader than /{1}: the Kubernetes API is a few addresses")]
     BroadCidr(String, u8),
     #[error("--node-local-dns-ip {0:?} is not a single IP address")]
     NodeLocalDns(String),
     #[error("{flag} {value:?} is not a `key=value` label")]
     Label { flag: &'static str, value: String },
-    #[error("--runtime-namespace {0:?} is not a namespace name")]
-    Namespace(String),
+    #[error("{flag} {value:?} is not a namespace name")]
+    Namespace { flag: &'static str, value: String },
     #[error("--orphan-delete-max-percent {0} is over 100")]
     Percent(u8),
     #[error("{flag} must not be 0")]
@@ -151,10 +153,26 @@ impl Args {
                 continue;
             }
             if !is_dns_label(ns) {
-                return Err(SettingsError::Namespace(ns.into()));
+                return Err(SettingsError::Namespace {
+                    flag: "--runtime-namespace",
+                    value: ns.into(),
+                });
             }
             if !runtime_namespaces.iter().any(|n| n == ns) {
                 runtime_namespaces.push(ns.to_string());
+            }
+        }
+        // A namespace selector on a name no namespace can have would quietly cut DNS or the
+        // sync path; a typo stops startup instead.
+        for (flag, ns) in [
+            ("--dns-namespace", &self.dns_namespace),
+            ("--apiserver-namespace", &self.apiserver_namespace),
+        ] {
+            if !is_dns_label(ns) {
+                return Err(SettingsError::Namespace {
+                    flag,
+                    value: ns.clone(),
+                });
             }
         }
         let kube_api_cidrs = self
@@ -220,7 +238,7 @@ pub fn check_api_cidr(value: &str) -> Result<IpNet, SettingsError> {
     };
     // "10.0.0.7/8" is a typo or a trick; either way not what it looks like.
     if net.network() != net.addr() {
-        return Err(SettingsError::MalformedCidr(value.into()));
+        return Err(SettingsError::HostBits(value.into(), net.trunc()));
     }
     let bound = match net {
         IpNet::V4(_) => MAX_API_PREFIX_V4,
@@ -317,7 +335,7 @@ mod tests {
             ("::/0", SettingsError::BroadCidr("::/0".into(), 120)),
             (
                 "10.96.0.7/24",
-                SettingsError::MalformedCidr("10.96.0.7/24".into()),
+                SettingsError::HostBits("10.96.0.7/24".into(), "10.96.0.0/24".parse().unwrap()),
             ),
             (
                 "10.96.0/24",
@@ -355,6 +373,38 @@ mod tests {
         assert!(is_dns_label("team-a"));
         for bad in ["Team", "-a", "a_b", "", "a.b"] {
             assert!(!is_dns_label(bad), "{bad}");
+        }
+    }
+
+    fn parse(args: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            netpol: Args,
+        }
+        let argv = std::iter::once("test").chain(args.iter().copied());
+        <Flags as clap::Parser>::try_parse_from(argv)
+            .expect("the flags parse")
+            .netpol
+    }
+
+    #[test]
+    fn namespaces_of_every_flag_are_checked() {
+        assert!(parse(&[]).settings(8086).is_ok());
+        for (flag, value) in [
+            ("--runtime-namespace", "Team_A"),
+            ("--dns-namespace", "Kube_System"),
+            ("--dns-namespace", ""),
+            ("--apiserver-namespace", "mcp access"),
+        ] {
+            assert_eq!(
+                parse(&[flag, value]).settings(8086),
+                Err(SettingsError::Namespace {
+                    flag,
+                    value: value.into()
+                }),
+                "{flag} {value:?}"
+            );
         }
     }
 
