@@ -237,7 +237,11 @@ pub struct MCPServerStatus {
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     /// The addresses the DNS-named egress bindings resolved to at the last refresh. A binding
     /// absent here has no DNS-derived allow.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "resolvedEgressIPs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["binding"]))]
     pub resolved_egress_ips: Vec<ResolvedEgress>,
 }
@@ -283,6 +287,28 @@ mod tests {
                 "deploy/crds/{file} is out of date: run `cargo run -p apis --example crdgen`"
             );
         }
+    }
+
+    /// The status field is spelled as the API documents it (`resolvedEgressIPs`, not the
+    /// camel-case default `resolvedEgressIps`), in the type and so in the CRD schema.
+    #[test]
+    fn resolved_egress_ips_keeps_its_api_spelling() {
+        let status = MCPServerStatus {
+            resolved_egress_ips: vec![ResolvedEgress {
+                binding: "api".into(),
+                host: "api.github.com".into(),
+                ips: vec!["140.82.112.3".into()],
+                resolved_at: None,
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert!(json.get("resolvedEgressIPs").is_some(), "{json}");
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(MCPServer::crd()).unwrap();
+        let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["status"]["properties"];
+        assert!(props.get("resolvedEgressIPs").is_some(), "{props}");
     }
 
     #[test]

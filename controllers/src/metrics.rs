@@ -34,6 +34,16 @@ pub struct ConditionLabels {
     pub status: String,
 }
 
+/// The `reason` label of a failed Kubernetes API call.
+pub fn kube_reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(s) if s.code == 409 => "conflict",
+        kube::Error::Api(s) if s.code == 403 => "forbidden",
+        kube::Error::Api(_) => "api_error",
+        _ => "transport",
+    }
+}
+
 /// Reconcile metrics shared by the controllers, labelled by controller.
 #[derive(Clone)]
 pub struct ReconcileMetrics {

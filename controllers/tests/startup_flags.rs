@@ -74,6 +74,7 @@ const ROWS: &[Row] = &[
     flag(&["--dns-namespace", "Kube_System"], "Kube_System"),
     flag(&["--apiserver-namespace", "mcp access"], "mcp access"),
     flag(&["--orphan-delete-max-percent", "101"], "101"),
+    flag(&["--netpol-resync-interval", "0s"], "0s"),
     flag(&["--kube-api-port", "0"], "--kube-api-port"),
     flag(&["--egress-dns-server", "not-an-address"], "not-an-address"),
     flag(&["--egress-dns-server", "0.0.0.0:53"], "0.0.0.0:53"),

@@ -141,10 +141,7 @@ pub enum Error {
 impl Error {
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
-            Error::Kube(kube::Error::Api(_)) => "api_error",
-            Error::Kube(_) => "transport",
+            Error::Kube(e) => crate::metrics::kube_reason(e),
             Error::Desired(_) => "incomplete_object",
             Error::Encode(..) => "encode",
         }

@@ -215,13 +215,8 @@ pub fn forbidden_overlap(net: &IpNet) -> Option<&'static ForbiddenRange> {
 /// An `ExactHost` CIDR: well-formed (a bare address is a /32 or /128), no host bits set, and
 /// overlapping no forbidden range.
 pub fn check_cidr(value: &str) -> Result<IpNet, BindingError> {
-    let net = match value.parse::<IpNet>() {
-        Ok(net) => net,
-        Err(_) => match value.parse::<IpAddr>() {
-            Ok(ip) => IpNet::from(ip),
-            Err(_) => return Err(BindingError::MalformedCidr(value.into())),
-        },
-    };
+    let net = super::settings::parse_net(value)
+        .ok_or_else(|| BindingError::MalformedCidr(value.into()))?;
     if net.network() != net.addr() {
         return Err(BindingError::HostBits {
             cidr: value.into(),

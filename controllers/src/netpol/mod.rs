@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apis::runtime::{Context, MCPServer, ResolvedEgress};
+use apis::runtime::{Context, MCPServer, MCPServerStatus, ResolvedEgress};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -127,10 +127,7 @@ pub enum Error {
 impl Error {
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
-            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
-            Error::Kube(kube::Error::Api(_)) => "api_error",
-            Error::Kube(_) => "transport",
+            Error::Kube(e) => crate::metrics::kube_reason(e),
             Error::Encode(..) => "encode",
         }
     }
@@ -151,6 +148,8 @@ struct Ctx {
     resolver: Box<dyn Resolve>,
     dns_deadline: Duration,
     refresh: Duration,
+    /// A full pass at least this often, without any change.
+    resync: Duration,
     recorder: Recorder,
     /// What sweep alerts are published about (the controllers' Lease).
     regarding: ObjectReference,
@@ -181,6 +180,7 @@ pub fn controller(
     Synced,
 )> {
     let (settings, caps) = args.settings(gateway_port)?;
+    let resync = args.netpol_resync_interval.std();
     let egress_settings = egress_args.settings()?;
     let resolver: Box<dyn Resolve> = Box::new(egress_args.resolver()?);
     let metrics = Metrics::register(registry);
@@ -238,6 +238,7 @@ pub fn controller(
             resolver,
             dns_deadline: egress_settings.dns_timeout,
             refresh: egress_settings.refresh_interval,
+            resync,
             regarding,
             reconcile,
             metrics,
@@ -296,7 +297,7 @@ impl Ctx {
                         tracing::info!("NetworkPolicies in place: obsolete allows removed");
                         self.metrics.synced.set(1);
                     }
-                    self.refresh
+                    self.resync
                 }
                 Err(e) => {
                     self.reconcile.error(CONTROLLER, e.reason());
@@ -558,13 +559,17 @@ impl Ctx {
         if current {
             return Ok(());
         }
+        // Typed, so the field names are the CRD's; what we leave out (no bindings: nothing)
+        // server-side apply removes from what this manager owned.
+        let owned = MCPServerStatus {
+            conditions: condition.into_iter().collect(),
+            resolved_egress_ips: proof.resolved.clone(),
+            ..MCPServerStatus::default()
+        };
         let body = json!({
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "MCPServer",
-            "status": {
-                "conditions": condition.into_iter().collect::<Vec<_>>(),
-                "resolvedEgressIPs": proof.resolved,
-            },
+            "status": owned,
         });
         Api::<MCPServer>::namespaced(self.client.clone(), &server.namespace().unwrap_or_default())
             .patch_status(

@@ -3,8 +3,8 @@
 //! it never becomes a permissive policy.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
+use apis::duration::GoDuration;
 use ipnet::IpNet;
 
 /// The broadest Kubernetes API CIDR accepted (IPv4): the API is a handful of addresses.
@@ -83,9 +83,10 @@ pub struct Args {
         default_value_t = 20
     )]
     pub orphan_delete_max_percent: u8,
-    /// How often every policy is recomputed and compared even without a change.
-    #[arg(long, env = "MCP_ACCESS_NETPOL_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "5m")]
-    pub netpol_resync_interval: Duration,
+    /// How often every policy is recomputed and compared even without a change (an edit by
+    /// hand is undone at the latest then; any watched change starts a pass at once).
+    #[arg(long, env = "MCP_ACCESS_NETPOL_RESYNC_INTERVAL", default_value = "5m")]
+    pub netpol_resync_interval: GoDuration,
 }
 
 /// A `key=value` pod label.
@@ -138,6 +139,8 @@ pub enum SettingsError {
     Percent(u8),
     #[error("{flag} must not be 0")]
     ZeroPort { flag: &'static str },
+    #[error("--netpol-resync-interval is 0s: it must be positive")]
+    ZeroResync,
 }
 
 impl Args {
@@ -201,6 +204,9 @@ impl Args {
         if self.orphan_delete_max_percent > 100 {
             return Err(SettingsError::Percent(self.orphan_delete_max_percent));
         }
+        if self.netpol_resync_interval.is_zero() {
+            return Err(SettingsError::ZeroResync);
+        }
         Ok((
             NetpolSettings {
                 runtime_namespaces,
@@ -229,13 +235,7 @@ impl Args {
 /// A Kubernetes API CIDR: well-formed (a bare address is a /32 or /128), no host bits set,
 /// and no broader than [`MAX_API_PREFIX_V4`] / [`MAX_API_PREFIX_V6`].
 pub fn check_api_cidr(value: &str) -> Result<IpNet, SettingsError> {
-    let net = match value.parse::<IpNet>() {
-        Ok(net) => net,
-        Err(_) => match value.parse::<IpAddr>() {
-            Ok(ip) => IpNet::from(ip),
-            Err(_) => return Err(SettingsError::MalformedCidr(value.into())),
-        },
-    };
+    let net = parse_net(value).ok_or_else(|| SettingsError::MalformedCidr(value.into()))?;
     // "10.0.0.7/8" is a typo or a trick; either way not what it looks like.
     if net.network() != net.addr() {
         return Err(SettingsError::HostBits(value.into(), net.trunc()));
@@ -248,6 +248,14 @@ pub fn check_api_cidr(value: &str) -> Result<IpNet, SettingsError> {
         return Err(SettingsError::BroadCidr(value.into(), bound));
     }
     Ok(net)
+}
+
+/// A CIDR, or a bare address as its /32 or /128; nothing else (no trimming, no short forms).
+pub fn parse_net(value: &str) -> Option<IpNet> {
+    value
+        .parse::<IpNet>()
+        .ok()
+        .or_else(|| value.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
 fn label(flag: &'static str, value: &str) -> Result<Label, SettingsError> {
@@ -283,25 +291,6 @@ pub fn is_dns_label(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
-}
-
-/// `90s`, `5m`, `1h` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 5m)"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n.saturating_mul(60),
-        "h" => n.saturating_mul(3600),
-        _ => return Err(format!("{s:?} is not a duration (e.g. 90s, 5m)")),
-    };
-    if secs == 0 {
-        return Err("the interval must be positive".into());
-    }
-    Ok(Duration::from_secs(secs))
 }
 
 #[cfg(test)]
@@ -406,13 +395,5 @@ mod tests {
                 "{flag} {value:?}"
             );
         }
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5 minutes").is_err());
     }
 }

@@ -15,6 +15,16 @@ use super::{create_namespace, ok};
 
 const MANAGED: &str = "mcp-runtime.dev/managed-by=mcp-access-controllers";
 
+/// `result`, with the last lines of the controllers' log when it is an error.
+fn with_log<T>(result: Result<T, String>, log: &std::path::Path) -> Result<T, String> {
+    result.map_err(|e| {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(25)..].join("\n    ");
+        format!("{e}\n    --- {} ---\n    {tail}", log.display())
+    })
+}
+
 fn policy(c: &LocalCluster, ns: &str, name: &str) -> Result<Option<Value>, String> {
     get_json(c, &["get", "networkpolicy", name, "-n", ns])
 }
@@ -330,6 +340,7 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
         ensure!(withheld == 0.0, "nothing withheld here: {withheld}");
         Ok(())
     })();
+    let result = with_log(result, &controllers.log);
     clean_up(c, &runtime);
     controllers.stop();
     delete_managed(c, &runtime);
