@@ -25,6 +25,80 @@ fn with_log<T>(result: Result<T, String>, log: &std::path::Path) -> Result<T, St
     })
 }
 
+/// A DNS server on 127.0.0.1 (UDP) that answers A queries for the names it was given and
+/// stays silent for every other query (a hanging upstream). AAAA queries for a known name get
+/// an empty NOERROR answer. Stops when dropped.
+struct LoopbackDns {
+    addr: std::net::SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LoopbackDns {
+    fn start(names: &[(&str, [u8; 4])]) -> Result<Self, String> {
+        let socket = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(|e| e.to_string())?;
+        let addr = socket.local_addr().map_err(|e| e.to_string())?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let names: Vec<(String, [u8; 4])> =
+            names.iter().map(|(n, ip)| (n.to_string(), *ip)).collect();
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok((n, peer)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(reply) = dns_reply(&buf[..n], &names) {
+                    let _ = socket.send_to(&reply, peer);
+                }
+            }
+        });
+        Ok(Self { addr, stop })
+    }
+}
+
+impl Drop for LoopbackDns {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The answer to one query, or `None` to stay silent.
+fn dns_reply(query: &[u8], names: &[(String, [u8; 4])]) -> Option<Vec<u8>> {
+    let mut labels = Vec::new();
+    let mut at = 12;
+    loop {
+        let len = usize::from(*query.get(at)?);
+        at += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(query.get(at..at + len)?).to_lowercase());
+        at += len;
+    }
+    let qtype = u16::from_be_bytes([*query.get(at)?, *query.get(at + 1)?]);
+    let question = query.get(12..at + 4)?;
+    let ip = names
+        .iter()
+        .find(|(n, _)| *n == labels.join("."))
+        .map(|(_, ip)| *ip)?;
+    let answers: u16 = if qtype == 1 { 1 } else { 0 };
+    let mut reply = Vec::with_capacity(64);
+    reply.extend_from_slice(query.get(0..2)?);
+    reply.extend_from_slice(&[0x81, 0x80, 0, 1]);
+    reply.extend_from_slice(&answers.to_be_bytes());
+    reply.extend_from_slice(&[0, 0, 0, 0]);
+    reply.extend_from_slice(question);
+    if answers == 1 {
+        // The question's name by pointer, type A, class IN, TTL 60, four bytes.
+        reply.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        reply.extend_from_slice(&ip);
+    }
+    Some(reply)
+}
+
 fn policy(c: &LocalCluster, ns: &str, name: &str) -> Result<Option<Value>, String> {
     get_json(c, &["get", "networkpolicy", name, "-n", ns])
 }
@@ -126,13 +200,10 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
     for ns in runtime.iter().chain([&hosts]) {
         create_namespace(c, ns)?;
     }
-    // A DNS server on loopback that never answers: the hostname binding must fail at the
-    // deadline, closed.
-    let silent = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let dns = format!(
-        "--egress-dns-server={}",
-        silent.local_addr().map_err(|e| e.to_string())?
-    );
+    // A DNS server on loopback: it answers `good.example.com` (A 140.82.112.3) and never
+    // answers anything else, so a binding to another name must fail at the deadline, closed.
+    let dns_server = LoopbackDns::start(&[("good.example.com", [140, 82, 112, 3])])?;
+    let dns = format!("--egress-dns-server={}", dns_server.addr);
     let mut controllers = start(
         c,
         "netpol-1",
@@ -258,6 +329,36 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
             "an unresolved name deploys and allows nothing"
         );
 
+        // A name the DNS server answers: its addresses become the allow and the status.
+        apply(
+            c,
+            &in_ns(
+                server(
+                    "resolved",
+                    8080,
+                    json!([{"name": "api", "type": "ExactHost", "host": "good.example.com", "port": 443}]),
+                ),
+                "np1-b",
+            ),
+        )?;
+        wait_condition(c, "np1-b", "resolved", "ExternalEgressReady", "True")?;
+        let status = get_json(c, &["get", "mcpserver", "resolved", "-n", "np1-b"])?
+            .ok_or("resolved is gone")?;
+        let shown = &status["status"]["resolvedEgressIPs"];
+        ensure!(
+            shown[0]["binding"] == "api"
+                && shown[0]["host"] == "good.example.com"
+                && shown[0]["ips"] == json!(["140.82.112.3"])
+                && shown[0]["resolvedAt"].is_string(),
+            "status.resolvedEgressIPs: {shown}"
+        );
+        let l3 = wait_policy(c, "np1-b", "mcp-l3-egress.resolved")?;
+        ensure!(
+            l3["spec"]["egress"][0]["to"] == json!([{"ipBlock": {"cidr": "140.82.112.3/32"}}]),
+            "L3 of a resolved name: {}",
+            l3["spec"]
+        );
+
         // A Context opens github to its hosts, both sides.
         apply(
             c,
@@ -345,7 +446,7 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
     controllers.stop();
     delete_managed(c, &runtime);
     delete_managed(c, &[hosts]);
-    drop(silent);
+    drop(dns_server);
     result
 }
 
