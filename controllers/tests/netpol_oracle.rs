@@ -8,9 +8,12 @@
 //! The analyzer is built by `hack/build-netpol-analyzer.sh`; `hack/test.sh` exports its path
 //! as `MCP_ACCESS_NETPOL_ANALYZER_BIN`.
 
+mod support;
+use support::TempDir;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -618,30 +621,6 @@ struct Line {
     raw: String,
 }
 
-/// A directory removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let dir = std::env::temp_dir().join(format!(
-            "mcp-access-netpol-oracle-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("create the fixture directory");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn write_objects(dir: &Path, objects: &[Value]) {
     for (i, o) in objects.iter().enumerate() {
         let kind = o["kind"].as_str().unwrap_or("object").to_lowercase();
@@ -736,7 +715,7 @@ async fn the_analyzer_agrees_with_the_hand_written_allow_matrix() {
         );
     }
 
-    let dir = TempDir::new();
+    let dir = TempDir::new("mcp-access-netpol-oracle");
     write_objects(&dir.0, &cluster_objects(&servers, &proofs));
     let lines = analyze(&bin, &dir.0);
 

@@ -2,8 +2,11 @@
 //! NetworkPolicy or egress setting bad, the process exits non-zero within seconds, before any
 //! I/O (the kubeconfig points at 127.0.0.1:1, where nothing listens), naming the bad value.
 
+mod support;
+use support::TempDir;
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -103,30 +106,6 @@ const ROWS: &[Row] = &[
     },
 ];
 
-/// A directory removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let dir = std::env::temp_dir().join(format!(
-            "mcp-access-startup-flags-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("create the fixture directory");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The binary with the required flags valid, the given extras, and no inherited environment
 /// (an `MCP_ACCESS_*` variable of the caller would change what is tested).
 fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
@@ -186,7 +165,7 @@ fn describe(row: &Row) -> String {
 
 #[test]
 fn a_bad_setting_stops_startup_naming_the_value() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("mcp-access-startup-flags");
     let mut failures = Vec::new();
     for row in ROWS {
         let what = describe(row);
@@ -224,7 +203,7 @@ fn a_bad_setting_stops_startup_naming_the_value() {
 /// retries; either way its stderr names none of the settings above within a few seconds.
 #[test]
 fn valid_settings_get_past_the_checks() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("mcp-access-startup-flags");
     let args = [
         "--kube-api-cidr",
         "10.96.0.1/32,fd00::/120",
