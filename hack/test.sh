@@ -36,4 +36,9 @@ postgres_start "$work/pg"
 echo "test PostgreSQL on 127.0.0.1:$PGPORT_STARTED" >&2
 export MCP_TEST_DATABASE_URL=$PG_DSN
 
-cargo test --workspace --all-targets "$@"
+# With arguments, only what they select (`--workspace` would override `-p`).
+if [ $# -gt 0 ]; then
+  cargo test "$@"
+else
+  cargo test --workspace --all-targets
+fi

@@ -354,7 +354,7 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<Written<K>> {
         transact::prepare_new(&mut object, ctx.now)?;
-        transact::create(self.begin().await, object, ctx, dry_run, &self.signals).await
+        transact::create(self.begin().await, object, ctx, dry_run, &*self.signals).await
     }
 
     async fn update<K: Strategy>(
@@ -364,7 +364,7 @@ impl Store for MemoryStore {
         dry_run: bool,
     ) -> Result<Written<K>> {
         transact::check_update(&object)?;
-        transact::update(self.begin().await, object, ctx, dry_run, &self.signals).await
+        transact::update(self.begin().await, object, ctx, dry_run, &*self.signals).await
     }
 
     async fn delete<K: Strategy>(
@@ -385,7 +385,7 @@ impl Store for MemoryStore {
             ctx,
             preconditions,
             dry_run,
-            &self.signals,
+            &*self.signals,
         )
         .await
     }
@@ -408,13 +408,13 @@ impl Store for MemoryStore {
             ctx,
             preconditions,
             dry_run,
-            &self.signals,
+            &*self.signals,
         )
         .await
     }
 
     async fn expire_sessions(&self, now: Timestamp) -> Result<Vec<AccessSession>> {
-        transact::expire_sessions(self.begin().await, now, &self.signals).await
+        transact::expire_sessions(self.begin().await, now, &*self.signals).await
     }
 
     async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {

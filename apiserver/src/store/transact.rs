@@ -39,6 +39,18 @@ pub trait Backend: Send {
     async fn commit(self) -> Result<()>;
 }
 
+/// Where a committed write reports what it did to sessions: the store's [`SessionSignals`],
+/// or a holder that passes it on once a shared commit is known (group commit).
+pub trait OnCommit: Send + Sync {
+    fn committed(&self, changes: SessionChanges);
+}
+
+impl OnCommit for SessionSignals {
+    fn committed(&self, changes: SessionChanges) {
+        SessionSignals::committed(self, changes)
+    }
+}
+
 /// Runs `decide` until it returns a plan, loading the facts it asks for (`first` with the
 /// lock). A refusal ends the transaction with nothing written.
 pub async fn transact<K, B: Backend>(
@@ -99,7 +111,7 @@ async fn finish<K: Kind, B: Backend>(
     (mut plan, facts): (Plan<K>, Facts),
     requested: Option<(&ObjectKey, &Value)>,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<Written<K>> {
     if dry_run || plan.writes.is_empty() {
         return Ok(Written {
@@ -169,7 +181,7 @@ pub const EXPIRY_BATCH: u32 = 500;
 pub(crate) async fn expire_sessions<B: Backend>(
     mut backend: B,
     now: Timestamp,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<Vec<AccessSession>> {
     let first = vec![Read::DueSessions {
         at: now,
@@ -289,7 +301,7 @@ pub(crate) async fn create<K: Strategy, B: Backend>(
     object: K,
     ctx: &Context,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<Written<K>> {
     let mut first = vec![Read::Object(ObjectKey::for_object(&object))];
     first.extend(object.create_reads(ctx));
@@ -319,7 +331,7 @@ pub(crate) async fn update<K: Strategy, B: Backend>(
     requested: K,
     ctx: &Context,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<Written<K>> {
     let key = ObjectKey::for_object(&requested);
     let pre = Preconditions {
@@ -341,7 +353,7 @@ async fn on_existing<K: Strategy, B: Backend>(
     (namespace, name): (&str, &str),
     pre: &Preconditions,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
     hook: impl Fn(K, &Facts) -> Result<Plan<K>, Stop> + Send + Sync,
 ) -> Result<K> {
     let key = ObjectKey::of::<K>(namespace, name);
@@ -364,7 +376,7 @@ pub(crate) async fn delete<K: Strategy, B: Backend>(
     ctx: &Context,
     pre: &Preconditions,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<K> {
     on_existing(
         backend,
@@ -387,7 +399,7 @@ pub(crate) async fn write_status<K: Strategy, B: Backend>(
     ctx: &Context,
     pre: &Preconditions,
     dry_run: bool,
-    signals: &SessionSignals,
+    signals: &dyn OnCommit,
 ) -> Result<K> {
     on_existing(
         backend,

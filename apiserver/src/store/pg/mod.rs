@@ -2,6 +2,7 @@
 //! background tasks. Reads are in `list`, the write transaction in `tx`, the SQL of the
 //! facts kinds ask for in `sessions` and `revocations`.
 
+mod group;
 mod list;
 mod revocations;
 mod sessions;
@@ -26,7 +27,7 @@ use super::{
     StoreError, Subscription, Written,
 };
 use crate::tasks::Background;
-use tx::WriteTx;
+use group::Writer;
 
 /// Store settings.
 #[derive(Clone, Debug)]
@@ -90,7 +91,8 @@ pub struct PgStore {
 
 struct Inner {
     pool: Pool,
-    write_gate: tokio::sync::Mutex<()>,
+    /// The queue of this process's one writer (group commit).
+    writer: Writer,
     feed: Arc<Feed>,
     config: StoreConfig,
     /// The change feed and the log trimmer, aborted when the last clone is dropped.
@@ -208,6 +210,8 @@ impl PgStore {
         );
         let mut tasks = Background::default();
         tasks.spawn("change feed", feed.clone().run(session, tls));
+        let (writer, writing) = Writer::new(pool.clone(), config.pool_timeout);
+        tasks.spawn("writer", writing);
         let trimmer = Trimmer {
             pool: pool.clone(),
             retained: config.retained_events,
@@ -224,7 +228,7 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
-                write_gate: tokio::sync::Mutex::new(()),
+                writer,
                 feed,
                 config,
                 tasks,
@@ -242,6 +246,12 @@ impl PgStore {
         }
         .trim()
         .await
+    }
+
+    /// Write groups run so far and the mutations they held (group commit: the mean group
+    /// size is how many mutations one commit served).
+    pub fn write_groups(&self) -> (u64, u64) {
+        self.inner.writer.groups()
     }
 
     /// Number of live change-feed subscribers.
@@ -275,19 +285,21 @@ impl PgStore {
         self.inner.pool.get().await.map_err(pool_err)
     }
 
-    /// A connection for a write transaction, and this process's turn to write. Writers are
-    /// serialized by the sync-state row lock anyway; queueing them here first keeps that
-    /// lock uncontended (cheap to take) and leaves pool connections to readers.
-    async fn writer(&self) -> Result<(tokio::sync::MutexGuard<'_, ()>, deadpool_postgres::Object)> {
-        // Bounded like a pool wait: a writer stuck behind the sync-state lock must not queue
-        // every later writer of this process indefinitely.
-        let wait = self.inner.config.pool_timeout;
-        let gate = tokio::time::timeout(wait, self.inner.write_gate.lock())
+    /// Runs a mutation through the group-commit writer (see [`group`]). Writers are
+    /// serialized by the sync-state row lock anyway; queueing them here first keeps that lock
+    /// uncontended, leaves pool connections to readers, and lets one commit serve the
+    /// mutations that queued meanwhile. A mutation waits for its turn at most as long as for
+    /// a pool connection, then is answered 503 and never runs.
+    async fn mutate<T, F, Fut>(&self, mutation: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(group::GroupTx, Arc<group::Deferred>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        self.inner
+            .writer
+            .submit(self.inner.signals.clone(), mutation)
             .await
-            .map_err(|_| {
-                StoreError::Unavailable(format!("no turn to write within {wait:?}; retry"))
-            })?;
-        Ok((gate, self.client().await?))
     }
 }
 
@@ -368,9 +380,10 @@ impl Store for PgStore {
     ) -> Result<Written<K>> {
         transact::prepare_new(&mut object, ctx.now)?;
         let ctx = self.with_limits(ctx);
-        let (_gate, mut client) = self.writer().await?;
-        let tx = WriteTx::begin(&mut client).await?;
-        transact::create(tx, object, &ctx, dry_run, &self.inner.signals).await
+        self.mutate(move |tx, done| async move {
+            transact::create(tx, object, &ctx, dry_run, &*done).await
+        })
+        .await
     }
 
     async fn update<K: Strategy>(
@@ -380,15 +393,10 @@ impl Store for PgStore {
         dry_run: bool,
     ) -> Result<Written<K>> {
         transact::check_update(&object)?;
-        let (_gate, mut client) = self.writer().await?;
-        let tx = WriteTx::begin(&mut client).await?;
-        transact::update(
-            tx,
-            object,
-            &self.with_limits(ctx),
-            dry_run,
-            &self.inner.signals,
-        )
+        let ctx = self.with_limits(ctx);
+        self.mutate(move |tx, done| async move {
+            transact::update(tx, object, &ctx, dry_run, &*done).await
+        })
         .await
     }
 
@@ -401,19 +409,12 @@ impl Store for PgStore {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<K> {
-        let (_gate, mut client) = self.writer().await?;
-        let tx = WriteTx::begin(&mut client).await?;
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        let (by, pre) = (by.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
-        transact::delete(
-            tx,
-            namespace,
-            name,
-            by,
-            &ctx,
-            preconditions,
-            dry_run,
-            &self.inner.signals,
-        )
+        self.mutate(move |tx, done| async move {
+            transact::delete(tx, &namespace, &name, &by, &ctx, &pre, dry_run, &*done).await
+        })
         .await
     }
 
@@ -426,26 +427,21 @@ impl Store for PgStore {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<K> {
-        let (_gate, mut client) = self.writer().await?;
-        let tx = WriteTx::begin(&mut client).await?;
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        let (requested, pre) = (requested.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
-        transact::write_status(
-            tx,
-            namespace,
-            name,
-            requested,
-            &ctx,
-            preconditions,
-            dry_run,
-            &self.inner.signals,
-        )
+        self.mutate(move |tx, done| async move {
+            transact::write_status(
+                tx, &namespace, &name, &requested, &ctx, &pre, dry_run, &*done,
+            )
+            .await
+        })
         .await
     }
 
     async fn expire_sessions(&self, now: Timestamp) -> Result<Vec<apis::AccessSession>> {
-        let (_gate, mut client) = self.writer().await?;
-        let tx = WriteTx::begin(&mut client).await?;
-        transact::expire_sessions(tx, now, &self.inner.signals).await
+        self.mutate(move |tx, done| async move { transact::expire_sessions(tx, now, &*done).await })
+            .await
     }
 
     async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 
 use apis::strategy::{Fact, ObjectKey, Read, Write};
 use apis::AccessSession;
-use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -15,7 +14,6 @@ use super::pg_err;
 use super::{revocations, sessions};
 use crate::store::feed::set_resource_version;
 use crate::store::rv::ResourceVersion;
-use crate::store::transact::Backend;
 use crate::store::{Result, StoreError};
 
 /// The tail of every write statement: moves the sync-state sequence to `$seq` (the row is
@@ -202,26 +200,96 @@ pub(super) async fn run_reads(
 
 const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE";
 
-/// One write transaction: holds the sync-state row lock from its first read to `commit`.
-pub(super) struct WriteTx<'a> {
-    tx: deadpool_postgres::Transaction<'a>,
-    locked: bool,
+/// One write transaction, shared by the mutations of a group commit (`super::group`): it
+/// takes the sync-state row lock when it begins and holds it to `commit`. It owns its
+/// connection; one dropped while its transaction is open is closed, never returned to the
+/// pool mid-transaction.
+pub(super) struct WriteTx {
+    client: Option<deadpool_postgres::Object>,
+    /// A transaction is open on `client` (begun and neither committed nor rolled back).
+    open: bool,
     epoch: u32,
     seq: u64,
-    /// Every object row read, by key: the before-images of replacements and removals.
+    /// Every object row the current mutation read, by key: the before-images of its
+    /// replacements and removals.
     rows: HashMap<ObjectKey, StoredRow>,
+    /// The current mutation asked to commit (its plan's writes are in).
+    committed: bool,
 }
 
-impl<'a> WriteTx<'a> {
-    pub async fn begin(client: &'a mut deadpool_postgres::Object) -> Result<Self> {
-        let tx = client.transaction().await.map_err(pg_err)?;
-        Ok(Self {
-            tx,
-            locked: false,
+impl WriteTx {
+    /// Begins a transaction on `client` and takes the sync-state row lock (one round trip:
+    /// the lock request is pipelined after `BEGIN`).
+    pub async fn begin(client: deadpool_postgres::Object) -> Result<Self> {
+        let mut tx = Self {
+            client: Some(client),
+            open: true,
             epoch: 0,
             seq: 0,
             rows: HashMap::new(),
-        })
+            committed: false,
+        };
+        let client = tx.client();
+        let lock = client.prepare_cached(LOCK_SQL).await.map_err(pg_err)?;
+        let (begun, locked) =
+            tokio::join!(client.batch_execute("BEGIN"), client.query_one(&lock, &[]));
+        begun.map_err(pg_err)?;
+        let row = locked.map_err(pg_err)?;
+        tx.epoch = row.get::<_, i32>(0) as u32;
+        tx.seq = row.get::<_, i64>(1) as u64;
+        Ok(tx)
+    }
+
+    fn client(&self) -> &deadpool_postgres::Object {
+        self.client
+            .as_ref()
+            .expect("the connection is only taken on drop")
+    }
+
+    /// The last sequence number handed out.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Starts the next mutation: nothing read, nothing committed yet.
+    pub fn start_mutation(&mut self) {
+        self.rows.clear();
+        self.committed = false;
+    }
+
+    /// Whether the current mutation committed (its writes are to be kept).
+    pub fn mutation_committed(&self) -> bool {
+        self.committed
+    }
+
+    /// Marks the current mutation's writes as to be kept.
+    pub fn commit_mutation(&mut self) {
+        self.committed = true;
+    }
+
+    /// Undoes the current mutation back to `savepoint` (taken before it started at `seq`).
+    pub async fn rollback_to(&mut self, savepoint: &str, seq: u64) -> Result<()> {
+        self.client()
+            .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+            .await
+            .map_err(pg_err)?;
+        self.seq = seq;
+        Ok(())
+    }
+
+    /// Runs transaction-control statements (savepoints).
+    pub async fn control(&self, sql: &str) -> Result<()> {
+        self.client().batch_execute(sql).await.map_err(pg_err)
+    }
+
+    /// Commits (`COMMIT`) or rolls back the whole transaction.
+    pub async fn finish(&mut self, commit: bool) -> Result<()> {
+        let sql = if commit { "COMMIT" } else { "ROLLBACK" };
+        let result = self.client().batch_execute(sql).await.map_err(pg_err);
+        if result.is_ok() {
+            self.open = false;
+        }
+        result
     }
 
     fn next_seq(&mut self) -> i64 {
@@ -236,10 +304,10 @@ impl<'a> WriteTx<'a> {
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        let stmt = self.tx.prepare_cached(sql).await.map_err(pg_err)?;
-        self.tx.execute(&stmt, params).await.map_err(pg_err)
+        let client = self.client();
+        let stmt = client.prepare_cached(sql).await.map_err(pg_err)?;
+        client.execute(&stmt, params).await.map_err(pg_err)
     }
-
     /// Stores a new object and its ADDED event.
     async fn insert(&mut self, key: &ObjectKey, uid: &str, body: &Value) -> Result<u64> {
         let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
@@ -353,19 +421,12 @@ impl<'a> WriteTx<'a> {
     }
 }
 
-#[async_trait]
-impl Backend for WriteTx<'_> {
-    /// The first read takes the sync-state row lock in the same round trip: the statements
-    /// are sent after the lock request on the same connection, so they run once the lock is
-    /// held and (READ COMMITTED) see every transaction that committed before.
-    async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
-        let lock = (!self.locked).then_some(LOCK_SQL);
-        let (lock_row, answers) = run_reads(&self.tx, lock, reads).await?;
-        if let Some(row) = lock_row {
-            self.locked = true;
-            self.epoch = row.get::<_, i32>(0) as u32;
-            self.seq = row.get::<_, i64>(1) as u64;
-        }
+impl WriteTx {
+    /// Loads facts under the sync-state lock (taken when the transaction began): READ
+    /// COMMITTED, so they see every transaction committed before and the writes of the
+    /// mutations before this one in the same group.
+    pub async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
+        let (_, answers) = run_reads(self.client(), None, reads).await?;
         let mut facts = Vec::with_capacity(answers.len());
         for (read, result) in answers {
             let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
@@ -374,7 +435,8 @@ impl Backend for WriteTx<'_> {
         Ok(facts)
     }
 
-    async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
+    /// Executes writes in order; returns the resourceVersion each object write got.
+    pub async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
         let mut versions = Vec::new();
         let mut writes = writes.into_iter().peekable();
         while let Some(write) = writes.next() {
@@ -417,8 +479,17 @@ impl Backend for WriteTx<'_> {
         }
         Ok(versions)
     }
+}
 
-    async fn commit(self) -> Result<()> {
-        self.tx.commit().await.map_err(pg_err)
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.open {
+            // Mid-transaction (a failed COMMIT, a panic, a dropped future): the connection
+            // must never serve another request. Detached from the pool and dropped, it
+            // closes, and PostgreSQL rolls the transaction back.
+            if let Some(client) = self.client.take() {
+                drop(deadpool_postgres::Object::take(client));
+            }
+        }
     }
 }

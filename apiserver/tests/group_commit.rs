@@ -1,0 +1,279 @@
+//! Group commit: mutations queued behind each other share one transaction and one commit,
+//! yet each keeps its own preconditions, its own result and its own gap-free sequence
+//! numbers, in order; a refused or failing one does not fail its neighbours.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use apis::AccessSession;
+use apiserver::store::{Preconditions, ResourceVersion, Store, StoreError};
+use support::*;
+
+/// What one writer asked for and what it was answered.
+#[derive(Debug)]
+enum Outcome {
+    Created { key: String, rv: u64 },
+    Deleted { key: String },
+    Refused(StoreError),
+    DryRun,
+}
+
+fn seq_of(rv: Option<&str>) -> u64 {
+    ResourceVersion::parse(rv.expect("a resourceVersion"))
+        .expect("a resourceVersion this server minted")
+        .seq
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_mutations_share_commits_and_keep_their_own_outcomes() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    // One session per writer that the refused mutations aim at.
+    for w in 0..16 {
+        store
+            .create_session(mk_session("team-a", &format!("taken-{w}"), "srv-1"), false)
+            .await
+            .unwrap();
+    }
+    let (groups_before, mutations_before) = store.write_groups();
+
+    // 16 writers, each a mix: new sessions (kept), a duplicate name (AlreadyExists), a dry
+    // run (answered, never stored), a delete with a wrong uid precondition (refused), and a
+    // delete of its own earlier session (kept). All run concurrently, so they are grouped.
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let store = store.clone();
+        writers.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for i in 0..25 {
+                let name = format!("w{w}-s{i}");
+                let outcome = match i % 5 {
+                    0 | 1 => {
+                        let written = store
+                            .create_session(mk_session("team-a", &name, "srv-1"), false)
+                            .await
+                            .expect("a new session is created");
+                        Outcome::Created {
+                            key: name,
+                            rv: seq_of(written.object.metadata.resource_version.as_deref()),
+                        }
+                    }
+                    2 => Outcome::Refused(
+                        store
+                            .create_session(
+                                mk_session("team-a", &format!("taken-{w}"), "srv-1"),
+                                false,
+                            )
+                            .await
+                            .expect_err("the name is taken"),
+                    ),
+                    3 => {
+                        let dry = store
+                            .create_session(mk_session("team-a", &name, "srv-1"), true)
+                            .await
+                            .expect("a dry run is answered");
+                        assert!(dry.object.metadata.resource_version.is_none());
+                        // The wrong uid: refused, whatever its neighbours do.
+                        match store
+                            .remove::<AccessSession>(
+                                "team-a",
+                                &format!("taken-{w}"),
+                                &Preconditions {
+                                    uid: Some("00000000-0000-4000-8000-000000000000".into()),
+                                    resource_version: None,
+                                },
+                                false,
+                            )
+                            .await
+                        {
+                            Err(e @ StoreError::UidPrecondition { .. }) => {
+                                outcomes.push(Outcome::Refused(e))
+                            }
+                            other => panic!("a wrong uid precondition must be refused: {other:?}"),
+                        }
+                        Outcome::DryRun
+                    }
+                    _ => {
+                        let victim = format!("w{w}-s{}", i - 4);
+                        store
+                            .remove::<AccessSession>(
+                                "team-a",
+                                &victim,
+                                &Preconditions::default(),
+                                false,
+                            )
+                            .await
+                            .expect("its own session is deleted");
+                        Outcome::Deleted { key: victim }
+                    }
+                };
+                outcomes.push(outcome);
+            }
+            outcomes
+        }));
+    }
+    let mut created = BTreeMap::new();
+    let mut deleted = BTreeSet::new();
+    let mut refusals = 0;
+    for writer in writers {
+        for outcome in writer.await.unwrap() {
+            match outcome {
+                Outcome::Created { key, rv } => {
+                    assert!(created.insert(key, rv).is_none());
+                }
+                Outcome::Deleted { key } => {
+                    assert!(deleted.insert(key));
+                }
+                Outcome::Refused(e) => {
+                    assert!(
+                        matches!(
+                            e,
+                            StoreError::AlreadyExists | StoreError::UidPrecondition { .. }
+                        ),
+                        "{e:?}"
+                    );
+                    refusals += 1;
+                }
+                Outcome::DryRun => {}
+            }
+        }
+    }
+    assert_eq!(refusals, 16 * 5 * 2);
+    assert_eq!(created.len(), 16 * 10);
+    assert_eq!(deleted.len(), 16 * 5);
+
+    // Mutations were grouped: fewer groups than mutations.
+    let (groups, mutations) = store.write_groups();
+    let (groups, mutations) = (groups - groups_before, mutations - mutations_before);
+    assert_eq!(
+        mutations,
+        16 * 25 + 16 * 5,
+        "every mutation ran exactly once"
+    );
+    assert!(
+        groups < mutations,
+        "{mutations} concurrent mutations ran in {groups} groups: none was shared"
+    );
+
+    // The change log: one event per kept write, sequence numbers gap-free from the first
+    // session on, each created session's event at the resourceVersion it was answered with.
+    let client = db.client().await;
+    let rows = client
+        .query(
+            "SELECT seq, name, event FROM change_log WHERE resource = 'accesssessions' ORDER BY seq",
+            &[],
+        )
+        .await
+        .unwrap();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        seqs.len(),
+        16 + 16 * 10 + 16 * 5,
+        "one event per kept write"
+    );
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
+    }
+    let head: i64 = client
+        .query_one("SELECT seq FROM sync_state WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(head, *seqs.last().unwrap(), "the head is the last event");
+    for row in &rows {
+        let (seq, name, event): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
+        if let Some(rv) = created.get(&name) {
+            if event == "ADDED" {
+                assert_eq!(*rv, seq as u64, "{name} was answered another version");
+            }
+        }
+        assert!(
+            !name.starts_with("taken-") || event == "ADDED",
+            "a refused mutation wrote {event} {name}"
+        );
+    }
+
+    // What stands: every kept session, none deleted or dry-run.
+    let stored: BTreeSet<String> = store
+        .list::<AccessSession>(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| s.metadata.name.unwrap())
+        .collect();
+    for name in created.keys() {
+        assert_eq!(stored.contains(name), !deleted.contains(name), "{name}");
+    }
+    assert_eq!(stored.len(), 16 + created.len() - deleted.len());
+}
+
+/// A mutation that fails inside the database (not refused by a rule but by a statement) is
+/// undone to its savepoint; the mutations grouped with it commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_statement_fails_only_its_own_mutation() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let client = db.client().await;
+    // A trigger that fails the insert of one name, as a constraint would.
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.name = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT ON objects
+               FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+        )
+        .await
+        .unwrap();
+    let mut tries = Vec::new();
+    for i in 0..24 {
+        let store = store.clone();
+        tries.push(tokio::spawn(async move {
+            let name = if i == 12 {
+                "poison".to_string()
+            } else {
+                format!("s-{i}")
+            };
+            (
+                name.clone(),
+                store
+                    .create_session(mk_session("team-a", &name, "srv-1"), false)
+                    .await,
+            )
+        }));
+    }
+    let mut ok = BTreeSet::new();
+    for t in tries {
+        let (name, result) = t.await.unwrap();
+        match result {
+            Ok(_) => {
+                ok.insert(name);
+            }
+            Err(StoreError::Internal(message)) => {
+                assert_eq!(name, "poison");
+                assert!(message.contains("poisoned row"), "{message}");
+            }
+            Err(e) => panic!("{name}: {e:?}"),
+        }
+    }
+    assert_eq!(
+        ok.len(),
+        23,
+        "every neighbour of the failing mutation committed"
+    );
+    let seqs: Vec<i64> = client
+        .query("SELECT seq FROM change_log ORDER BY seq", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(seqs.len(), 23);
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
+    }
+}
