@@ -674,11 +674,16 @@ struct Pids {
 }
 
 impl Pids {
-    /// (ours + PostgreSQL, kube-apiserver + etcd).
-    fn sample(&self) -> Result<[Mem; 2]> {
+    /// (ours + PostgreSQL, kube-apiserver + etcd, ours alone, kube-apiserver alone).
+    fn sample(&self) -> Result<[Mem; 4]> {
         let mut ours = vec![self.ours];
         ours.extend(postgres_pids(&self.pg_data)?);
-        Ok([mem_of(&ours)?, mem_of(&[self.kube_apiserver, self.etcd])?])
+        Ok([
+            mem_of(&ours)?,
+            mem_of(&[self.kube_apiserver, self.etcd])?,
+            mem_of(&[self.ours])?,
+            mem_of(&[self.kube_apiserver])?,
+        ])
     }
 }
 
@@ -737,15 +742,13 @@ fn print_table(rows: &[Row]) {
 }
 
 fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    let digits = n.to_string().into_bytes();
+    let groups: Vec<&str> = digits
+        .rchunks(3)
+        .rev()
+        .map(|g| std::str::from_utf8(g).unwrap_or_default())
+        .collect();
+    groups.join(",")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -856,7 +859,8 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     println!();
     println!(
         "ours: access.mcp-runtime.dev through the aggregation proxy; memory of \
-         mcp-access-apiserver + every PostgreSQL process"
+         mcp-access-apiserver + every PostgreSQL process (RSS counts PostgreSQL's shared \
+         buffers once per process that touched them, PSS shares them out)"
     );
     println!("CRD:  {CRD_GROUP} served by kube-apiserver; memory of kube-apiserver + etcd");
     println!(
@@ -905,7 +909,7 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
         get_timed(&client, &system.collection(WARM_NS)).await?;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut mem: Vec<(usize, [Mem; 2])> = vec![(0, pids.sample()?)];
+    let mut mem: Vec<(usize, [Mem; 4])> = vec![(0, pids.sample()?)];
 
     let mut have = 0usize;
     for (li, &level) in args.levels.iter().enumerate() {
@@ -997,9 +1001,21 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
                 eprintln!("watch delivery, {count} watcher(s)");
                 let mut stats = [[0.0; 2]; 2];
                 for (i, system) in systems.iter().enumerate() {
-                    let mut ms = watch_latency(&client, system, count, args.trials, "t").await?;
-                    ms.sort_by(f64::total_cmp);
-                    stats[i] = [percentile(&ms, 50.0), percentile(&ms, 99.0)];
+                    // A failure here is reported and leaves the row empty: the other
+                    // figures are still worth the run.
+                    match watch_latency(&client, system, count, args.trials, "t").await {
+                        Ok(mut ms) => {
+                            ms.sort_by(f64::total_cmp);
+                            stats[i] = [percentile(&ms, 50.0), percentile(&ms, 99.0)];
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "  {}: watch with {count} watchers failed: {e:#}",
+                                system.label
+                            );
+                            stats[i] = [f64::NAN; 2];
+                        }
+                    }
                 }
                 for (p, name) in [(0, "p50"), (1, "p99")] {
                     rows.push(Row {
@@ -1017,12 +1033,17 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
         }
     }
 
-    // Memory rows.
+    // Memory rows: the totals (RSS and PSS), and the RSS of each API server process alone.
     let mib = |kib: u64| kib as f64 / 1024.0;
-    for (level, [ours, crd]) in &mem {
+    for (level, [ours, crd, ours_alone, kube_alone]) in &mem {
         for (what, o, c) in [
             ("RSS", ours.rss_kib, crd.rss_kib),
             ("PSS", ours.pss_kib, crd.pss_kib),
+            (
+                "RSS, API server alone,",
+                ours_alone.rss_kib,
+                kube_alone.rss_kib,
+            ),
         ] {
             rows.push(Row {
                 figure: format!("memory {what} at {} objects", thousands(*level)),
@@ -1034,19 +1055,25 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
         }
     }
     for pair in mem.windows(2) {
-        let (from, [o0, c0]) = pair[0];
-        let (to, [o1, c1]) = pair[1];
+        let (from, [o0, c0, oa0, ka0]) = pair[0];
+        let (to, [o1, c1, oa1, ka1]) = pair[1];
         let n = (to - from) as f64;
+        let delta = |a: u64, b: u64| b as f64 - a as f64;
         for (what, o, c) in [
             (
                 "RSS",
-                o1.rss_kib as f64 - o0.rss_kib as f64,
-                c1.rss_kib as f64 - c0.rss_kib as f64,
+                delta(o0.rss_kib, o1.rss_kib),
+                delta(c0.rss_kib, c1.rss_kib),
             ),
             (
                 "PSS",
-                o1.pss_kib as f64 - o0.pss_kib as f64,
-                c1.pss_kib as f64 - c0.pss_kib as f64,
+                delta(o0.pss_kib, o1.pss_kib),
+                delta(c0.pss_kib, c1.pss_kib),
+            ),
+            (
+                "RSS, API server alone,",
+                delta(oa0.rss_kib, oa1.rss_kib),
+                delta(ka0.rss_kib, ka1.rss_kib),
             ),
         ] {
             rows.push(Row {
