@@ -7,21 +7,16 @@
 # subscription completes. Prints p50/p99/max. Never run by CI or hack/test.sh.
 #
 #   hack/bench-revoke.sh [--trials 200] [--gateways 1,500]
-#   BENCH_PROFILE=release hack/bench-revoke.sh   # optimised build (slow to compile)
+# Release build (target/release), like every benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile=${BENCH_PROFILE:-dev}
-case $profile in
-  dev) dir=debug ;;
-  release) dir=release ;;
-  *) echo "bench-revoke.sh: BENCH_PROFILE must be dev or release" >&2; exit 2 ;;
-esac
+dir=release
 
 kube_env=$(hack/build-kube.sh)
 eval "$kube_env"
 export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
-cargo build --profile "$profile" -p apiserver --bin mcp-access-apiserver \
+cargo build --release -p apiserver --bin mcp-access-apiserver \
   -p gateway --bin mcp-access-authz --example bench_revoke
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/$dir/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/$dir/mcp-access-authz

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Store write throughput beside pgbench on the same throwaway PostgreSQL.
 # BENCH_SECONDS (default 3) and BENCH_ROUNDS (default 5) set the interleaved rounds.
+# `cargo bench` builds with the bench profile (the release settings, target/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh

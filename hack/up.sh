@@ -4,13 +4,16 @@
 # with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). Prints
 # GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
 # listener, see the README) and KUBECONFIG=<path> when ready; runs until interrupted.
+# The release build (target/release; the first build takes a while); hack/test.sh tests the
+# debug build.
 # State lives in .local/ (MCP_ACCESS_LOCAL_DIR to change); running it again reuses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 hack/build-kube.sh >/dev/null
-cargo build -p apiserver --bin mcp-access-apiserver -p controllers --bin mcp-access-controllers \
-  -p e2e --bin mcp-access-local >&2
-exec target/debug/mcp-access-local --dir "$dir" --apiserver-bin target/debug/mcp-access-apiserver \
-  --controllers-bin target/debug/mcp-access-controllers
+cargo build --release -p apiserver --bin mcp-access-apiserver \
+  -p controllers --bin mcp-access-controllers -p e2e --bin mcp-access-local >&2
+exec target/release/mcp-access-local --dir "$dir" \
+  --apiserver-bin target/release/mcp-access-apiserver \
+  --controllers-bin target/release/mcp-access-controllers
