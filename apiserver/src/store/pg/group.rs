@@ -249,10 +249,6 @@ impl Backend for GroupTx {
     }
 }
 
-const SAVEPOINT: &str = "mutation";
-
-/// Runs one group: one transaction holding the sync-state lock, each mutation in turn (in a
-/// savepoint when there are several), one commit.
 async fn run_group(pool: &Pool, group: Vec<Job>) {
     let begun = match pool.get().await.map_err(pool_err) {
         Ok(client) => WriteTx::begin(client).await,
@@ -267,45 +263,26 @@ async fn run_group(pool: &Pool, group: Vec<Job>) {
             return;
         }
     };
-    let several = group.len() > 1;
+    if group.len() > 1 {
+        tx.lock().await.use_savepoints();
+    }
     let mut delivers: Vec<(Deliver, bool)> = Vec::with_capacity(group.len());
     let mut broken: Option<StoreError> = None;
     let mut jobs = group.into_iter();
     for job in jobs.by_ref() {
-        let start = {
+        let seq = {
             let mut tx = tx.lock().await;
             tx.start_mutation();
-            let savepoint = if !several {
-                Ok(())
-            } else if delivers.is_empty() {
-                tx.control(&format!("SAVEPOINT {SAVEPOINT}")).await
-            } else {
-                // The previous mutation is kept (or was rolled back to the savepoint).
-                tx.control(&format!(
-                    "RELEASE SAVEPOINT {SAVEPOINT}; SAVEPOINT {SAVEPOINT}"
-                ))
-                .await
-            };
-            savepoint.map(|()| tx.seq())
-        };
-        let seq = match start {
-            Ok(seq) => seq,
-            Err(e) => {
-                job.mutation.fail(e.clone());
-                broken = Some(e);
-                break;
-            }
+            tx.seq()
         };
         let deliver = job.mutation.run(GroupTx { tx: tx.clone() }).await;
         let mut tx = tx.lock().await;
         let kept = tx.mutation_committed();
-        if !kept && several {
-            // Refused, failed or dry: undone, its sequence numbers handed out again.
-            if let Err(e) = tx.rollback_to(SAVEPOINT, seq).await {
-                delivers.push((deliver, false));
-                broken = Some(e);
-                break;
-            }
+        // Refused, failed or dry: undone, its sequence numbers handed out again.
+        if let Err(e) = tx.undo_uncommitted(seq).await {
+            delivers.push((deliver, false));
+            broken = Some(e);
+            break;
         }
         delivers.push((deliver, kept));
     }

@@ -198,6 +198,9 @@ pub(super) async fn run_reads(
     Ok((lock_row, answers))
 }
 
+/// The savepoint of the current mutation (nested: rolling back to it undoes only the latest).
+const SAVEPOINT: &str = "SAVEPOINT mutation";
+
 const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE";
 
 /// One write transaction, shared by the mutations of a group commit (`super::group`): it
@@ -215,6 +218,13 @@ pub(super) struct WriteTx {
     rows: HashMap<ObjectKey, StoredRow>,
     /// The current mutation asked to commit (its plan's writes are in).
     committed: bool,
+    /// Each mutation runs in its own savepoint (the group has several).
+    savepoints: bool,
+    /// The current mutation's savepoint is taken.
+    in_savepoint: bool,
+    /// The current mutation wrote, or a statement of it failed: not committing it means
+    /// rolling back to its savepoint.
+    dirty: bool,
 }
 
 impl WriteTx {
@@ -228,6 +238,9 @@ impl WriteTx {
             seq: 0,
             rows: HashMap::new(),
             committed: false,
+            savepoints: false,
+            in_savepoint: false,
+            dirty: false,
         };
         let client = tx.client();
         let lock = client.prepare_cached(LOCK_SQL).await.map_err(pg_err)?;
@@ -251,10 +264,18 @@ impl WriteTx {
         self.seq
     }
 
+    /// Runs each mutation from now on in its own savepoint, taken in the same round trip
+    /// as its first statement.
+    pub fn use_savepoints(&mut self) {
+        self.savepoints = true;
+    }
+
     /// Starts the next mutation: nothing read, nothing committed yet.
     pub fn start_mutation(&mut self) {
         self.rows.clear();
         self.committed = false;
+        self.in_savepoint = false;
+        self.dirty = false;
     }
 
     /// Whether the current mutation committed (its writes are to be kept).
@@ -267,19 +288,28 @@ impl WriteTx {
         self.committed = true;
     }
 
-    /// Undoes the current mutation back to `savepoint` (taken before it started at `seq`).
-    pub async fn rollback_to(&mut self, savepoint: &str, seq: u64) -> Result<()> {
+    /// Undoes the current mutation unless it committed: back to its savepoint when it wrote
+    /// or failed a statement (its sequence numbers, from `seq` on, handed out again). A
+    /// mutation that only read leaves nothing to undo. Without savepoints the caller rolls
+    /// the whole transaction back.
+    pub async fn undo_uncommitted(&mut self, seq: u64) -> Result<()> {
+        if self.committed || !self.dirty || !self.in_savepoint {
+            return Ok(());
+        }
         self.client()
-            .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+            .batch_execute("ROLLBACK TO SAVEPOINT mutation")
             .await
             .map_err(pg_err)?;
         self.seq = seq;
         Ok(())
     }
 
-    /// Runs transaction-control statements (savepoints).
-    pub async fn control(&self, sql: &str) -> Result<()> {
-        self.client().batch_execute(sql).await.map_err(pg_err)
+    /// The savepoint statement to send before the current mutation's first statement, if
+    /// it needs one.
+    fn savepoint_due(&mut self) -> bool {
+        let due = self.savepoints && !self.in_savepoint;
+        self.in_savepoint |= due;
+        due
     }
 
     /// Commits (`COMMIT`) or rolls back the whole transaction.
@@ -426,7 +456,25 @@ impl WriteTx {
     /// COMMITTED, so they see every transaction committed before and the writes of the
     /// mutations before this one in the same group.
     pub async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
-        let (_, answers) = run_reads(self.client(), None, reads).await?;
+        let savepoint = self.savepoint_due();
+        let client = self.client();
+        // The savepoint is sent first on the connection: one round trip for both.
+        let (taken, answers) = tokio::join!(
+            async {
+                match savepoint {
+                    true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
+                    false => Ok(()),
+                }
+            },
+            run_reads(client, None, reads)
+        );
+        let answers = match taken.and(answers) {
+            Ok((_, answers)) => answers,
+            Err(e) => {
+                self.dirty = true;
+                return Err(e);
+            }
+        };
         let mut facts = Vec::with_capacity(answers.len());
         for (read, result) in answers {
             let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
@@ -437,6 +485,13 @@ impl WriteTx {
 
     /// Executes writes in order; returns the resourceVersion each object write got.
     pub async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
+        self.dirty = true;
+        if self.savepoint_due() {
+            self.client()
+                .batch_execute(SAVEPOINT)
+                .await
+                .map_err(pg_err)?;
+        }
         let mut versions = Vec::new();
         let mut writes = writes.into_iter().peekable();
         while let Some(write) = writes.next() {
