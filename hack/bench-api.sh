@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # API figures (watch latency at 1/100/1,000 watchers, list of 10,000, memory per watch)
-# against the real apiserver binary over a throwaway PostgreSQL.
+# against the real apiserver binary over a throwaway PostgreSQL. MCP_BENCH_ONLY=list runs the
+# lists alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh
