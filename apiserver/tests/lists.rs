@@ -26,7 +26,7 @@ fn name(i: usize) -> String {
 
 /// The labels session `i` is created with: `tier` a, b or c, none on every fifth.
 fn tier(i: usize) -> Option<&'static str> {
-    (i % 5 != 0).then(|| ["a", "b", "c"][i % 3])
+    (!i.is_multiple_of(5)).then(|| ["a", "b", "c"][i % 3])
 }
 
 /// The server uid of session `i`.
@@ -145,7 +145,11 @@ async fn a_list_longer_than_a_chunk_streams_complete_and_each_item_is_its_get() 
     let list: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).expect("valid JSON");
     assert_eq!(list["kind"], "AccessSessionList");
     assert_eq!(list["apiVersion"], apis::API_VERSION);
-    assert!(list["metadata"].get("continue").is_none(), "{}", list["metadata"]);
+    assert!(
+        list["metadata"].get("continue").is_none(),
+        "{}",
+        list["metadata"]
+    );
     let list_rv = rv_of(&list);
     let items = list["items"].as_array().unwrap();
     let expected: Vec<String> = (0..MANY).map(name).collect();
@@ -177,11 +181,17 @@ async fn selectors_select_what_the_typed_rendering_selects() {
         ("", all.clone()),
         (
             "labelSelector=tier%3Da",
-            all.iter().copied().filter(|i| tier(*i) == Some("a")).collect(),
+            all.iter()
+                .copied()
+                .filter(|i| tier(*i) == Some("a"))
+                .collect(),
         ),
         (
             "labelSelector=tier!%3Da",
-            all.iter().copied().filter(|i| tier(*i) != Some("a")).collect(),
+            all.iter()
+                .copied()
+                .filter(|i| tier(*i) != Some("a"))
+                .collect(),
         ),
         (
             "labelSelector=tier%20in%20(b,c)",
@@ -196,7 +206,10 @@ async fn selectors_select_what_the_typed_rendering_selects() {
         ),
         (
             "fieldSelector=spec.server.uid%3Dsrv-1",
-            all.iter().copied().filter(|i| server_uid(*i) == "srv-1").collect(),
+            all.iter()
+                .copied()
+                .filter(|i| server_uid(*i) == "srv-1")
+                .collect(),
         ),
         (
             "fieldSelector=metadata.name!%3Ds-0007&labelSelector=tier",
@@ -293,7 +306,10 @@ async fn pages_are_served_at_the_first_pages_snapshot() {
     let mut token = token;
     loop {
         let page = get_json(&server, &format!("{url}?limit=100&continue={token}"), None).await;
-        assert_eq!(page["metadata"]["resourceVersion"], first["metadata"]["resourceVersion"]);
+        assert_eq!(
+            page["metadata"]["resourceVersion"],
+            first["metadata"]["resourceVersion"]
+        );
         items.extend(page["items"].as_array().unwrap().iter().cloned());
         match page["metadata"]["continue"].as_str() {
             Some(c) if !c.is_empty() => token = c.to_string(),
@@ -301,7 +317,10 @@ async fn pages_are_served_at_the_first_pages_snapshot() {
         }
     }
     assert_eq!(names(&items), (0..300).map(name).collect::<Vec<_>>());
-    assert_eq!(items[250], before, "the state (and resourceVersion) at the snapshot");
+    assert_eq!(
+        items[250], before,
+        "the state (and resourceVersion) at the snapshot"
+    );
     // The current state is what a new list shows.
     let now = get_json(&server, &url, None).await;
     let now = names(now["items"].as_array().unwrap());
@@ -363,6 +382,8 @@ async fn an_error_after_the_first_bytes_ends_the_list_abnormally() {
     )
     .await;
     assert_eq!(page["items"].as_array().unwrap().len(), 1_100);
-    let seen: BTreeSet<String> = names(page["items"].as_array().unwrap()).into_iter().collect();
+    let seen: BTreeSet<String> = names(page["items"].as_array().unwrap())
+        .into_iter()
+        .collect();
     assert_eq!(seen.len(), 1_100);
 }

@@ -173,19 +173,22 @@ pub fn streamed_list(list_kind: &str, list: RawList) -> Response {
         Value::Object(metadata)
     );
     let mut first = true;
-    let items = list.items.ready_chunks(STREAMED_ITEMS_PER_FRAME).map(move |batch| {
-        let mut frame = BytesMut::new();
-        for item in batch {
-            let item = item.inspect_err(|e| {
-                tracing::warn!(error = %e, "list ended abnormally after its first bytes");
-            })?;
-            if !std::mem::take(&mut first) {
-                frame.put_u8(b',');
+    let items = list
+        .items
+        .ready_chunks(STREAMED_ITEMS_PER_FRAME)
+        .map(move |batch| {
+            let mut frame = BytesMut::new();
+            for item in batch {
+                let item = item.inspect_err(|e| {
+                    tracing::warn!(error = %e, "list ended abnormally after its first bytes");
+                })?;
+                if !std::mem::take(&mut first) {
+                    frame.put_u8(b',');
+                }
+                frame.extend_from_slice(&item);
             }
-            frame.extend_from_slice(&item);
-        }
-        Ok::<_, StoreError>(frame.freeze())
-    });
+            Ok::<_, StoreError>(frame.freeze())
+        });
     let body = stream::once(async move { Ok::<_, StoreError>(Bytes::from(head)) })
         .chain(items)
         .chain(stream::once(async {

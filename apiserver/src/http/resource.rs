@@ -324,11 +324,13 @@ pub async fn list<K: Strategy, S: Store>(
         limit: options.limit,
         at: list_at(&options)?,
     };
-    let list_err = |e| match e {
+    let list_err = |e| {
+        match e {
         StoreError::Expired(_) if options.continue_token.is_some() => ApiError::expired(
             "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
         ),
         e => ApiError::from_store(e, &K::INFO, ""),
+    }
     };
     // Plain JSON is served from the stored bytes, streamed; the other renderings are
     // computed from the typed objects.

@@ -276,7 +276,8 @@ impl WatchTask {
                         }
                     }
                     Err(e) => {
-                        self.cut_off::<K>(ApiError::from_store(e, &K::INFO, "")).await;
+                        self.cut_off::<K>(ApiError::from_store(e, &K::INFO, ""))
+                            .await;
                         return;
                     }
                 }

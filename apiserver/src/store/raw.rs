@@ -139,7 +139,9 @@ fn is_json_string(token: &[u8], expected: &str) -> bool {
         && token[0] == b'"'
         && token[token.len() - 1] == b'"'
         && &token[1..token.len() - 1] == expected.as_bytes()
-        && !expected.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+        && !expected
+            .bytes()
+            .any(|b| b == b'"' || b == b'\\' || b < 0x20)
 }
 
 /// A shallow JSON scanner over well-formed text (PostgreSQL's rendering of jsonb, or
@@ -224,10 +226,7 @@ impl Scanner<'_> {
     /// The members of the object at the cursor, each key (unquoted, raw) with its value's
     /// span, until `each` says stop. A key with an escape in it gives up: it could spell a
     /// name the caller looks for.
-    fn members(
-        &mut self,
-        mut each: impl FnMut(&[u8], (usize, usize)) -> bool,
-    ) -> Option<()> {
+    fn members(&mut self, mut each: impl FnMut(&[u8], (usize, usize)) -> bool) -> Option<()> {
         self.eat(b'{')?;
         if self.eat(b'}').is_some() {
             return Some(());
@@ -269,7 +268,10 @@ mod tests {
     fn splice(text: &str) -> Option<Value> {
         splice_resource_version(text, AV, "AccessSession", rv()).map(|out| {
             serde_json::from_slice(&out).unwrap_or_else(|e| {
-                panic!("spliced text is not JSON ({e}): {}", String::from_utf8_lossy(&out))
+                panic!(
+                    "spliced text is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&out)
+                )
             })
         })
     }
@@ -316,7 +318,11 @@ mod tests {
     #[test]
     fn splices_compact_and_jsonb_text_alike() {
         let b = body();
-        for text in [b.to_string(), jsonb_text(&b), serde_json::to_string_pretty(&b).unwrap()] {
+        for text in [
+            b.to_string(),
+            jsonb_text(&b),
+            serde_json::to_string_pretty(&b).unwrap(),
+        ] {
             assert_eq!(splice(&text), Some(with_rv(b.clone())), "{text}");
         }
     }
@@ -380,7 +386,11 @@ mod tests {
                 "\"metadata\":{\"resource\\u0056ersion\":\"1\",",
                 1,
             ),
-            text.replacen("\"kind\":\"AccessSession\"", "\"kind\":\"Access\\u0053ession\"", 1),
+            text.replacen(
+                "\"kind\":\"AccessSession\"",
+                "\"kind\":\"Access\\u0053ession\"",
+                1,
+            ),
         ] {
             assert_eq!(splice(&bad), None, "{bad}");
         }

@@ -17,8 +17,8 @@ use tokio_postgres::Row;
 use super::tx::{fact_of, run_reads};
 use super::{pg_err, PgStore};
 use crate::store::feed::set_resource_version;
-use crate::store::rv::{ContinueToken, ResourceVersion};
 use crate::store::raw::{self, RawItems, RawList};
+use crate::store::rv::{ContinueToken, ResourceVersion};
 use crate::store::{now, ListAt, ListQuery, ObjectList, Result, StoreError};
 
 /// Where the change log stands: its epoch, its head and the horizon after which every change
@@ -163,20 +163,8 @@ struct PageQuery {
 
 impl PageQuery {
     fn new<K: Strategy>(query: &ListQuery, columns: Columns) -> Self {
-        let mut sql = String::from(match columns {
-            Columns::Body => "SELECT namespace, name, seq, body",
-            Columns::Text { labels: false } => "SELECT namespace, name, seq, body::text",
-            Columns::Text { labels: true } => {
-                "SELECT namespace, name, seq, body::text, body #> '{metadata,labels}'"
-            }
-        });
-        sql.push_str(
-            " FROM (
-                 SELECT namespace, name, seq, body FROM objects
-                  WHERE resource = $1 AND seq <= $2 AND (resource, namespace, name) > ($1, $3, $4)",
-        );
-        let mut next_param = 5;
         let namespace = query.namespace.clone().filter(|_| K::NAMESPACED);
+        let mut next_param = 5;
         let mut conditions = String::new();
         if namespace.is_some() {
             let _ = write!(conditions, " AND namespace = ${next_param}");
@@ -187,24 +175,46 @@ impl PageQuery {
             body_conditions.push((req, next_param));
             next_param += 1;
         }
+        let limit = next_param;
+        // Each branch is ordered and limited on its own, so the objects branch reads no
+        // more than a chunk from the primary key (else every chunk would scan and sort
+        // every row after its key). The outer query renders only the chunk's rows.
+        let mut sql = String::from(
+            "SELECT namespace, name, seq, body FROM (
+                 (SELECT namespace, name, seq, body FROM objects
+                   WHERE resource = $1 AND seq <= $2 AND (resource, namespace, name) > ($1, $3, $4)",
+        );
         sql.push_str(&conditions);
         for (req, i) in &body_conditions {
             let _ = write!(sql, " AND {}", field_condition("body", req, *i));
         }
-        sql.push_str(
-            " UNION ALL
-                 SELECT namespace, name, prev_seq, before FROM (
+        let _ = write!(
+            sql,
+            " ORDER BY namespace, name LIMIT ${limit})
+             UNION ALL
+                 (SELECT namespace, name, prev_seq, before FROM (
                      SELECT DISTINCT ON (namespace, name) namespace, name, prev_seq, before FROM change_log
-                      WHERE resource = $1 AND seq > $2 AND (resource, namespace, name) > ($1, $3, $4)",
+                      WHERE resource = $1 AND seq > $2 AND (resource, namespace, name) > ($1, $3, $4)"
         );
         sql.push_str(&conditions);
         sql.push_str(" ORDER BY namespace, name, seq) h WHERE before IS NOT NULL");
         for (req, i) in &body_conditions {
             let _ = write!(sql, " AND {}", field_condition("before", req, *i));
         }
-        let _ = write!(sql, ") s ORDER BY namespace, name LIMIT ${next_param}");
-        Self {
+        let _ = write!(
             sql,
+            " ORDER BY namespace, name LIMIT ${limit})
+             ) s ORDER BY namespace, name LIMIT ${limit}"
+        );
+        let outer = match columns {
+            Columns::Body => "namespace, name, seq, body",
+            Columns::Text { labels: false } => "namespace, name, seq, body::text",
+            Columns::Text { labels: true } => {
+                "namespace, name, seq, body::text, body #> '{metadata,labels}'"
+            }
+        };
+        Self {
+            sql: format!("SELECT {outer} FROM ({sql}) p ORDER BY namespace, name"),
             resource: K::PLURAL,
             namespace,
             field_values: query.fields.0.iter().map(|r| r.value.clone()).collect(),
