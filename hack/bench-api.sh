@@ -2,6 +2,7 @@
 # API figures (watch latency at 1/100/1,000 watchers, list of 10,000, memory per watch)
 # against the real apiserver binary over a throwaway PostgreSQL. `cargo bench` builds the bench
 # and the binary it starts with the bench profile (the release settings, target/release).
+# MCP_BENCH_ONLY=list runs the lists alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh

@@ -520,6 +520,10 @@ pub trait Strategy: Kind + TableRow {
         )
     }
 
+    /// Whether [`Strategy::complete_reads`] adds to objects as read. Lists of a kind that
+    /// does are rendered through its type; the others are served from the stored JSON.
+    const COMPLETES_READS: bool = false;
+
     /// Facts that complete objects as read (fields computed when read, not stored).
     fn read_facts(_objects: &[Self], _now: Timestamp) -> Vec<Read> {
         Vec::new()

@@ -59,6 +59,23 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Peak resident memory (VmHWM) of `pid` in KiB since the last [`reset_peak`].
+fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Resets the peak resident memory of `pid` to its current resident memory.
+fn reset_peak(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -90,6 +107,12 @@ async fn start_server(dsn: &str, dir: &std::path::Path) -> Server {
     std::fs::write(
         dir.join("tokens.csv"),
         format!("{TOKEN},admin,admin,\"system:masters\"\n"),
+    )
+    .unwrap();
+    // The server refuses a token file others may read.
+    std::fs::set_permissions(
+        dir.join("tokens.csv"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-access-apiserver"))
@@ -293,6 +316,38 @@ async fn list_all(server: &Server, limit: usize) -> (Duration, usize) {
     (start.elapsed(), count)
 }
 
+/// Lists of every session: the server's peak resident memory during one one-page list
+/// (first, on a heap no earlier list has grown), then all pages of 500 and one page (median
+/// of 5 each, the client parsing every page into JSON values).
+async fn run_lists(server: &Server, pid: u32) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+    reset_peak(pid);
+    let (_, n) = list_all(server, 0).await;
+    assert_eq!(n, SESSIONS);
+    println!(
+        "list of {SESSIONS} sessions: one page peaks at {:.1} MiB resident above the {:.1} MiB before it",
+        peak_kib(pid).saturating_sub(before) as f64 / 1024.0,
+        before as f64 / 1024.0
+    );
+    println!("list of {SESSIONS} sessions (median of 5, client-side JSON parse included):");
+    for limit in [500, 0] {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let (t, n) = list_all(server, limit).await;
+            assert_eq!(n, SESSIONS);
+            times.push(t);
+        }
+        times.sort();
+        let label = if limit == 0 {
+            "one page".to_string()
+        } else {
+            format!("pages of {limit}")
+        };
+        println!("  {label:<14} {:>8.1} ms", ms(times[2]));
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -349,10 +404,18 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let server = start_server(&dsn, &dir).await;
 
+    // `MCP_BENCH_ONLY=list` measures the lists alone (a shorter run).
+    let lists_only = std::env::var("MCP_BENCH_ONLY").is_ok_and(|v| v == "list");
+    let pid = server.child.id();
+    if lists_only {
+        run_lists(&server, pid).await;
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     // Memory per idle watcher, measured first, on a fresh process, before lists
     // and latency runs have grown a heap that new watches would reuse: open 1,000
     // watches that receive nothing.
-    let pid = server.child.id();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = rss_kib(pid);
     let rv = server.current_rv("idle").await;
@@ -372,22 +435,7 @@ async fn main() {
     for t in idle {
         t.abort();
     }
-    println!("list of {SESSIONS} sessions (median of 5):");
-    for limit in [500, 0] {
-        let mut times = Vec::new();
-        for _ in 0..5 {
-            let (t, n) = list_all(&server, limit).await;
-            assert_eq!(n, SESSIONS);
-            times.push(t);
-        }
-        times.sort();
-        let label = if limit == 0 {
-            "one page".to_string()
-        } else {
-            format!("pages of {limit}")
-        };
-        println!("  {label:<14} {:>8.1} ms", ms(times[2]));
-    }
+    run_lists(&server, pid).await;
 
     println!("watch latency, write sent -> event delivered (JSON, HTTP/1.1, one connection per watcher):");
     for (watchers, writes) in [(1, 200), (100, 100), (1000, 40)] {

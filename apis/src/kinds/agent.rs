@@ -90,6 +90,8 @@ impl TableRow for Agent {
 
 impl Strategy for Agent {
     const INFO: ResourceInfo = AGENTS;
+    // `status.activeSessions` is counted when read.
+    const COMPLETES_READS: bool = true;
 
     fn validate_create(&self) -> Vec<FieldError> {
         validate_agent_spec(&self.spec)

@@ -52,6 +52,24 @@ macro_rules! serve_kinds {
     };
 }
 
+/// A response whose body is streamed (a list served as it is read) keeps its in-flight
+/// slot until the body ends: the work goes on after the handler returns.
+fn hold_while_streaming(response: Response, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+    use axum::body::HttpBody as _;
+    if response.body().size_hint().exact().is_some() {
+        return response;
+    }
+    response.map(|body| {
+        axum::body::Body::from_stream(futures::StreamExt::map(
+            body.into_data_stream(),
+            move |frame| {
+                let _held = &permit;
+                frame
+            },
+        ))
+    })
+}
+
 /// Settings of the HTTP layer.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
@@ -178,7 +196,10 @@ impl<S: Store + Clone> AppState<S> {
         };
         self.metrics
             .count((&verb, &method), &resource, &response, started);
-        response
+        match _permit {
+            Some(permit) => hold_while_streaming(response, permit),
+            None => response,
+        }
     }
 
     async fn route(

@@ -3,15 +3,17 @@
 
 use apis::table::TableRow;
 use apis::Kind;
+use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::stream::{self, StreamExt};
 use http::{header, HeaderValue, StatusCode};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Map, Value};
 
 use super::error::{ApiError, ApiResult};
 use super::request::{IncludeObject, Rendering};
-use crate::store::{Event, EventType, ResourceVersion};
+use crate::store::{Event, EventType, RawList, ResourceVersion, StoreError};
 
 const META_V1: &str = "meta.k8s.io/v1";
 
@@ -150,6 +152,57 @@ pub fn render_list<K: Renderable>(
         )?,
     })
 }
+
+/// A list of served JSON items as a streamed body: the envelope, then the items as the
+/// store yields them. An error after the first byte ends the body abnormally (the
+/// connection is reset before the end of the chunked body): a client never sees a list cut
+/// short that looks complete.
+pub fn streamed_list(list_kind: &str, list: RawList) -> Response {
+    let mut metadata = Map::new();
+    metadata.insert(
+        "resourceVersion".into(),
+        Value::String(list.resource_version.to_string()),
+    );
+    if let Some(c) = list.continue_token {
+        metadata.insert("continue".into(), Value::String(c));
+    }
+    let head = format!(
+        "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
+        Value::from(list_kind),
+        Value::from(apis::API_VERSION),
+        Value::Object(metadata)
+    );
+    let mut first = true;
+    let items = list
+        .items
+        .ready_chunks(STREAMED_ITEMS_PER_FRAME)
+        .map(move |batch| {
+            let mut frame = BytesMut::new();
+            for item in batch {
+                let item = item.inspect_err(|e| {
+                    tracing::warn!(error = %e, "list ended abnormally after its first bytes");
+                })?;
+                if !std::mem::take(&mut first) {
+                    frame.put_u8(b',');
+                }
+                frame.extend_from_slice(&item);
+            }
+            Ok::<_, StoreError>(frame.freeze())
+        });
+    let body = stream::once(async move { Ok::<_, StoreError>(Bytes::from(head)) })
+        .chain(items)
+        .chain(stream::once(async {
+            Ok::<_, StoreError>(Bytes::from_static(b"]}"))
+        }));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// Items of a streamed list written per body frame, at most (as many as are ready).
+const STREAMED_ITEMS_PER_FRAME: usize = 256;
 
 /// Encodes one watch event line (`{"type":…,"object":…}\n`).
 pub fn watch_line(event_type: &str, object: &Value) -> Bytes {

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
 use super::patch::{self, PatchType, PATCH_TYPES};
-use super::render::{json_response, object_json, render_list, render_object};
+use super::render::{json_response, object_json, render_list, render_object, streamed_list};
 use super::request::{FieldValidation, ListOptions, Params, Rendering, RvMatch};
 use super::MAX_OBJECT_BYTES;
 use crate::auth::UserInfo;
@@ -324,12 +324,21 @@ pub async fn list<K: Strategy, S: Store>(
         limit: options.limit,
         at: list_at(&options)?,
     };
-    let list = store.list::<K>(&query).await.map_err(|e| match e {
+    let list_err = |e| {
+        match e {
         StoreError::Expired(_) if options.continue_token.is_some() => ApiError::expired(
             "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
         ),
         e => ApiError::from_store(e, &K::INFO, ""),
-    })?;
+    }
+    };
+    // Plain JSON is served from the stored bytes, streamed; the other renderings are
+    // computed from the typed objects.
+    if rendering == Rendering::Object {
+        let list = store.list_raw::<K>(&query).await.map_err(list_err)?;
+        return Ok(streamed_list(K::INFO.list_kind, list));
+    }
+    let list = store.list::<K>(&query).await.map_err(list_err)?;
     let body = render_list(
         &list.items,
         K::INFO.list_kind,

@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use http::{header, StatusCode};
 use rand::Rng;
 use serde_json::Value;
@@ -17,7 +18,9 @@ use super::error::{ApiError, ApiResult};
 use super::render::{bookmark_line, event_line, object_json, table, watch_line};
 use super::request::{ListOptions, Rendering};
 use super::AppState;
-use crate::store::{Event, EventType, ListAt, ListQuery, ResourceVersion, Store, Subscription};
+use crate::store::{
+    Event, EventType, ListAt, ListQuery, RawItems, ResourceVersion, Store, Subscription,
+};
 use apis::strategy::Strategy;
 
 /// Lines queued between the watch task and the connection.
@@ -78,6 +81,16 @@ impl Selection {
     }
 }
 
+/// The ADDED line of a served JSON object.
+fn added_line(object: &[u8]) -> Bytes {
+    const START: &[u8] = br#"{"type":"ADDED","object":"#;
+    let mut line = Vec::with_capacity(START.len() + object.len() + 2);
+    line.extend_from_slice(START);
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
+}
+
 fn error_line(err: &ApiError) -> Bytes {
     watch_line("ERROR", &err.to_status())
 }
@@ -109,20 +122,27 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
 
     // Resolve the starting point before answering, so early failures are plain errors.
     let mut lines: Vec<Bytes> = Vec::new();
+    let mut raw_initial: Option<RawItems> = None;
     let mut first = true;
     let start: Result<(Subscription, Option<ResourceVersion>), ApiError> = async {
         if initial {
-            let list = app
-                .store
-                .list::<K>(&ListQuery {
-                    namespace: selection.namespace.clone(),
-                    labels: selection.options.labels.clone(),
-                    fields: selection.options.fields.clone(),
-                    limit: None,
-                    at: ListAt::Latest,
-                })
-                .await
-                .map_err(|e| ApiError::from_store(e, &K::INFO, ""))?;
+            let query = ListQuery {
+                namespace: selection.namespace.clone(),
+                labels: selection.options.labels.clone(),
+                fields: selection.options.fields.clone(),
+                limit: None,
+                at: ListAt::Latest,
+            };
+            let store_err = |e| ApiError::from_store(e, &K::INFO, "");
+            // Plain JSON: the stored bytes, streamed by the watch task.
+            if rendering == Rendering::Object {
+                let list = app.store.list_raw::<K>(&query).await.map_err(store_err)?;
+                raw_initial = Some(list.items);
+                let end = selection.options.send_initial_events.then_some(list.resource_version);
+                let sub = app.store.subscribe(list.resource_version).await.map_err(store_err)?;
+                return Ok((sub, end));
+            }
+            let list = app.store.list::<K>(&query).await.map_err(store_err)?;
             for item in &list.items {
                 let object = object_json(item)?;
                 let rendered = match rendering {
@@ -187,7 +207,9 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
         _slot: slot,
     };
     // The watch outlives the request's handler but stays in its span.
-    tokio::spawn(tracing::Instrument::in_current_span(task.run::<K>(lines)));
+    tokio::spawn(tracing::Instrument::in_current_span(
+        task.run::<K>(raw_initial, lines),
+    ));
     Ok(stream_response(rx))
 }
 
@@ -241,8 +263,26 @@ impl WatchTask {
         self.send(error_line(&e)).await;
     }
 
-    async fn run<K: Strategy>(mut self, initial: Vec<Bytes>) {
+    /// Sends the initial events (`raw`: served JSON items still to read, each an ADDED;
+    /// then `initial`: lines ready to send), then follows the feed.
+    async fn run<K: Strategy>(mut self, raw: Option<RawItems>, initial: Vec<Bytes>) {
         let _gauge = self.metrics.watch_started(K::PLURAL);
+        if let Some(mut items) = raw {
+            while let Some(item) = items.next().await {
+                match item {
+                    Ok(object) => {
+                        if !self.send(added_line(&object)).await {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        self.cut_off::<K>(ApiError::from_store(e, &K::INFO, ""))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        }
         for line in initial {
             if !self.send(line).await {
                 return;

@@ -7,6 +7,7 @@ mod feed;
 mod memory;
 mod migrate;
 mod pg;
+mod raw;
 pub mod rv;
 mod transact;
 
@@ -23,6 +24,7 @@ pub use feed::{
 pub use memory::MemoryStore;
 pub use migrate::apply_migrations;
 pub use pg::{PgStore, StoreConfig};
+pub use raw::{RawItems, RawList};
 pub use rv::{ContinueToken, ResourceVersion};
 pub use transact::{collect_completed_enrollments, transact, EXPIRY_BATCH};
 
@@ -220,6 +222,13 @@ pub trait Store: Send + Sync + 'static {
     async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K>;
     /// Lists objects at a consistent snapshot.
     async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>>;
+    /// Lists objects as [`list`](Store::list) does, as served JSON (`apiVersion`, `kind`
+    /// and `metadata.resourceVersion` set) streamed in list order. Errors before any item
+    /// are returned here; an error in the stream means the list cannot be completed. By
+    /// default the typed page, encoded.
+    async fn list_raw<K: Strategy>(&self, query: &ListQuery) -> Result<RawList> {
+        raw::from_typed(self.list::<K>(query).await?)
+    }
     /// Creates an object as its strategy admits it.
     async fn create<K: Strategy>(
         &self,

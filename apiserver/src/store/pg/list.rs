@@ -1,17 +1,23 @@
 //! Reads: one object, and list pages at a consistent snapshot (with continue tokens) served
 //! from `objects` and the change log's before-images.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
-use apis::selector::FieldRequirement;
+use apis::selector::{FieldRequirement, LabelSelector};
 use apis::strategy::{Facts, Stop, Strategy};
+use bytes::Bytes;
 use deadpool_postgres::GenericClient;
+use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 use super::tx::{fact_of, run_reads};
 use super::{pg_err, PgStore};
 use crate::store::feed::set_resource_version;
+use crate::store::raw::{self, RawItems, RawList};
 use crate::store::rv::{ContinueToken, ResourceVersion};
 use crate::store::{now, ListAt, ListQuery, ObjectList, Result, StoreError};
 
@@ -106,6 +112,153 @@ pub(super) async fn get<K: Strategy>(store: &PgStore, namespace: &str, name: &st
     Ok(object)
 }
 
+/// The snapshot a list reads and where it starts: `(at, after)`.
+fn resolve(at: &ListAt, head: &Head) -> Result<(u64, (String, String))> {
+    match at {
+        ListAt::Latest => Ok((head.seq, (String::new(), String::new()))),
+        ListAt::Exact { rv, after } => {
+            check_served(*rv, head, |rv| {
+                format!(
+                    "The provided continue parameter is too old to display a consistent list result. \
+                     You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
+                )
+            })?;
+            Ok((rv.seq, after.clone().unwrap_or_default()))
+        }
+    }
+}
+
+/// `Expired` unless the state at `rv` can still be read: its epoch is current and the log
+/// holds every change after it.
+fn check_served(
+    rv: ResourceVersion,
+    head: &Head,
+    message: impl FnOnce(ResourceVersion) -> String,
+) -> Result<()> {
+    if rv.epoch != head.epoch || rv.seq > head.seq || rv.seq < head.horizon {
+        return Err(StoreError::Expired(message(rv)));
+    }
+    Ok(())
+}
+
+/// What the page query returns per row after `namespace, name, seq`.
+#[derive(Clone, Copy)]
+enum Columns {
+    /// The body as jsonb (typed lists).
+    Body,
+    /// The body as text, and its labels when a label selector needs them (raw lists).
+    Text { labels: bool },
+}
+
+/// The page query of a list: the rows whose last change is at or before `$2` after the key
+/// (`$3`, `$4`), with the before-image of the first change after `$2` of every other key,
+/// in key order, at most the last parameter's rows. Field selectors are conditions on the
+/// body; the namespace and the field values are bound parameters.
+struct PageQuery {
+    sql: String,
+    resource: &'static str,
+    namespace: Option<String>,
+    field_values: Vec<String>,
+}
+
+impl PageQuery {
+    fn new<K: Strategy>(query: &ListQuery, columns: Columns) -> Self {
+        let namespace = query.namespace.clone().filter(|_| K::NAMESPACED);
+        let mut next_param = 5;
+        let mut conditions = String::new();
+        if namespace.is_some() {
+            let _ = write!(conditions, " AND namespace = ${next_param}");
+            next_param += 1;
+        }
+        let mut body_conditions = Vec::new();
+        for req in &query.fields.0 {
+            body_conditions.push((req, next_param));
+            next_param += 1;
+        }
+        let limit = next_param;
+        // Each branch is ordered and limited on its own, so the objects branch reads no
+        // more than a chunk from the primary key (else every chunk would scan and sort
+        // every row after its key). The outer query renders only the chunk's rows.
+        let mut sql = String::from(
+            "SELECT namespace, name, seq, body FROM (
+                 (SELECT namespace, name, seq, body FROM objects
+                   WHERE resource = $1 AND seq <= $2 AND (resource, namespace, name) > ($1, $3, $4)",
+        );
+        sql.push_str(&conditions);
+        for (req, i) in &body_conditions {
+            let _ = write!(sql, " AND {}", field_condition("body", req, *i));
+        }
+        let _ = write!(
+            sql,
+            " ORDER BY namespace, name LIMIT ${limit})
+             UNION ALL
+                 (SELECT namespace, name, prev_seq, before FROM (
+                     SELECT DISTINCT ON (namespace, name) namespace, name, prev_seq, before FROM change_log
+                      WHERE resource = $1 AND seq > $2 AND (resource, namespace, name) > ($1, $3, $4)"
+        );
+        sql.push_str(&conditions);
+        sql.push_str(" ORDER BY namespace, name, seq) h WHERE before IS NOT NULL");
+        for (req, i) in &body_conditions {
+            let _ = write!(sql, " AND {}", field_condition("before", req, *i));
+        }
+        let _ = write!(
+            sql,
+            " ORDER BY namespace, name LIMIT ${limit})
+             ) s ORDER BY namespace, name LIMIT ${limit}"
+        );
+        let outer = match columns {
+            Columns::Body => "namespace, name, seq, body",
+            Columns::Text { labels: false } => "namespace, name, seq, body::text",
+            Columns::Text { labels: true } => {
+                "namespace, name, seq, body::text, body #> '{metadata,labels}'"
+            }
+        };
+        Self {
+            sql: format!("SELECT {outer} FROM ({sql}) p ORDER BY namespace, name"),
+            resource: K::PLURAL,
+            namespace,
+            field_values: query.fields.0.iter().map(|r| r.value.clone()).collect(),
+        }
+    }
+
+    /// At most `limit` rows of the state at sequence `at`, after the key `after`.
+    async fn rows(
+        &self,
+        client: &impl GenericClient,
+        at: u64,
+        after: &(String, String),
+        limit: usize,
+    ) -> Result<Vec<Row>> {
+        let stmt = client.prepare_cached(&self.sql).await.map_err(pg_err)?;
+        let (at, limit) = (at as i64, limit as i64);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&self.resource, &at, &after.0, &after.1];
+        if let Some(ns) = &self.namespace {
+            params.push(ns);
+        }
+        for value in &self.field_values {
+            params.push(value);
+        }
+        params.push(&limit);
+        client.query(&stmt, &params).await.map_err(pg_err)
+    }
+}
+
+/// The key of a page row.
+fn key_of(row: &Row) -> (String, String) {
+    (row.get(0), row.get(1))
+}
+
+/// Whether a row's labels satisfy the selector (labels that are not a map of strings are
+/// no labels, as everywhere else).
+fn labels_match(selector: &LabelSelector, value: Option<Value>) -> bool {
+    if selector.is_empty() {
+        return true;
+    }
+    let labels: Option<BTreeMap<String, String>> =
+        value.and_then(|l| serde_json::from_value(l).ok());
+    selector.matches(labels.as_ref())
+}
+
 pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Result<ObjectList<K>> {
     let mut client = store.client().await?;
     let tx = client
@@ -115,90 +268,22 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
         .start()
         .await
         .map_err(pg_err)?;
-    let Head {
-        epoch,
-        seq: head_seq,
-        horizon,
-    } = head(&tx).await?;
-    let (at, mut after) = match &query.at {
-        ListAt::Latest => (head_seq, (String::new(), String::new())),
-        ListAt::Exact { rv, after } => {
-            if rv.epoch != epoch || rv.seq > head_seq || rv.seq < horizon {
-                return Err(StoreError::Expired(format!(
-                    "The provided continue parameter is too old to display a consistent list result. \
-                     You can start a new list without the continue parameter (resourceVersion {rv} is no longer served)"
-                )));
-            }
-            (rv.seq, after.clone().unwrap_or_default())
-        }
-    };
+    let head = head(&tx).await?;
+    let epoch = head.epoch;
+    let (at, mut after) = resolve(&query.at, &head)?;
     let rv = ResourceVersion::new(epoch, at);
-
-    let mut sql = String::from(
-        "SELECT namespace, name, seq, body FROM (
-             SELECT namespace, name, seq, body FROM objects
-              WHERE resource = $1 AND seq <= $2 AND (resource, namespace, name) > ($1, $3, $4)",
-    );
-    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = vec![
-        Box::new(K::PLURAL),
-        Box::new(at as i64),
-        Box::new(String::new()),
-        Box::new(String::new()),
-    ];
-    let mut conditions = String::new();
-    if let Some(ns) = query.namespace.as_ref().filter(|_| K::NAMESPACED) {
-        params.push(Box::new(ns.clone()));
-        let _ = write!(conditions, " AND namespace = ${}", params.len());
-    }
-    let mut body_conditions = Vec::new();
-    for req in &query.fields.0 {
-        params.push(Box::new(req.value.clone()));
-        body_conditions.push((req, params.len()));
-    }
-    sql.push_str(&conditions);
-    for (req, i) in &body_conditions {
-        let _ = write!(sql, " AND {}", field_condition("body", req, *i));
-    }
-    sql.push_str(
-        " UNION ALL
-             SELECT namespace, name, prev_seq, before FROM (
-                 SELECT DISTINCT ON (namespace, name) namespace, name, prev_seq, before FROM change_log
-                  WHERE resource = $1 AND seq > $2 AND (resource, namespace, name) > ($1, $3, $4)",
-    );
-    sql.push_str(&conditions);
-    sql.push_str(" ORDER BY namespace, name, seq) h WHERE before IS NOT NULL");
-    for (req, i) in &body_conditions {
-        let _ = write!(sql, " AND {}", field_condition("before", req, *i));
-    }
-    params.push(Box::new(0i64));
-    let limit_param = params.len();
-    let _ = write!(sql, ") s ORDER BY namespace, name LIMIT ${limit_param}");
-
-    let stmt = tx.prepare_cached(&sql).await.map_err(pg_err)?;
+    let page = PageQuery::new::<K>(query, Columns::Body);
     let want = query.limit.filter(|l| *l > 0);
     let mut items = Vec::new();
     let mut more = false;
     loop {
-        let chunk = want
-            .map_or(LIST_CHUNK, |w| (w + 1 - items.len()).max(64))
-            .min(LIST_CHUNK * 5);
-        params[2] = Box::new(after.0.clone());
-        params[3] = Box::new(after.1.clone());
-        params[limit_param - 1] = Box::new(chunk as i64);
-        let refs: Vec<&(dyn ToSql + Sync)> = params
-            .iter()
-            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        let rows = tx.query(&stmt, &refs).await.map_err(pg_err)?;
+        let chunk = chunk_size(want, items.len());
+        let rows = page.rows(&tx, at, &after, chunk).await?;
         let exhausted = rows.len() < chunk;
         for row in rows {
-            let (ns, name): (String, String) = (row.get(0), row.get(1));
+            after = key_of(&row);
             let body: Value = row.get(3);
-            after = (ns, name);
-            let labels = body
-                .pointer("/metadata/labels")
-                .and_then(|l| serde_json::from_value(l.clone()).ok());
-            if !query.labels.matches(labels.as_ref()) {
+            if !labels_match(&query.labels, body.pointer("/metadata/labels").cloned()) {
                 continue;
             }
             if want.is_some_and(|w| items.len() == w) {
@@ -217,12 +302,7 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
             .last()
             .map(|(_, _, key)| key.clone())
             .unwrap_or_default();
-        ContinueToken {
-            rv: rv.to_string(),
-            ns,
-            name,
-        }
-        .encode()
+        continue_token(rv, ns, name)
     });
     let mut objects = items
         .into_iter()
@@ -235,6 +315,192 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
         resource_version: rv,
         continue_token,
     })
+}
+
+/// Rows to ask for next while filling a page of `want` that holds `have`.
+fn chunk_size(want: Option<usize>, have: usize) -> usize {
+    want.map_or(LIST_CHUNK, |w| (w + 1 - have).max(64))
+        .min(LIST_CHUNK * 5)
+}
+
+fn continue_token(rv: ResourceVersion, ns: String, name: String) -> String {
+    ContinueToken {
+        rv: rv.to_string(),
+        ns,
+        name,
+    }
+    .encode()
+}
+
+/// A list served from the stored text (see `store/raw.rs`). A page (`limit`) is read in
+/// one snapshot and held as bytes: its continue token goes before its items. A whole list
+/// is streamed: the first chunk is read with the snapshot's head, every later chunk in a
+/// short transaction of its own at that snapshot's resourceVersion (served from the change
+/// log's before-images, as continue pages are), so a slow reader holds neither a
+/// connection nor a snapshot, and memory does not grow with the list.
+pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) -> Result<RawList> {
+    if K::COMPLETES_READS {
+        return raw::from_typed(list::<K>(store, query).await?);
+    }
+    let page = PageQuery::new::<K>(
+        query,
+        Columns::Text {
+            labels: !query.labels.is_empty(),
+        },
+    );
+    let mut client = store.client().await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(pg_err)?;
+    let head = head(&tx).await?;
+    let epoch = head.epoch;
+    let (at, mut after) = resolve(&query.at, &head)?;
+    let rv = ResourceVersion::new(epoch, at);
+    let items = match query.limit.filter(|l| *l > 0) {
+        Some(want) => {
+            let mut items = Vec::new();
+            let mut last = (String::new(), String::new());
+            let mut more = false;
+            loop {
+                let chunk = chunk_size(Some(want), items.len());
+                let rows = page.rows(&tx, at, &after, chunk).await?;
+                let exhausted = rows.len() < chunk;
+                for row in rows {
+                    after = key_of(&row);
+                    if !raw_labels_match(&row, &query.labels) {
+                        continue;
+                    }
+                    if items.len() == want {
+                        more = true;
+                        break;
+                    }
+                    items.push(raw_item::<K>(&row, epoch)?);
+                    last = after.clone();
+                }
+                if more || exhausted {
+                    break;
+                }
+            }
+            tx.commit().await.map_err(pg_err)?;
+            return Ok(RawList {
+                resource_version: rv,
+                continue_token: more.then(|| continue_token(rv, last.0, last.1)),
+                items: Box::pin(stream::iter(items.into_iter().map(Ok))),
+            });
+        }
+        None => {
+            let rows = page.rows(&tx, at, &after, LIST_CHUNK).await?;
+            tx.commit().await.map_err(pg_err)?;
+            drop(client);
+            let exhausted = rows.len() < LIST_CHUNK;
+            let items = raw_chunk::<K>(&rows, epoch, &query.labels, &mut after)?;
+            let first = stream::iter(items.into_iter().map(Ok));
+            if exhausted {
+                Box::pin(first) as RawItems
+            } else {
+                let rest = Chunks {
+                    store: store.clone(),
+                    page: Arc::new(page),
+                    labels: Arc::new(query.labels.clone()),
+                    rv,
+                    after,
+                };
+                Box::pin(first.chain(rest.stream::<K>()))
+            }
+        }
+    };
+    Ok(RawList {
+        resource_version: rv,
+        continue_token: None,
+        items,
+    })
+}
+
+/// Whether a raw page row's labels (its fifth column, present when a label selector is)
+/// satisfy the selector.
+fn raw_labels_match(row: &Row, labels: &LabelSelector) -> bool {
+    labels.is_empty() || labels_match(labels, row.get::<_, Option<Value>>(4))
+}
+
+/// The served JSON of a raw page row.
+fn raw_item<K: Strategy>(row: &Row, epoch: u32) -> Result<Bytes> {
+    let seq = row.get::<_, i64>(2) as u64;
+    raw::served_json::<K>(row.get::<_, &str>(3), ResourceVersion::new(epoch, seq))
+}
+
+/// The served JSON of the rows of one chunk that the selector keeps; `after` moves to the
+/// last row's key.
+fn raw_chunk<K: Strategy>(
+    rows: &[Row],
+    epoch: u32,
+    labels: &LabelSelector,
+    after: &mut (String, String),
+) -> Result<Vec<Bytes>> {
+    let mut items = Vec::with_capacity(rows.len());
+    for row in rows {
+        if raw_labels_match(row, labels) {
+            items.push(raw_item::<K>(row, epoch)?);
+        }
+    }
+    if let Some(row) = rows.last() {
+        *after = key_of(row);
+    }
+    Ok(items)
+}
+
+/// The chunks of a streamed list after its first: each read in a transaction of its own at
+/// the list's resourceVersion.
+struct Chunks {
+    store: PgStore,
+    page: Arc<PageQuery>,
+    labels: Arc<LabelSelector>,
+    rv: ResourceVersion,
+    after: (String, String),
+}
+
+impl Chunks {
+    /// The next chunk's items, or `None` after the last chunk.
+    async fn next<K: Strategy>(mut self) -> Result<Option<(Vec<Bytes>, Option<Self>)>> {
+        let mut client = self.store.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(pg_err)?;
+        let head = head(&tx).await?;
+        check_served(self.rv, &head, |rv| {
+            format!(
+                "the list's resourceVersion {rv} is no longer served (the change log was trimmed \
+                 or the epoch rotated while the list was read); list again"
+            )
+        })?;
+        let rows = self
+            .page
+            .rows(&tx, self.rv.seq, &self.after, LIST_CHUNK)
+            .await?;
+        tx.commit().await.map_err(pg_err)?;
+        drop(client);
+        let exhausted = rows.len() < LIST_CHUNK;
+        let items = raw_chunk::<K>(&rows, self.rv.epoch, &self.labels, &mut self.after)?;
+        Ok(Some((items, (!exhausted).then_some(self))))
+    }
+
+    fn stream<K: Strategy>(self) -> impl futures::Stream<Item = Result<Bytes>> + Send + 'static {
+        stream::try_unfold(Some(self), |chunks| async move {
+            match chunks {
+                None => Ok(None),
+                Some(chunks) => chunks.next::<K>().await,
+            }
+        })
+        .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
+        .try_flatten()
+    }
 }
 
 /// The SQL condition for one field requirement. Paths come from `Kind::FIELDS` (static,

@@ -372,6 +372,10 @@ impl Store for PgStore {
         list::list(self, query).await
     }
 
+    async fn list_raw<K: Strategy>(&self, query: &ListQuery) -> Result<crate::store::RawList> {
+        list::list_raw::<K>(self, query).await
+    }
+
     async fn create<K: Strategy>(
         &self,
         mut object: K,
