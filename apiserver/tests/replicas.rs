@@ -49,7 +49,10 @@ async fn writes_through_a_reach_watchers_on_b_in_order_and_so_does_a_revocation(
                     .unwrap();
                 assert_eq!(resp.status(), 201);
                 let body: serde_json::Value = resp.json().await.unwrap();
-                let rv = body["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+                let rv = body["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
                 mine.push((rv_parts(&rv).1, name));
             }
             mine
@@ -61,7 +64,9 @@ async fn writes_through_a_reach_watchers_on_b_in_order_and_so_does_a_revocation(
     acked.sort();
     let mut record = Record::default();
     record
-        .follow(&mut watch, Duration::from_secs(10), |r| r.events.len() >= acked.len())
+        .follow(&mut watch, Duration::from_secs(10), |r| {
+            r.events.len() >= acked.len()
+        })
         .await;
     let seen: Vec<(u64, String)> = record
         .events
@@ -71,7 +76,10 @@ async fn writes_through_a_reach_watchers_on_b_in_order_and_so_does_a_revocation(
             (*seq, name.clone())
         })
         .collect();
-    assert_eq!(seen, acked, "B's watcher saw A's writes out of order or incompletely");
+    assert_eq!(
+        seen, acked,
+        "B's watcher saw A's writes out of order or incompletely"
+    );
 
     // Revocation through A, seen by a watcher on B (the feed a gateway on B reads).
     let mut delays = Vec::new();
@@ -184,7 +192,10 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
                     Ok(resp) => {
                         let status = resp.status();
                         let body = resp.text().await.unwrap_or_default();
-                        failed.lock().unwrap().push(format!("{name}: {status} {body}"));
+                        failed
+                            .lock()
+                            .unwrap()
+                            .push(format!("{name}: {status} {body}"));
                     }
                     // The process died under the request: outcome unknown, checked below.
                     Err(_) => {
@@ -204,7 +215,10 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
     }
     assert!(before_kill > 20, "the writers hardly wrote: {before_kill}");
     let failed = failed.lock().unwrap().clone();
-    assert!(failed.is_empty(), "writes answered otherwise than 201: {failed:?}");
+    assert!(
+        failed.is_empty(),
+        "writes answered otherwise than 201: {failed:?}"
+    );
 
     // Every acknowledged write is committed, with the resourceVersion it was acknowledged at.
     let pg = db.client().await;
@@ -218,7 +232,11 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
         .collect();
     let acked = acked.lock().unwrap().clone();
     for (name, seq) in &acked {
-        assert_eq!(logged.get(name), Some(seq), "acknowledged write {name} is not in the log");
+        assert_eq!(
+            logged.get(name),
+            Some(seq),
+            "acknowledged write {name} is not in the log"
+        );
     }
     // Nothing half-applied: every logged change has its object, and no object lacks its change.
     let objects: BTreeSet<String> = pg
@@ -234,7 +252,10 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
     assert_eq!(objects, logged.keys().cloned().collect::<BTreeSet<_>>());
 
     // One more write through B after the writers stopped: watchers caught up to it are done.
-    let (status, _) = b.create_session(&client, "kill", "after-kill").await.unwrap();
+    let (status, _) = b
+        .create_session(&client, "kill", "after-kill")
+        .await
+        .unwrap();
     assert_eq!(status, 201);
     let log = change_log(&pg, rv_parts(&from).1).await;
     let mut relists = 0;
@@ -277,7 +298,10 @@ async fn a_rolling_restart_with_1000_open_watches_makes_nobody_relist() {
         Replica::start(&shared, "b", &dsn_of(&db), &[]).await,
     ];
     let client = shared.http();
-    let (status, _) = replicas[0].create_session(&client, "roll", "first").await.unwrap();
+    let (status, _) = replicas[0]
+        .create_session(&client, "roll", "first")
+        .await
+        .unwrap();
     assert_eq!(status, 201);
     let from = replicas[0].list_rv(&client, "roll").await;
 
@@ -332,7 +356,10 @@ async fn a_rolling_restart_with_1000_open_watches_makes_nobody_relist() {
             }
             if *on == restarted && record.events.last().is_none_or(|(_, n, _)| *n != name) {
                 // Its stream ended with the process: resume where it was, on the new process.
-                assert!(record.ended || record.error.is_some(), "a watch on the stopped replica went on");
+                assert!(
+                    record.ended || record.error.is_some(),
+                    "a watch on the stopped replica went on"
+                );
                 let mut again = match replicas[restarted]
                     .watch(&client, "roll", &record.last_rv)
                     .await
@@ -384,7 +411,10 @@ async fn a_dump_restored_into_a_fresh_database_makes_every_watcher_relist() {
     let mut b = Replica::start(&shared, "b", &dsn_of(&live), &[]).await;
     let client = shared.http();
     for i in 0..5 {
-        let (status, _) = a.create_session(&client, "rst", &format!("kept-{i}")).await.unwrap();
+        let (status, _) = a
+            .create_session(&client, "rst", &format!("kept-{i}"))
+            .await
+            .unwrap();
         assert_eq!(status, 201);
     }
     let dump = shared.dir.join("backup.dump");
@@ -398,7 +428,10 @@ async fn a_dump_restored_into_a_fresh_database_makes_every_watcher_relist() {
         .unwrap();
     assert!(out.status.success(), "pg_dump: {out:?}");
     for i in 0..10 {
-        let (status, _) = b.create_session(&client, "rst", &format!("lost-{i}")).await.unwrap();
+        let (status, _) = b
+            .create_session(&client, "rst", &format!("lost-{i}"))
+            .await
+            .unwrap();
         assert_eq!(status, 201);
     }
     let seen = a.list_rv(&client, "rst").await;
@@ -426,18 +459,26 @@ async fn a_dump_restored_into_a_fresh_database_makes_every_watcher_relist() {
     );
     // The restored history goes on past the sequence the watchers had seen.
     for i in 0..15 {
-        let (status, _) = a.create_session(&client, "rst", &format!("new-{i}")).await.unwrap();
+        let (status, _) = a
+            .create_session(&client, "rst", &format!("new-{i}"))
+            .await
+            .unwrap();
         assert_eq!(status, 201);
     }
     for replica in [&a, &b] {
         let mut w = replica.watch(&client, "rst", &seen).await.unwrap();
         let mut record = Record::default();
-        record.follow(&mut w, Duration::from_secs(10), |_| false).await;
+        record
+            .follow(&mut w, Duration::from_secs(10), |_| false)
+            .await;
         assert!(
             record.relisted() && record.events.is_empty(),
             "a watcher resumed on the restored database: {record:?}"
         );
-        let message = record.error.unwrap()["message"].as_str().unwrap().to_string();
+        let message = record.error.unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
         assert!(message.contains("change history was reset"), "{message}");
         assert!(!message.contains("fell behind"), "{message}");
     }

@@ -69,7 +69,9 @@ impl Snapshot {
     /// Why this history cannot be trusted to be the one the epoch was minted on, if it cannot.
     pub fn reset_reason(&self, unknown: Unknown) -> Option<String> {
         if self.rotate_requested {
-            return Some("sync_state.rotate_requested is set (the database was marked restored)".into());
+            return Some(
+                "sync_state.rotate_requested is set (the database was marked restored)".into(),
+            );
         }
         let (m, l) = (&self.minted, &self.live);
         if let (Some(a), Some(b)) = (&m.system_id, &l.system_id) {
@@ -300,11 +302,17 @@ mod tests {
         };
         let live = identity("1", 1, 5, 9);
         let s = mk_snapshot(unknown, live.clone());
-        assert!(s.reset_reason(Unknown::Rotates).unwrap().contains("older version"));
+        assert!(s
+            .reset_reason(Unknown::Rotates)
+            .unwrap()
+            .contains("older version"));
         assert_eq!(s.reset_reason(Unknown::Ignored), None);
         let mut unreadable = live.clone();
         unreadable.system_id = None;
         let s = mk_snapshot(live, unreadable);
-        assert!(s.reset_reason(Unknown::Rotates).unwrap().contains("cannot be read"));
+        assert!(s
+            .reset_reason(Unknown::Rotates)
+            .unwrap()
+            .contains("cannot be read"));
     }
 }

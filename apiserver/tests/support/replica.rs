@@ -51,9 +51,8 @@ impl Shared {
         )
         .unwrap();
         std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let cert =
-            rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-                .unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+            .unwrap();
         let ca_pem = cert.cert.pem();
         std::fs::write(dir.join("tls.crt"), &ca_pem).unwrap();
         let key_path = dir.join("tls.key");
@@ -164,7 +163,12 @@ impl Replica {
             if self.readyz().await == 200 {
                 return;
             }
-            assert!(Instant::now() < deadline, "{} is not ready: {}", self.name, self.log());
+            assert!(
+                Instant::now() < deadline,
+                "{} is not ready: {}",
+                self.name,
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -308,15 +312,14 @@ impl Drop for Replica {
 }
 
 pub fn signal(sig: &str, pid: u32) {
-    let _ = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status();
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
 }
 
 pub const SERVER_UID: &str = "0b6f6f6e-0000-4000-8000-000000000001";
 
 pub fn session_json(name: &str) -> Value {
-    let expires = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(2);
+    let expires =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(2);
     let expires = k8s_openapi::jiff::Timestamp::from_second(expires.as_second()).unwrap();
     json!({
         "apiVersion": apis::API_VERSION,
@@ -389,7 +392,10 @@ impl Record {
         if self.epoch == 0 {
             self.epoch = epoch;
         }
-        assert_eq!(epoch, self.epoch, "an event of another epoch without a 410 first: {e}");
+        assert_eq!(
+            epoch, self.epoch,
+            "an event of another epoch without a 410 first: {e}"
+        );
         if kind != "BOOKMARK" {
             let name = e["object"]["metadata"]["name"]
                 .as_str()
@@ -516,7 +522,11 @@ impl OwnPostgres {
         let Ok(pidfile) = std::fs::read_to_string(self.data().join("postmaster.pid")) else {
             return;
         };
-        let Some(pid) = pidfile.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) else {
+        let Some(pid) = pidfile
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        else {
             return;
         };
         let children = Command::new("pgrep")
@@ -541,7 +551,10 @@ impl OwnPostgres {
 
     /// A libpq DSN of database `db` on this cluster, at `port` (a proxy's, or the cluster's).
     pub fn dsn(&self, db: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={db}", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db}",
+            self.port
+        )
     }
 
     pub async fn client(&self, db: &str) -> tokio_postgres::Client {
