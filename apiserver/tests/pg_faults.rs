@@ -224,6 +224,20 @@ async fn kill_9_of_postgres_under_load_fails_cleanly_and_no_watcher_sees_a_gap()
         acked_while_down.is_empty(),
         "writes acknowledged while the database was down: {acked_while_down:?}"
     );
+    // A crash and restart of the same database is the same history: the epoch stays.
+    for replica in [&a, &b] {
+        let log = replica.log();
+        assert!(
+            !log.contains("the change history was reset") && !log.contains("the epoch changed"),
+            "a restart of PostgreSQL rotated the epoch: {log}"
+        );
+    }
+    let rv_after = a.list_rv(&client, "load").await;
+    assert_eq!(
+        rv_parts(&rv_after).0,
+        rv_parts(&from).0,
+        "the epoch changed"
+    );
 }
 
 /// A file-level copy of the cluster taken earlier is put back while the replicas run. The
