@@ -100,6 +100,11 @@ pub struct StorageArgs {
         default_value = "5s"
     )]
     pub change_feed_staleness_bound: GoDuration,
+    /// Rotate the epoch at start even if the database is the one it was minted on: every
+    /// watch and continue token then relists. For after restoring a file-level copy of the
+    /// same cluster while no replica ran (docs/storage.md, "Epoch"); ordinary starts keep it.
+    #[arg(long, env = "MCP_ACCESS_ROTATE_EPOCH")]
+    pub rotate_epoch: bool,
 }
 
 impl StorageArgs {
@@ -137,6 +142,12 @@ pub struct ServingArgs {
     /// Watches one user may hold open at once; more are answered 429.
     #[arg(long, env = "MCP_ACCESS_MAX_WATCHES_PER_USER", default_value_t = 100)]
     pub max_watches_per_user: usize,
+    /// How long a request other than a watch may take before it is answered 503 (Go
+    /// duration): the client-side bound on a database that stops answering without closing
+    /// the connection, which no server-side timeout can end. Keep it above
+    /// --database-statement-timeout.
+    #[arg(long, env = "MCP_ACCESS_REQUEST_TIMEOUT", default_value = "60s")]
+    pub request_timeout: GoDuration,
     /// Serving certificate (PEM). Reloaded when it changes.
     #[arg(
         long,
@@ -416,6 +427,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     .with_limits(Limits {
         max_requests_inflight: config.serving.max_requests_inflight,
         max_watches_per_user: config.serving.max_watches_per_user,
+        request_timeout: config.serving.request_timeout,
         ..Limits::default()
     });
     let (app, gateways) = match kube_parts {

@@ -91,6 +91,8 @@ pub struct Serving {
     pub cert: ServingCert,
     pub max_requests_inflight: usize,
     pub max_watches_per_user: usize,
+    /// Non-watch requests are answered 503 after this long.
+    pub request_timeout: Duration,
 }
 
 /// PostgreSQL and the change log; [`Storage::store_config`] reads the CA file.
@@ -107,6 +109,7 @@ pub struct Storage {
     pub pool_timeout: Duration,
     pub session: SessionLimits,
     pub staleness_bound: Duration,
+    pub rotate_epoch: bool,
 }
 
 /// Port of the gateway sync listener behind kube-apiserver unless `--sync-port` says otherwise.
@@ -219,6 +222,7 @@ impl TryFrom<(&ServingArgs, &AuthMode)> for Serving {
             cert,
             max_requests_inflight: args.max_requests_inflight,
             max_watches_per_user: args.max_watches_per_user,
+            request_timeout: positive("request-timeout", args.request_timeout)?.std(),
         })
     }
 }
@@ -268,6 +272,7 @@ impl TryFrom<&StorageArgs> for Storage {
             pool_timeout,
             session,
             staleness_bound,
+            rotate_epoch: args.rotate_epoch,
         })
     }
 }
@@ -285,6 +290,7 @@ impl Storage {
         config.pool_timeout = self.pool_timeout;
         config.session = self.session;
         config.staleness_bound = self.staleness_bound;
+        config.rotate_epoch = self.rotate_epoch;
         Ok(config)
     }
 }

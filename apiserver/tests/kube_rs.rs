@@ -681,11 +681,12 @@ async fn watcher_relists_after_its_resource_version_is_trimmed() {
     handle.abort();
 }
 
-/// Another apiserver start rotates the epoch: every open watch ends with Expired; kube-rs
+/// Another apiserver start that rotates the epoch (`--rotate-epoch`, as after a restore; an
+/// ordinary start keeps it): every open watch ends with Expired; kube-rs
 /// watchers (list+watch and streaming) relist and hold the objects at the new epoch's
 /// resourceVersions; later writes still reach them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watchers_relist_after_an_apiserver_restart() {
+async fn watchers_relist_after_an_epoch_rotation() {
     let server = TestServer::start_with(short_log, HttpConfig::default()).await;
     let client = server.kube_client().await;
     let all: Api<DynamicObject> = Api::all_with(client.clone(), &sessions());
@@ -707,7 +708,12 @@ async fn watchers_relist_after_an_apiserver_restart() {
     .await;
     let old_epoch = rv_of(&listed.state()[0]).epoch;
 
-    let restarted = PgStore::start(server.db.store_config()).await.unwrap();
+    let restarted = PgStore::start(apiserver::store::StoreConfig {
+        rotate_epoch: true,
+        ..server.db.store_config()
+    })
+    .await
+    .unwrap();
     let new_epoch = restarted.current_version().await.unwrap().epoch;
     assert_ne!(new_epoch, old_epoch);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -223,7 +223,12 @@ async fn a_watch_ended_by_the_server_is_counted_as_a_cut_off() {
     let mut buffer = String::new();
     read_until(&mut watch, &mut buffer, "\"watched\"").await;
 
-    let _restarted = PgStore::start(server.db.store_config()).await.unwrap();
+    let _restarted = PgStore::start(apiserver::store::StoreConfig {
+        rotate_epoch: true,
+        ..server.db.store_config()
+    })
+    .await
+    .unwrap();
     let error = read_until(&mut watch, &mut buffer, "\"ERROR\"").await;
     assert!(error.contains("\"code\":410"), "{error}");
 

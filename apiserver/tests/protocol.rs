@@ -487,14 +487,20 @@ async fn expired_watches_are_one_error_event() {
     }
     assert_eq!(event_rv(&w.event().await), head.to_string());
 
-    // A restart elsewhere rotates the epoch: open watches end with one Expired ERROR.
+    // A restart elsewhere that rotates the epoch (an operator's --rotate-epoch): open watches
+    // end with one Expired ERROR.
     let mut live = Watch::open(
         &server,
         &format!("{base}&resourceVersion={head}&allowWatchBookmarks=true"),
         None,
     )
     .await;
-    let _restarted = PgStore::start(server.db.store_config()).await.unwrap();
+    let _restarted = PgStore::start(apiserver::store::StoreConfig {
+        rotate_epoch: true,
+        ..server.db.store_config()
+    })
+    .await
+    .unwrap();
     let e = live.change().await;
     assert_eq!(e["type"], "ERROR", "{e}");
     assert_status_object(&e["object"], 410, "Expired");

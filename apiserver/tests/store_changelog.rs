@@ -13,7 +13,8 @@ use support::StoreExt;
 use apis::selector::FieldSelector;
 use apis::{AccessSession, Kind, SessionPhase};
 use apiserver::store::{
-    ContinueToken, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion, Store, StoreError,
+    ContinueToken, ListAt, ListQuery, PgStore, Preconditions, ResourceVersion, Store, StoreConfig,
+    StoreError,
 };
 use support::*;
 
@@ -344,8 +345,9 @@ async fn old_foreign_and_future_cursors_are_expired() {
         assert!(ResourceVersion::parse(garbled).is_err(), "{garbled}");
     }
 
-    // A live subscriber, then a restart (epoch rotation): it is ended with Expired, and
-    // every cursor of the old epoch is refused.
+    // A live subscriber, then a restart that rotates the epoch (as an operator does after a
+    // restore; an ordinary restart keeps it): it is ended with Expired, and every cursor of
+    // the old epoch is refused.
     let mut live = store.subscribe(head).await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(4);
     let watcher = tokio::spawn(async move {
@@ -363,7 +365,12 @@ async fn old_foreign_and_future_cursors_are_expired() {
         .await
         .unwrap();
     assert!(rx.recv().await.unwrap().is_ok());
-    let restarted = PgStore::start(config).await.unwrap();
+    let restarted = PgStore::start(StoreConfig {
+        rotate_epoch: true,
+        ..config
+    })
+    .await
+    .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .unwrap()

@@ -367,6 +367,16 @@ impl LocalCluster {
     }
 
     /// Starts (or restarts) `mcp-access-apiserver`; every start rotates the change-log epoch.
+    /// Restarts MCP Access with extra flags for this start only (e.g. `--rotate-epoch`).
+    pub fn start_apiserver_with(&mut self, extra: &[&str]) -> Result<()> {
+        let kept = self.apiserver_args.clone();
+        self.apiserver_args
+            .extend(extra.iter().map(|s| s.to_string()));
+        let started = self.start_apiserver();
+        self.apiserver_args = kept;
+        started
+    }
+
     pub fn start_apiserver(&mut self) -> Result<()> {
         self.stop_apiserver();
         let logs = self.dir.join("logs");

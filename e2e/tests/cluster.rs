@@ -1242,15 +1242,17 @@ fn client_go_informer_stays_synced_across_restart(c: &mut LocalCluster) -> Resul
         v["type"] == "DELETED" && v["name"] == "before"
     })?;
 
-    // Restart MCP Access: the epoch rotates, every open watch ends with Expired, and the
-    // informer must relist and keep following.
+    // Restart MCP Access rotating the epoch (as after a restore: an ordinary restart keeps
+    // it): every open watch ends with Expired, and the informer must relist and keep
+    // following.
     ensure!(
         informer.syncs() == 1,
         "no relist expected before the restart: {}",
         informer.evidence()
     );
     let requests_before = informer.requests().len();
-    c.start_apiserver().map_err(|e| e.to_string())?;
+    c.start_apiserver_with(&["--rotate-epoch"])
+        .map_err(|e| e.to_string())?;
     c.wait_available(Duration::from_secs(90))
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -334,7 +334,7 @@ async fn a_token_written_after_start_is_picked_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_apiserver_restart_relists_and_never_allows_what_was_revoked_meanwhile() {
+async fn an_epoch_rotation_relists_and_never_allows_what_was_revoked_meanwhile() {
     let mut server = Apiserver::start(&[]).await;
     for name in ["revoked-meanwhile", "deleted-meanwhile", "untouched"] {
         server
@@ -360,10 +360,11 @@ async fn an_apiserver_restart_relists_and_never_allows_what_was_revoked_meanwhil
         .create_session("team-a", "issued-meanwhile", SERVER_UID, HOUR)
         .await;
 
-    // The restart rotates the epoch: the cache's resourceVersion is refused (410), the
-    // snapshot is dropped and a relist converges. From the moment the cache holds anything of
-    // the new epoch, the session revoked meanwhile is never allowed.
-    server.launch().await;
+    // The restart rotates the epoch (as after a restore; an ordinary restart keeps it): the
+    // cache's resourceVersion is refused (410), the snapshot is dropped and a relist
+    // converges. From the moment the cache holds anything of the new epoch, the session
+    // revoked meanwhile is never allowed.
+    server.launch_with(&["--rotate-epoch"]).await;
     let mut saw_new_epoch = false;
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while std::time::Instant::now() < deadline {

@@ -37,6 +37,9 @@ pub struct Limits {
     pub write_stall_timeout: Duration,
     /// Interval of HTTP/2 PING keepalives (a peer that stops answering is dropped).
     pub http2_keepalive_interval: Duration,
+    /// How long a request other than a watch may take before it is answered 503: a database
+    /// that stops answering without closing the connection ends no server-side timeout.
+    pub request_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -48,6 +51,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(90),
             write_stall_timeout: Duration::from_secs(60),
             http2_keepalive_interval: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -190,7 +190,27 @@ impl<S: Store + Clone> AppState<S> {
                 }
             }
         };
-        let (verb, resource, response) = match self.route(request).await {
+        let routed = if long_running {
+            self.route(request).await
+        } else {
+            // Dropping the request's future gives back its connection, its write turn and its
+            // permit; what it had sent may still commit (the answer says so).
+            let limit = self.limits.request_timeout;
+            tokio::time::timeout(limit, self.route(request))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::warn!(limit_ms = limit.as_millis() as u64, "request timed out");
+                    Err((
+                        String::new(),
+                        String::new(),
+                        ApiError::unavailable(format!(
+                            "the request did not complete within {limit:?} (storage not \
+                             answering?); a write may or may not have been applied; retry"
+                        )),
+                    ))
+                })
+        };
+        let (verb, resource, response) = match routed {
             Ok((verb, resource, response)) => (verb, resource, response),
             Err((verb, resource, e)) => (verb, resource, e.into_response()),
         };

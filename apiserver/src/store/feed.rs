@@ -15,9 +15,15 @@
 //! `Expired`, no bookmark is given at a cursor that can no longer be vouched for, and new
 //! subscriptions are refused (`Unavailable`) until both proofs are fresh again: a watcher
 //! never mistakes a silent feed for a quiet one.
+//!
+//! The feed also remembers how far the history went, which is what tells a running replica
+//! that the database behind it was replaced by an older copy (see `epoch.rs`): the head going
+//! back in the same epoch, the event at its head changed, an epoch it already left coming
+//! back, sync_state recreated, the operator's marker, or (on every reconnect) the database's
+//! identity. It then rotates the epoch itself; every replica's watchers relist, told why.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -144,7 +150,9 @@ pub(super) fn set_resource_version(object: &mut serde_json::Value, rv: ResourceV
 
 /// One page of the log after `$1`: at most `$2` rows and, past the first row, at most `$3`
 /// bytes. Always carries the current epoch (one row with NULL columns when the page is empty).
-const PAGE_SQL: &str = "SELECT s.epoch, c.* FROM sync_state s LEFT JOIN LATERAL (
+const PAGE_SQL: &str = "SELECT s.epoch, s.seq AS db_seq, s.epoch_seq, s.rotate_requested,
+       s.tableoid AS table_oid, s.epoch_table, c.*
+  FROM sync_state s LEFT JOIN LATERAL (
     SELECT seq, resource, namespace, name, event, object, before, size FROM (
         SELECT l.*, sum(l.size) OVER (ORDER BY l.seq) AS running,
                row_number() OVER (ORDER BY l.seq) AS n
@@ -310,6 +318,8 @@ struct State {
     liveness: Liveness,
     /// Epochs this reader has left: a subscription at one of them is expired at once.
     retired: Vec<u32>,
+    /// The last event fanned out in this epoch: on reconnect the log must still hold it.
+    last: Option<Arc<Event>>,
 }
 
 /// What the feed can vouch for.
@@ -329,7 +339,22 @@ struct Liveness {
 struct Slot {
     tx: mpsc::Sender<Arc<Event>>,
     after: u64,
-    cut_off: Arc<AtomicBool>,
+    cut_off: Arc<AtomicU8>,
+}
+
+/// Why a live subscriber was cut off (`Slot::cut_off`; 0 while it is not).
+const LIVE: u8 = 0;
+const CUT_SLOW: u8 = 1;
+const CUT_RESET: u8 = 2;
+const CUT_RETENTION: u8 = 3;
+const CUT_STALL: u8 = 4;
+
+/// What the reader concluded from one page.
+enum Page {
+    /// Events fanned out (or an epoch switch, which also asks for the next page at once).
+    Published(usize),
+    /// The history in the database is not the one this reader followed: rotate `epoch`.
+    Reset { epoch: u32, reason: String },
 }
 
 impl Feed {
@@ -355,6 +380,7 @@ impl Feed {
                     pending: VecDeque::new(),
                 },
                 retired: Vec::new(),
+                last: None,
             }),
             pool,
             limits: FeedLimits {
@@ -440,6 +466,11 @@ impl Feed {
                 client.prepare(PAGE_SQL).await.map_err(unavailable)
             })
             .await?;
+            // A new connection may lead to another database than the last one did.
+            let verdict = timed(limit, self.recheck(&client)).await?;
+            if let Some((epoch, reason)) = verdict {
+                self.reset(&client, epoch, &reason).await?;
+            }
             loop {
                 let started = Instant::now();
                 let head = self.state().head as i64;
@@ -451,8 +482,13 @@ impl Feed {
                         .map_err(unavailable)
                 })
                 .await?;
-                if self.publish(&rows, started)? > 0 {
-                    continue;
+                match self.publish(&rows, started)? {
+                    Page::Published(0) => {}
+                    Page::Published(_) => continue,
+                    Page::Reset { epoch, reason } => {
+                        self.reset(&client, epoch, &reason).await?;
+                        continue;
+                    }
                 }
                 tokio::select! {
                     _ = self.wake.notified() => {}
@@ -474,6 +510,106 @@ impl Feed {
             result = tail => result,
             _ = driven => Ok(()),
         }
+    }
+
+    /// On (re)connect: whether the database is still the history this reader followed. Its
+    /// identity must match what the epoch was minted on, and in the same epoch its head must
+    /// not be behind this reader's and the event at this reader's head must be the one it
+    /// fanned out. Returns the epoch to rotate and why.
+    async fn recheck(&self, client: &tokio_postgres::Client) -> Result<Option<(u32, String)>> {
+        let snapshot = super::epoch::read(client).await?;
+        if let Some(reason) = snapshot.reset_reason(super::epoch::Unknown::Ignored) {
+            return Ok(Some((snapshot.epoch, reason)));
+        }
+        let (epoch, head, last, retired) = {
+            let state = self.state();
+            (
+                state.epoch,
+                state.head,
+                state.last.clone(),
+                state.retired.contains(&snapshot.epoch),
+            )
+        };
+        if retired {
+            return Ok(Some((
+                snapshot.epoch,
+                format!(
+                    "the database returned to epoch {}, which this replica left: an older copy \
+                     was restored",
+                    snapshot.epoch
+                ),
+            )));
+        }
+        if snapshot.epoch != epoch {
+            // Rotated meanwhile by someone else: the reader switches on its next page.
+            return Ok(None);
+        }
+        if snapshot.seq < head {
+            return Ok(Some((
+                epoch,
+                format!(
+                    "the change history went back from {head} to {} in epoch {epoch}: an older \
+                     copy of the database was restored",
+                    snapshot.seq
+                ),
+            )));
+        }
+        let Some(last) = last else {
+            return Ok(None);
+        };
+        let row = client
+            .query_opt(
+                "SELECT resource, namespace, name, event, object FROM change_log WHERE seq = $1",
+                &[&(last.seq() as i64)],
+            )
+            .await
+            .map_err(unavailable)?;
+        // A missing row was trimmed (the reader fell behind retention, handled as such).
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let mut object: serde_json::Value = row.get("object");
+        set_resource_version(&mut object, last.rv);
+        let same = row.get::<_, &str>("resource") == last.resource
+            && row.get::<_, &str>("namespace") == last.namespace
+            && row.get::<_, &str>("name") == last.name
+            && row.get::<_, &str>("event") == last.event_type.as_str()
+            && object == last.object;
+        if same {
+            return Ok(None);
+        }
+        Ok(Some((
+            epoch,
+            format!(
+                "the change at {} is not the one this replica fanned out: the history was \
+                 replaced by an older copy that went on differently",
+                last.rv
+            ),
+        )))
+    }
+
+    /// Rotates `epoch` because the history was reset; the next page switches every watcher of
+    /// every replica to the new epoch (they relist).
+    async fn reset(&self, client: &tokio_postgres::Client, epoch: u32, reason: &str) -> Result<()> {
+        let rotated = timed(self.limits.reader_timeout(), async {
+            super::epoch::rotate(client, epoch).await
+        })
+        .await?;
+        match rotated {
+            Some((new, seq)) => tracing::warn!(
+                old = epoch,
+                new,
+                seq,
+                %reason,
+                "the change history was reset: rotated the epoch; every watch relists"
+            ),
+            None => tracing::info!(
+                old = epoch,
+                %reason,
+                "the change history was reset; another replica rotated the epoch first"
+            ),
+        }
+        Ok(())
     }
 
     /// Confirms the database's sequence head, forever, over a connection of its own: a pool
@@ -550,7 +686,7 @@ impl Feed {
                 let subscribers = state.subscribers.len();
                 self.metrics.cut(CUT_STALLED, subscribers);
                 for slot in state.subscribers.drain(..) {
-                    slot.cut_off.store(true, Ordering::Release);
+                    slot.cut_off.store(CUT_STALL, Ordering::Release);
                 }
                 tracing::warn!(
                     bound_ms = bound.as_millis() as u64,
@@ -563,27 +699,74 @@ impl Feed {
         }
     }
 
-    /// Fans out one page read at `started`. Returns the number of events in it.
-    fn publish(&self, rows: &[Row], started: Instant) -> Result<usize> {
+    /// Fans out one page read at `started`, unless it shows that the history was reset.
+    fn publish(&self, rows: &[Row], started: Instant) -> Result<Page> {
         let Some(first) = rows.first() else {
             return Err(StoreError::Internal("sync_state row is missing".into()));
         };
         let epoch = first.get::<_, i32>("epoch") as u32;
+        let db_seq = first.get::<_, i64>("db_seq") as u64;
         let mut state = self.state();
+        if first.get::<_, bool>("rotate_requested") {
+            return Ok(Page::Reset {
+                epoch,
+                reason: "sync_state.rotate_requested is set (the database was marked restored)"
+                    .into(),
+            });
+        }
+        if let Some(minted) = first.get::<_, Option<u32>>("epoch_table") {
+            let table = first.get::<_, u32>("table_oid");
+            if minted != table {
+                return Ok(Page::Reset {
+                    epoch,
+                    reason: format!(
+                        "sync_state was recreated (table OID {minted} -> {table}): a dump \
+                         restored in place"
+                    ),
+                });
+            }
+        }
+        if epoch == state.epoch && db_seq < state.head {
+            return Ok(Page::Reset {
+                epoch,
+                reason: format!(
+                    "the change history went back from {} to {db_seq} in epoch {epoch}: an \
+                     older copy of the database was restored",
+                    state.head
+                ),
+            });
+        }
+        if epoch != state.epoch && state.retired.contains(&epoch) {
+            return Ok(Page::Reset {
+                epoch,
+                reason: format!(
+                    "the database returned to epoch {epoch}, which this replica left: an older \
+                     copy was restored"
+                ),
+            });
+        }
         if epoch != state.epoch {
-            tracing::info!(
+            tracing::warn!(
                 old = state.epoch,
                 new = epoch,
-                "epoch rotated; ending every watch"
+                "the epoch changed (rotated by a replica or an operator): ending every watch"
             );
             self.metrics.cut(CUT_EPOCH_ROTATED, state.subscribers.len());
-            state.expire_all();
+            state.expire_all(CUT_RESET);
             let old = std::mem::replace(&mut state.epoch, epoch);
             if state.retired.len() >= 16 {
                 state.retired.remove(0);
             }
             state.retired.push(old);
+            // The new epoch starts where it was minted (0: by a version that did not record
+            // it, which never moved the sequence back).
+            let minted_at = first.get::<_, i64>("epoch_seq") as u64;
+            if minted_at > 0 {
+                state.head = minted_at;
+            }
             self.epochs.send_replace(epoch);
+            // Read on from the new epoch's start at once.
+            return Ok(Page::Published(1));
         }
         let mut published = 0;
         for row in rows {
@@ -600,12 +783,13 @@ impl Feed {
                 );
                 self.metrics
                     .cut(CUT_BEHIND_RETENTION, state.subscribers.len());
-                state.expire_all();
+                state.expire_all(CUT_RETENTION);
             }
             let event = Arc::new(Event::from_row(epoch, row)?);
             published += 1;
             state.head = seq;
             state.remember(event.clone(), &self.limits);
+            state.last = Some(event.clone());
             state.subscribers.retain(|slot| {
                 if seq <= slot.after {
                     return !slot.tx.is_closed();
@@ -613,7 +797,7 @@ impl Feed {
                 match slot.tx.try_send(event.clone()) {
                     Ok(()) => true,
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        slot.cut_off.store(true, Ordering::Release);
+                        slot.cut_off.store(CUT_SLOW, Ordering::Release);
                         self.metrics.cut(CUT_SLOW_CONSUMER, 1);
                         false
                     }
@@ -625,7 +809,7 @@ impl Feed {
         // but the reader reads again at once and the next page settles it.
         state.liveness.reader_ok_at = state.liveness.reader_ok_at.max(started);
         state.settle();
-        Ok(published)
+        Ok(Page::Published(published))
     }
 
     /// A subscription starting just after `from`, which the caller has validated. Refused
@@ -692,10 +876,11 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl State {
-    fn expire_all(&mut self) {
+    fn expire_all(&mut self, why: u8) {
         for slot in self.subscribers.drain(..) {
-            slot.cut_off.store(true, Ordering::Release);
+            slot.cut_off.store(why, Ordering::Release);
         }
+        self.last = None;
         self.ring.clear();
         self.ring_bytes = 0;
     }
@@ -746,7 +931,9 @@ impl State {
 
 fn expired_epoch() -> StoreError {
     StoreError::Expired(
-        "too old resource version: the change log was reset (apiserver restart)".into(),
+        "too old resource version: the change history was reset (the epoch changed: a \
+         restored database or an operator's --rotate-epoch); relist"
+            .into(),
     )
 }
 
@@ -765,7 +952,7 @@ pub struct Subscription {
     /// The feed's stall count when this subscription started.
     cuts: u64,
     backlog: VecDeque<Arc<Event>>,
-    live: Option<(mpsc::Receiver<Arc<Event>>, Arc<AtomicBool>)>,
+    live: Option<(mpsc::Receiver<Arc<Event>>, Arc<AtomicU8>)>,
 }
 
 impl Subscription {
@@ -803,10 +990,19 @@ impl Subscription {
             if let Some((rx, cut_off)) = &mut self.live {
                 match rx.recv().await {
                     Some(event) => self.backlog.push_back(event),
-                    None if cut_off.load(Ordering::Acquire) => {
+                    None if cut_off.load(Ordering::Acquire) != LIVE => {
+                        let why = cut_off.load(Ordering::Acquire);
+                        if why == CUT_RESET {
+                            return Err(expired_epoch());
+                        }
                         self.ensure_current(&self.feed.state())?;
+                        let cause = match why {
+                            CUT_RETENTION => "the change feed fell behind the retained log",
+                            CUT_STALL => "the change feed stalled",
+                            _ => "the watcher fell behind",
+                        };
                         return Err(StoreError::Expired(format!(
-                            "too old resource version: {}: the watcher fell behind and must relist",
+                            "too old resource version: {}: {cause} and must relist",
                             self.cursor()
                         )));
                     }
@@ -870,7 +1066,7 @@ impl Subscription {
         };
         // A subscriber that was cut off has missed events: its queue may be drained, but a
         // bookmark past them would tell the client it saw everything up to the head.
-        if !self.backlog.is_empty() || cut_off.load(Ordering::Acquire) {
+        if !self.backlog.is_empty() || cut_off.load(Ordering::Acquire) != LIVE {
             return;
         }
         // The reader sends and moves its head under this lock, so an empty queue seen under
@@ -915,7 +1111,7 @@ impl Subscription {
             .extend(state.ring.iter().filter(|e| e.seq() > cursor).cloned());
         let after = cursor.max(state.head);
         let (tx, rx) = mpsc::channel(feed.limits.buffer);
-        let cut_off = Arc::new(AtomicBool::new(false));
+        let cut_off = Arc::new(AtomicU8::new(LIVE));
         state.subscribers.push(Slot {
             tx,
             after,

@@ -22,6 +22,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "session_expiry",
         include_str!("../../../migrations/0003_session_expiry.sql"),
     ),
+    (
+        4,
+        "epoch_identity",
+        include_str!("../../../migrations/0004_epoch_identity.sql"),
+    ),
 ];
 
 /// Advisory lock key: "mcpacces" in ASCII.

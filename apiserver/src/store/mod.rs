@@ -3,6 +3,7 @@
 //! All SQL of the apiserver lives under this module.
 
 pub mod connect;
+mod epoch;
 mod feed;
 mod memory;
 mod migrate;

@@ -111,6 +111,7 @@ pub fn mk_agent_session(
 }
 
 pub mod kubectl;
+pub mod replica;
 pub mod server;
 pub mod store_ext;
 #[allow(unused_imports)]

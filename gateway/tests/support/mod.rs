@@ -206,6 +206,14 @@ impl Apiserver {
         self.write_url = self.url.clone();
     }
 
+    /// Restarts the process with extra flags for this start only (e.g. `--rotate-epoch`).
+    pub async fn launch_with(&mut self, extra: &[&str]) {
+        let kept = self.extra.clone();
+        self.extra.extend(extra.iter().map(|s| s.to_string()));
+        self.launch().await;
+        self.extra = kept;
+    }
+
     /// Kills the process (as a crash or a node loss would); open watches break.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

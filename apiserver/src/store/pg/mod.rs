@@ -15,12 +15,12 @@ use apis::strategy::{Context, Strategy, Withdrawal};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use rand::Rng;
 use serde_json::Value;
 
 use super::connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
-use super::feed::{Feed, FeedLimits, FeedMetrics, CHANNEL};
-use super::rv::{ResourceVersion, EPOCH_LIMIT};
+use super::epoch;
+use super::feed::{Feed, FeedLimits, FeedMetrics};
+use super::rv::ResourceVersion;
 use super::transact;
 use super::{
     apply_migrations, ListQuery, ObjectList, Preconditions, Result, SessionSignals, Store,
@@ -60,6 +60,9 @@ pub struct StoreConfig {
     pub staleness_bound: Duration,
     /// How often the change log is trimmed.
     pub trim_interval: Duration,
+    /// Rotate the epoch at start even if the database is the one it was minted on (an
+    /// operator's `--rotate-epoch`, after restoring a copy nothing else can tell apart).
+    pub rotate_epoch: bool,
 }
 
 impl StoreConfig {
@@ -78,6 +81,7 @@ impl StoreConfig {
             page_bytes: 8 << 20,
             staleness_bound: Duration::from_secs(5),
             trim_interval: Duration::from_secs(10),
+            rotate_epoch: false,
         }
     }
 }
@@ -149,8 +153,8 @@ pub(super) fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
 }
 
 impl PgStore {
-    /// Applies migrations, rotates the epoch (expiring every resourceVersion handed out
-    /// before), and starts the change feed and the log trimmer.
+    /// Applies migrations, adopts the epoch (rotating it only when the database may have been
+    /// restored, or when asked: `epoch.rs`), and starts the change feed and the log trimmer.
     pub async fn start(config: StoreConfig) -> Result<Self> {
         let tls = match &config.tls {
             Some(tls) => tls.clone(),
@@ -167,15 +171,24 @@ impl PgStore {
             }
         });
         apply_migrations(&mut client).await?;
-        let (epoch, head) = rotate_epoch(&client).await?;
+        let (epoch, head, rotated) = epoch::adopt(&client, config.rotate_epoch).await?;
         drop(client);
         driver.abort();
-        tracing::info!(
-            epoch,
-            head,
-            sslmode = tls.mode().as_str(),
-            "storage ready; epoch rotated"
-        );
+        match rotated {
+            Some(reason) => tracing::warn!(
+                epoch,
+                head,
+                sslmode = tls.mode().as_str(),
+                %reason,
+                "storage ready; epoch rotated: every watch and continue token relists"
+            ),
+            None => tracing::info!(
+                epoch,
+                head,
+                sslmode = tls.mode().as_str(),
+                "storage ready; epoch kept"
+            ),
+        }
 
         let mut session = with_session_limits(&config.pg, &config.session);
         if session.get_application_name().is_none() {
@@ -300,26 +313,6 @@ impl PgStore {
             .writer
             .submit(self.inner.signals.clone(), mutation)
             .await
-    }
-}
-
-async fn rotate_epoch(client: &tokio_postgres::Client) -> Result<(u32, u64)> {
-    loop {
-        let epoch = rand::rng().random_range(1..EPOCH_LIMIT) as i32;
-        let rows = client
-            .query(
-                "UPDATE sync_state SET epoch = $1 WHERE id = 1 AND epoch <> $1 RETURNING seq",
-                &[&epoch],
-            )
-            .await
-            .map_err(pg_err)?;
-        if let Some(row) = rows.first() {
-            client
-                .batch_execute(&format!("NOTIFY {CHANNEL}"))
-                .await
-                .map_err(pg_err)?;
-            return Ok((epoch as u32, row.get::<_, i64>(0) as u64));
-        }
     }
 }
 
@@ -488,7 +481,8 @@ impl Store for PgStore {
         } = list::head(&client).await?;
         if from.epoch != epoch {
             return Err(StoreError::Expired(format!(
-                "too old resource version: {from}: the change log was reset (apiserver restart)"
+                "too old resource version: {from}: the change history was reset (the epoch \
+                 changed: a restored database or an operator's --rotate-epoch); relist"
             )));
         }
         if from.seq > head {

@@ -1,0 +1,621 @@
+//! Real `mcp-access-apiserver` processes (standalone mode) as replicas over one database, and
+//! a PostgreSQL cluster of a test's own (for killing it, copying its files, or putting a
+//! stalling proxy in front of it).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::server::ADMIN_TOKEN;
+use super::watch::{Next, WatchStream};
+
+pub fn apiserver_bin() -> String {
+    std::env::var("MCP_ACCESS_APISERVER_BIN").expect(
+        "MCP_ACCESS_APISERVER_BIN is not set: run through hack/test.sh, which builds the binary",
+    )
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn scratch_dir(prefix: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// What replicas over one database share: the token file and one serving certificate (so one
+/// CA trusts every replica, as behind one Service).
+pub struct Shared {
+    pub dir: PathBuf,
+    pub ca_pem: String,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = scratch_dir("mcp-access-replicas");
+        let tokens = dir.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+            .unwrap();
+        let ca_pem = cert.cert.pem();
+        std::fs::write(dir.join("tls.crt"), &ca_pem).unwrap();
+        let key_path = dir.join("tls.key");
+        std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Self { dir, ca_pem }
+    }
+
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).unwrap()])
+            .build()
+            .unwrap()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One apiserver process; restartable on the same ports.
+pub struct Replica {
+    pub name: String,
+    pub dsn: String,
+    pub port: u16,
+    pub metrics_port: u16,
+    pub extra: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Replica {
+    /// Starts a replica over `dsn` (a libpq DSN) and waits until it is ready.
+    pub async fn start(shared: &Shared, name: &str, dsn: &str, extra: &[&str]) -> Self {
+        let mut replica = Self {
+            name: name.into(),
+            dsn: dsn.into(),
+            port: free_port(),
+            metrics_port: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            log: shared.dir.join(format!("{name}.log")),
+            child: None,
+            starts: 0,
+        };
+        replica.launch(shared, &[]).await;
+        replica
+    }
+
+    /// (Re)starts the process, with `once` added to its flags for this start only.
+    pub async fn launch(&mut self, shared: &Shared, once: &[&str]) {
+        assert!(self.child.is_none(), "{} already runs", self.name);
+        self.starts += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut args: Vec<String> = [
+            "--standalone",
+            "--token-auth-file",
+            &shared.dir.join("tokens.csv").display().to_string(),
+            "--tls-cert-file",
+            &shared.dir.join("tls.crt").display().to_string(),
+            "--tls-private-key-file",
+            &shared.dir.join("tls.key").display().to_string(),
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            &self.port.to_string(),
+            "--metrics-port",
+            &self.metrics_port.to_string(),
+            "--database-pool-size",
+            "8",
+            "--watch-bookmark-interval",
+            "1s",
+            "--max-watches-per-user",
+            "5000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        args.extend(once.iter().map(|s| s.to_string()));
+        let child = Command::new(apiserver_bin())
+            .args(&args)
+            .env("MCP_ACCESS_DATABASE_URL", &self.dsn)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start mcp-access-apiserver");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(60)).await;
+    }
+
+    pub async fn wait_ready(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("{} exited ({status}): {}", self.name, self.log());
+                }
+            }
+            if self.readyz().await == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} is not ready: {}",
+                self.name,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The status of `/readyz` (0 when the listener does not answer).
+    pub async fn readyz(&self) -> u16 {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        match client
+            .get(format!("http://127.0.0.1:{}/readyz", self.metrics_port))
+            .send()
+            .await
+        {
+            Ok(resp) => resp.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// `kill -9`, as a node loss would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, the drain of a rolling update; waits for the exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal("-TERM", child.id());
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    pub fn sessions_url(&self, ns: &str) -> String {
+        format!(
+            "{}/apis/{}/namespaces/{ns}/accesssessions",
+            self.url(),
+            apis::API_VERSION
+        )
+    }
+
+    pub fn revocations_url(&self, ns: &str) -> String {
+        format!(
+            "{}/apis/{}/namespaces/{ns}/revocations",
+            self.url(),
+            apis::API_VERSION
+        )
+    }
+
+    /// Opens a watch of the sessions in `ns` from `rv`; `None` when the server answers
+    /// otherwise than 200 (its status and body).
+    pub async fn watch(
+        &self,
+        client: &reqwest::Client,
+        ns: &str,
+        rv: &str,
+    ) -> Result<WatchStream, (u16, String)> {
+        let resp = client
+            .get(format!(
+                "{}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true",
+                self.sessions_url(ns)
+            ))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .map_err(|e| (0, e.to_string()))?;
+        if resp.status() != 200 {
+            let status = resp.status().as_u16();
+            return Err((status, resp.text().await.unwrap_or_default()));
+        }
+        Ok(WatchStream::lenient(resp))
+    }
+
+    /// The resourceVersion of the sessions list in `ns`.
+    pub async fn list_rv(&self, client: &reqwest::Client, ns: &str) -> String {
+        let list: Value = client
+            .get(self.sessions_url(ns))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// POSTs a team session; the response status and body.
+    pub async fn create_session(
+        &self,
+        client: &reqwest::Client,
+        ns: &str,
+        name: &str,
+    ) -> Result<(u16, Value), String> {
+        let resp = client
+            .post(self.sessions_url(ns))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&session_json(name))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = resp.json::<Value>().await.map_err(|e| e.to_string())?;
+        Ok((status, body))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn signal(sig: &str, pid: u32) {
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
+
+pub const SERVER_UID: &str = "0b6f6f6e-0000-4000-8000-000000000001";
+
+pub fn session_json(name: &str) -> Value {
+    let expires =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(2);
+    let expires = k8s_openapi::jiff::Timestamp::from_second(expires.as_second()).unwrap();
+    json!({
+        "apiVersion": apis::API_VERSION,
+        "kind": "AccessSession",
+        "metadata": {"name": name},
+        "spec": {
+            "server": {"name": "github", "uid": SERVER_UID},
+            "teams": ["payments"],
+            "expiresAt": expires.to_string(),
+        }
+    })
+}
+
+/// `epoch` and `seq` of a resourceVersion string.
+pub fn rv_parts(rv: &str) -> (u64, u64) {
+    let v: u64 = rv.parse().expect("a resourceVersion is a decimal");
+    (v >> 40, v & ((1 << 40) - 1))
+}
+
+/// One watcher's record: every event (type, name, seq), the last resourceVersion (events and
+/// bookmarks) and how it ended.
+#[derive(Debug, Default, Clone)]
+pub struct Record {
+    pub events: Vec<(String, String, u64)>,
+    pub epoch: u64,
+    pub last_rv: String,
+    /// The `Status` of an ERROR event, if one ended the stream.
+    pub error: Option<Value>,
+    pub ended: bool,
+}
+
+impl Record {
+    /// Reads `stream` until it ends, an ERROR arrives, `stop` says so, or nothing arrives for
+    /// `idle`.
+    pub async fn follow(
+        &mut self,
+        stream: &mut WatchStream,
+        idle: Duration,
+        stop: impl Fn(&Record) -> bool,
+    ) {
+        loop {
+            if stop(self) {
+                return;
+            }
+            match stream.next(idle).await {
+                Next::Event(e) => self.take(&e),
+                Next::End => {
+                    self.ended = true;
+                    return;
+                }
+                Next::Idle => return,
+            }
+            if self.error.is_some() {
+                return;
+            }
+        }
+    }
+
+    pub fn take(&mut self, e: &Value) {
+        let kind = e["type"].as_str().unwrap_or_default().to_string();
+        if kind == "ERROR" {
+            self.error = Some(e["object"].clone());
+            return;
+        }
+        let rv = e["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let (epoch, seq) = rv_parts(&rv);
+        if self.epoch == 0 {
+            self.epoch = epoch;
+        }
+        assert_eq!(
+            epoch, self.epoch,
+            "an event of another epoch without a 410 first: {e}"
+        );
+        if kind != "BOOKMARK" {
+            let name = e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            self.events.push((kind, name, seq));
+        }
+        self.last_rv = rv;
+    }
+
+    /// Whether the stream was ended with 410 Expired.
+    pub fn relisted(&self) -> bool {
+        self.error
+            .as_ref()
+            .is_some_and(|s| s["code"] == 410 && s["reason"] == "Expired")
+    }
+}
+
+/// A PostgreSQL cluster of this test's own on a free loopback port (trust auth, user
+/// `postgres`), from the server binaries `hack/lib/postgres.sh` uses.
+pub struct OwnPostgres {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+pub fn pg_bin(name: &str) -> PathBuf {
+    Path::new(&std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into()))
+        .join(name)
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// A command run as the `postgres` user when the test runs as root (initdb and postgres
+/// refuse root).
+pub fn as_pg(program: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+impl OwnPostgres {
+    pub fn start() -> Self {
+        let dir = scratch_dir("mcp-access-own-pg");
+        if is_root() {
+            let mut d = dir.clone();
+            while d.pop() {
+                let _ = Command::new("chmod").arg("o+x").arg(&d).status();
+            }
+            Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+        }
+        let out = as_pg(&pg_bin("initdb"))
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "initdb: {out:?}");
+        let pg = Self {
+            dir,
+            port: free_port(),
+        };
+        pg.run();
+        pg
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Starts the server on its port (again, after a stop or a kill).
+    pub fn run(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = as_pg(&pg_bin("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .arg("-l")
+                .arg(self.dir.join("postgres.log"))
+                .args(["-w", "-t", "60", "-o"])
+                .arg(format!(
+                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                    self.port,
+                    self.dir.display()
+                ))
+                .arg("start")
+                .output()
+                .unwrap();
+            if out.status.success() {
+                return;
+            }
+            // After a kill -9 the old backends may hold the shared memory for a moment.
+            assert!(
+                Instant::now() < deadline,
+                "postgres does not start: {out:?} {}",
+                std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A clean (fast) shutdown.
+    pub fn stop(&self) {
+        let _ = as_pg(&pg_bin("pg_ctl"))
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "fast", "-w", "stop"])
+            .output();
+    }
+
+    /// `kill -9` of the postmaster and every backend.
+    pub fn kill9(&self) {
+        let Ok(pidfile) = std::fs::read_to_string(self.data().join("postmaster.pid")) else {
+            return;
+        };
+        let Some(pid) = pidfile
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        else {
+            return;
+        };
+        let children = Command::new("pgrep")
+            .args(["-P", &pid.to_string()])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        signal("-KILL", pid);
+        for child in children.lines() {
+            if let Ok(c) = child.trim().parse::<u32>() {
+                signal("-KILL", c);
+            }
+        }
+        // Gone once nothing answers on the port.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A libpq DSN of database `db` on this cluster, at `port` (a proxy's, or the cluster's).
+    pub fn dsn(&self, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db}",
+            self.port
+        )
+    }
+
+    pub async fn client(&self, db: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.dsn(db), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test's own PostgreSQL");
+        tokio::spawn(conn);
+        client
+    }
+
+    pub async fn create_database(&self, db: &str) {
+        self.client("postgres")
+            .await
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .unwrap();
+    }
+
+    /// A file-level copy of the stopped cluster's data directory.
+    pub fn copy_files(&self, to: &str) -> PathBuf {
+        let target = self.dir.join(to);
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(self.data())
+            .arg(&target)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        target
+    }
+
+    /// Puts a file-level copy back in place of the (stopped) cluster's data directory.
+    pub fn restore_files(&self, from: &Path) {
+        std::fs::remove_dir_all(self.data()).unwrap();
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(self.data())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The change log after `after` as (seq, event, name), in order.
+pub async fn change_log(client: &tokio_postgres::Client, after: u64) -> Vec<(String, String, u64)> {
+    client
+        .query(
+            "SELECT seq, event, name FROM change_log WHERE seq > $1 AND resource = 'accesssessions' ORDER BY seq",
+            &[&(after as i64)],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, String>(1), r.get::<_, String>(2), r.get::<_, i64>(0) as u64))
+        .collect()
+}
