@@ -35,6 +35,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 
 const NS: &str = "bench-revoke";
+/// Load caches started at once.
+const START_BATCH: usize = 250;
 
 struct Args {
     trials: usize,
@@ -195,15 +197,22 @@ async fn run(
     for &gateways in &args.gateways {
         // Bring the in-process instances to `gateways - 1`, all synced.
         load.truncate(gateways - 1);
-        while load.len() < gateways - 1 {
-            let config = CacheConfig::new(cluster.sync_url(), cluster.sync_ca(), token_file);
-            load.push(SessionCache::start(config)?);
-        }
         let started = Instant::now();
-        for (cache, _) in &load {
-            tokio::time::timeout(Duration::from_secs(120), cache.ready())
-                .await
-                .context("a load cache did not sync within 120 s")?;
+        // In batches, each synced before the next starts: thousands of first lists at once
+        // would all miss the apiserver's verified-chain cache together (one token here) and
+        // flood kube-apiserver with the same TokenReview, which no fleet of gateways with
+        // a token each would do.
+        while load.len() < gateways - 1 {
+            let batch = (gateways - 1 - load.len()).min(START_BATCH);
+            for _ in 0..batch {
+                let config = CacheConfig::new(cluster.sync_url(), cluster.sync_ca(), token_file);
+                load.push(SessionCache::start(config)?);
+            }
+            for (cache, _) in &load[load.len() - batch..] {
+                tokio::time::timeout(Duration::from_secs(120), cache.ready())
+                    .await
+                    .context("a load cache did not sync within 120 s")?;
+            }
         }
         eprintln!(
             "{gateways} gateway(s) connected ({} in-process caches synced in {:.1}s)",
