@@ -308,7 +308,9 @@ async fn run(
     tokio::time::sleep(args.settle).await;
     let open = open_watches(cluster.metrics_port).await?;
     let after = rss_kib(pid)?;
-    if open != total as i64 {
+    // kube-controller-manager's metadata informers (garbage collector, quota) hold a few
+    // watches of their own.
+    if open < total as i64 {
         bail!("the apiserver reports {open} open watches, {total} were opened");
     }
 
@@ -364,7 +366,7 @@ async fn run(
 
     println!();
     println!(
-        "idle watches in one mcp-access-apiserver: {} on the API port (front-proxy certificate), {} on the gateway sync listener (Pod-bound token); one TLS connection each",
+        "idle watches in one mcp-access-apiserver: {} on the API port (front-proxy certificate), {} on the gateway sync listener (Pod-bound token); one TLS connection each ({open} open in all, kube-controller-manager's included)",
         args.api, args.sync
     );
     println!(
