@@ -223,6 +223,7 @@ async fn run(
         let mut deny = Vec::with_capacity(args.trials);
         let mut subscription = Vec::with_capacity(args.trials);
         let mut all_deny = Vec::with_capacity(args.trials);
+        let mut late = Vec::new();
         for trial in 0..args.trials {
             let name = format!("s-{gateways}-{trial}");
             let session = AccessSession {
@@ -322,7 +323,10 @@ async fn run(
                         break;
                     }
                     if written.elapsed() > Duration::from_secs(10) {
-                        bail!("{name}: {allowing} load caches still allow it 10 s after the revocation");
+                        // Reported, not fatal: how often and how many is the finding.
+                        eprintln!("{name}: {allowing} load caches still allow it 10 s after the revocation");
+                        late.push(allowing);
+                        break;
                     }
                     tokio::task::yield_now().await;
                 }
@@ -340,7 +344,7 @@ async fn run(
                     * 1e3,
             );
         }
-        results.push((gateways, deny, subscription, all_deny));
+        results.push((gateways, deny, subscription, all_deny, late));
     }
 
     println!();
@@ -348,7 +352,7 @@ async fn run(
         "revoke-to-deny through kube-apiserver, {} trials per row, measured from the completed write",
         args.trials
     );
-    for (gateways, deny, subscription, all_deny) in results {
+    for (gateways, deny, subscription, all_deny, late) in results {
         println!(
             "gateways {gateways:>4}  deny (sidecar 401 session_revoked): {}",
             summary(deny)
@@ -361,6 +365,13 @@ async fn run(
             println!(
                 "                every in-process cache denies:         {}",
                 summary(all_deny)
+            );
+        }
+        if !late.is_empty() {
+            println!(
+                "                trials where some caches still allowed after 10 s: {} (most caches at once: {})",
+                late.len(),
+                late.iter().max().copied().unwrap_or(0)
             );
         }
     }
