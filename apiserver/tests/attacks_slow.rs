@@ -186,48 +186,47 @@ async fn trickle(
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let (mut stream, lead, tail): (Box<dyn Io>, Vec<u8>, Box<dyn Fn(usize) -> u8 + Send + Sync>) =
-        match how {
-            Trickle::TlsHello => (
-                Box::new(tcp),
-                vec![0x16, 0x03, 0x01, 0x02, 0x00],
-                Box::new(|_| 0),
-            ),
-            Trickle::Http1 | Trickle::Http2Preface | Trickle::Http2Headers => {
-                let alpn: &[&[u8]] = match how {
-                    Trickle::Http1 => &[b"http/1.1"],
-                    _ => &[b"h2"],
-                };
-                let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-                let tls = tokio::time::timeout(
-                    Duration::from_secs(60),
-                    connector(&ca_pem, alpn).connect(name, tcp),
-                )
-                .await
-                .map_err(|_| "TLS handshake took over 60 s".to_string())?
-                .map_err(|e| format!("TLS handshake: {e}"))?;
-                match how {
-                    Trickle::Http1 => {
-                        let header = b"X-Slow: ";
-                        (
-                            Box::new(tls),
-                            b"GET /version HTTP/1.1\r\nHost: x\r\n".to_vec(),
-                            Box::new(move |i| if i < header.len() { header[i] } else { b'a' }),
-                        )
-                    }
-                    Trickle::Http2Preface => (
+    let (mut stream, lead, tail): (Box<dyn Io>, Vec<u8>, NextByte) = match how {
+        Trickle::TlsHello => (
+            Box::new(tcp),
+            vec![0x16, 0x03, 0x01, 0x02, 0x00],
+            Box::new(|_| 0),
+        ),
+        Trickle::Http1 | Trickle::Http2Preface | Trickle::Http2Headers => {
+            let alpn: &[&[u8]] = match how {
+                Trickle::Http1 => &[b"http/1.1"],
+                _ => &[b"h2"],
+            };
+            let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            let tls = tokio::time::timeout(
+                Duration::from_secs(60),
+                connector(&ca_pem, alpn).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| "TLS handshake took over 60 s".to_string())?
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+            match how {
+                Trickle::Http1 => {
+                    let header = b"X-Slow: ";
+                    (
                         Box::new(tls),
-                        Vec::new(),
-                        Box::new(|i| H2_PREFACE.get(i).copied().unwrap_or(b'X')),
-                    ),
-                    _ => (
-                        Box::new(tls),
-                        [H2_PREFACE, H2_SETTINGS, H2_HEADERS].concat(),
-                        Box::new(|_| 0x40),
-                    ),
+                        b"GET /version HTTP/1.1\r\nHost: x\r\n".to_vec(),
+                        Box::new(move |i| if i < header.len() { header[i] } else { b'a' }),
+                    )
                 }
+                Trickle::Http2Preface => (
+                    Box::new(tls),
+                    Vec::new(),
+                    Box::new(|i| H2_PREFACE.get(i).copied().unwrap_or(b'X')),
+                ),
+                _ => (
+                    Box::new(tls),
+                    [H2_PREFACE, H2_SETTINGS, H2_HEADERS].concat(),
+                    Box::new(|_| 0x40),
+                ),
             }
-        };
+        }
+    };
     let started = Instant::now();
     drop(setting_up);
     open.fetch_add(1, Ordering::SeqCst);
@@ -263,6 +262,9 @@ async fn trickle(
     open.fetch_sub(1, Ordering::SeqCst);
     result
 }
+
+/// The `i`th byte trickled after the lead.
+type NextByte = Box<dyn Fn(usize) -> u8 + Send + Sync>;
 
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}

@@ -153,7 +153,7 @@ impl<S: Store + Clone> AppState<S> {
         // Watches are long-running and capped per user instead (in `serve`).
         let _permit = match self.admit(&request, started) {
             Ok(permit) => permit,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         let (verb, resource, response) = match self.route(request).await {
             Ok((verb, resource, response)) => (verb, resource, response),
@@ -169,14 +169,14 @@ impl<S: Store + Clone> AppState<S> {
         &self,
         request: &Request,
         started: Instant,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Response> {
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Box<Response>> {
         let kind = RequestKind::of(request.method(), request.uri());
         self.inflight.admit(kind).map_err(|e| {
             self.metrics.rejected(kind);
             let response = e.into_response();
             self.metrics
                 .count(("", request.method()), "", &response, started);
-            response
+            Box::new(response)
         })
     }
 

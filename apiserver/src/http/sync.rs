@@ -110,7 +110,7 @@ impl<S: Store + Clone> SyncState<S> {
         let method = request.method().clone();
         let _permit = match self.app.admit(&request, started) {
             Ok(permit) => permit,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         let (verb, response) = match self.route(request).await {
             Ok((verb, response)) => (verb, response),
