@@ -32,4 +32,5 @@ if (( $(ulimit -n) < need )); then
   exit 1
 fi
 export MCP_BENCH_WATCHES=1
-exec cargo bench --profile "$profile" -p apiserver --bench idle_watches -- "$@"
+# --workspace: the feature set of the test build, so its dependencies are reused.
+exec cargo bench --profile "$profile" --workspace --bench idle_watches -- "$@"
