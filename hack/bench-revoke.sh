@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Revoke-to-deny benchmark: starts the local cluster once (PostgreSQL, etcd, kube-apiserver,
 # kube-controller-manager, MCP Access behind its APIService), the real mcp-access-authz on the
-# gateway sync listener with a Pod-bound token, and measures, over N trials each with 1 and
-# with 500 connected cache instances, the time from a completed `Revocation` write through
+# gateway sync listener with a Pod-bound token, and measures, over N trials for each number of
+# connected cache instances (default 1 and 500), the time from a completed `Revocation` write through
 # kube-apiserver until the sidecar answers 401 session_revoked, and until its long-poll
 # subscription completes. Prints p50/p99/max. Never run by CI or hack/test.sh.
 #
 #   hack/bench-revoke.sh [--trials 200] [--gateways 1,500]
 # Release build (target/release), like every benchmark.
+#   hack/bench-revoke.sh --trials 100 --gateways 1,1000,5000   # gateway scale (issue 13)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,22 @@ cargo build --release -p apiserver --bin mcp-access-apiserver \
   -p gateway --bin mcp-access-authz --example bench_revoke
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/$dir/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/$dir/mcp-access-authz
-# 500 caches hold 500 watches and connections from this one process.
+# N caches hold N watches and connections from this one process (and the apiserver, a child
+# of it, their server ends): 5,000 caches need over 10,000 descriptors.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+most=500 gateways=
+prev=
+for arg in "$@"; do
+  [[ $prev == --gateways ]] && gateways=$arg
+  [[ $arg == --gateways=* ]] && gateways=${arg#--gateways=}
+  prev=$arg
+done
+if [[ -n $gateways ]]; then
+  most=1
+  for n in ${gateways//,/ }; do [[ $n =~ ^[0-9]+$ ]] && (( n > most )) && most=$n; done
+fi
+if (( $(ulimit -n) < most * 2 + 1000 )); then
+  echo "bench-revoke.sh: ulimit -n is $(ulimit -n); $most gateways need about $(( most * 2 + 1000 ))" >&2
+  exit 1
+fi
 exec "target/$dir/examples/bench_revoke" "$@"

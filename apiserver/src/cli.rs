@@ -136,9 +136,26 @@ pub struct ServingArgs {
     /// (default: --bind-address).
     #[arg(long, env = "MCP_ACCESS_METRICS_BIND_ADDRESS")]
     pub metrics_bind_address: Option<IpAddr>,
-    /// Requests other than watches served at once; more are answered 429.
+    /// Non-mutating requests (get, list; watches are not counted) served at once, on the API
+    /// and sync listeners together; more are answered 429 with Retry-After.
     #[arg(long, env = "MCP_ACCESS_MAX_REQUESTS_INFLIGHT", default_value_t = 400)]
     pub max_requests_inflight: usize,
+    /// Mutating requests (create, update, patch, delete) served at once; more are answered
+    /// 429 with Retry-After.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_MAX_MUTATING_REQUESTS_INFLIGHT",
+        default_value_t = 200
+    )]
+    pub max_mutating_requests_inflight: usize,
+    /// How long a client may take to send a request's headers before its connection is
+    /// closed; also how long an HTTP/1.1 keep-alive connection waits for its next request
+    /// (Go duration).
+    #[arg(long, env = "MCP_ACCESS_HEADER_READ_TIMEOUT", default_value = "10s")]
+    pub header_read_timeout: GoDuration,
+    /// How long a client may take to complete the TLS handshake (Go duration).
+    #[arg(long, env = "MCP_ACCESS_TLS_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    pub tls_handshake_timeout: GoDuration,
     /// Watches one user may hold open at once; more are answered 429.
     #[arg(long, env = "MCP_ACCESS_MAX_WATCHES_PER_USER", default_value_t = 100)]
     pub max_watches_per_user: usize,
@@ -426,8 +443,11 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     )
     .with_limits(Limits {
         max_requests_inflight: config.serving.max_requests_inflight,
+        max_mutating_requests_inflight: config.serving.max_mutating_requests_inflight,
         max_watches_per_user: config.serving.max_watches_per_user,
         request_timeout: config.serving.request_timeout,
+        header_read_timeout: config.serving.header_read_timeout,
+        tls_handshake_timeout: config.serving.tls_handshake_timeout,
         ..Limits::default()
     });
     let (app, gateways) = match kube_parts {

@@ -32,8 +32,9 @@ pub enum ConfigError {
     /// The heartbeat and the reader prove liveness about once a second.
     #[error("--change-feed-staleness-bound must be at least 1s")]
     StalenessBoundBelowOneSecond,
-    #[error("--max-requests-inflight and --max-watches-per-user must be greater than 0")]
-    ZeroLimit,
+    /// Zero would refuse every request (or every watch) of its kind.
+    #[error("--{0} must be greater than 0")]
+    ZeroLimit(&'static str),
     /// The DSN may carry a password: neither this nor its source includes it.
     #[error("--database-url")]
     Database(#[source] ConnectError),
@@ -90,9 +91,12 @@ pub struct Serving {
     pub sync: Option<SocketAddr>,
     pub cert: ServingCert,
     pub max_requests_inflight: usize,
+    pub max_mutating_requests_inflight: usize,
     pub max_watches_per_user: usize,
     /// Non-watch requests are answered 503 after this long.
     pub request_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
 }
 
 /// PostgreSQL and the change log; [`Storage::store_config`] reads the CA file.
@@ -140,8 +144,17 @@ impl TryFrom<Cli> for Config {
         .std();
         let enrollment_retention =
             positive("enrollment-retention", cli.storage.enrollment_retention)?.std();
-        if cli.serving.max_requests_inflight == 0 || cli.serving.max_watches_per_user == 0 {
-            return Err(ConfigError::ZeroLimit);
+        for (flag, value) in [
+            ("max-requests-inflight", cli.serving.max_requests_inflight),
+            (
+                "max-mutating-requests-inflight",
+                cli.serving.max_mutating_requests_inflight,
+            ),
+            ("max-watches-per-user", cli.serving.max_watches_per_user),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::ZeroLimit(flag));
+            }
         }
         Ok(Self {
             auth,
@@ -221,8 +234,12 @@ impl TryFrom<(&ServingArgs, &AuthMode)> for Serving {
             ),
             cert,
             max_requests_inflight: args.max_requests_inflight,
+            max_mutating_requests_inflight: args.max_mutating_requests_inflight,
             max_watches_per_user: args.max_watches_per_user,
             request_timeout: positive("request-timeout", args.request_timeout)?.std(),
+            header_read_timeout: positive("header-read-timeout", args.header_read_timeout)?.std(),
+            tls_handshake_timeout: positive("tls-handshake-timeout", args.tls_handshake_timeout)?
+                .std(),
         })
     }
 }
@@ -419,15 +436,67 @@ mod tests {
 
     #[test]
     fn zero_limits_are_refused() {
-        for flag in ["--max-requests-inflight", "--max-watches-per-user"] {
-            let err = message(standalone(&[flag, "0"]));
-            assert_eq!(
-                err,
-                "--max-requests-inflight and --max-watches-per-user must be greater than 0"
-            );
+        for flag in [
+            "max-requests-inflight",
+            "max-mutating-requests-inflight",
+            "max-watches-per-user",
+        ] {
+            let err = message(standalone(&[&format!("--{flag}"), "0"]));
+            assert_eq!(err, format!("--{flag} must be greater than 0"));
+            // Negative or not a number: a flag error before any of this.
+            for bad in ["-1", "many"] {
+                let err = Cli::try_parse_from([
+                    "mcp-access-apiserver",
+                    "--database-url",
+                    DSN,
+                    &format!("--{flag}={bad}"),
+                ])
+                .unwrap_err();
+                assert_eq!(
+                    err.kind(),
+                    clap::error::ErrorKind::ValueValidation,
+                    "{flag}={bad}"
+                );
+            }
         }
-        let ok = standalone(&["--max-requests-inflight", "7"]).unwrap();
+        let ok = standalone(&[
+            "--max-requests-inflight",
+            "7",
+            "--max-mutating-requests-inflight",
+            "3",
+        ])
+        .unwrap();
         assert_eq!(ok.serving.max_requests_inflight, 7);
+        assert_eq!(ok.serving.max_mutating_requests_inflight, 3);
+        // kube-apiserver's defaults.
+        let ok = standalone(&[]).unwrap();
+        assert_eq!(
+            (
+                ok.serving.max_requests_inflight,
+                ok.serving.max_mutating_requests_inflight
+            ),
+            (400, 200)
+        );
+    }
+
+    #[test]
+    fn listener_timeouts_default_to_ten_seconds_and_refuse_zero() {
+        let ok = standalone(&[]).unwrap();
+        assert_eq!(ok.serving.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(ok.serving.tls_handshake_timeout, Duration::from_secs(10));
+        let ok = standalone(&[
+            "--header-read-timeout",
+            "2500ms",
+            "--tls-handshake-timeout",
+            "3s",
+        ])
+        .unwrap();
+        assert_eq!(ok.serving.header_read_timeout, Duration::from_millis(2500));
+        assert_eq!(ok.serving.tls_handshake_timeout, Duration::from_secs(3));
+        for flag in ["header-read-timeout", "tls-handshake-timeout"] {
+            let err = message(standalone(&[&format!("--{flag}"), "0s"]));
+            assert_eq!(err, format!("--{flag} must be greater than 0"));
+        }
     }
 
     #[test]

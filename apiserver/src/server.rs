@@ -22,9 +22,6 @@ use crate::auth::ConnectionInfo;
 use crate::http::{AppState, Limits, SyncState};
 use crate::store::Store;
 
-/// How long a client may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long a draining connection may take to finish its requests before it is dropped.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -38,8 +35,11 @@ const HTTP2_MAX_STREAMS: u32 = 250;
 /// What a connection has been doing, shared by its I/O, its requests and its supervisor.
 struct ConnState {
     started: Instant,
-    /// Milliseconds since `started` of the last byte read or written.
+    /// Milliseconds since `started` of the last request's start or end (bytes that complete
+    /// no request, such as pings or a trickled header block, do not count).
     last_activity: AtomicU64,
+    /// Whether any request has reached the service.
+    served: AtomicBool,
     /// Milliseconds since `started` + 1 of the first write the socket refused, 0 if none.
     write_blocked_since: AtomicU64,
     /// Requests whose response has not been fully sent.
@@ -51,6 +51,7 @@ impl ConnState {
         Self {
             started: Instant::now(),
             last_activity: AtomicU64::new(0),
+            served: AtomicBool::new(false),
             write_blocked_since: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
         }
@@ -87,12 +88,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let result = Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.state.touch();
-        }
-        result
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
@@ -142,7 +138,6 @@ impl<T> Tracked<T> {
             }
             Poll::Ready(_) => {
                 self.state.write_blocked_since.store(0, Ordering::Relaxed);
-                self.state.touch();
             }
         }
     }
@@ -230,7 +225,8 @@ async fn serve_connection<A: Application>(
     app: A,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let limits = app.limits().clone();
+    let tls = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -246,7 +242,6 @@ async fn serve_connection<A: Application>(
             .map(|certs| certs.iter().map(|c| c.as_ref().to_vec()).collect())
             .unwrap_or_default(),
     };
-    let limits = app.limits().clone();
     let state = Arc::new(ConnState::new());
     let io = Tracked {
         io: tls,
@@ -258,6 +253,8 @@ async fn serve_connection<A: Application>(
             request.extensions_mut().insert(connection.clone());
             let app = app.clone();
             service_state.in_flight.fetch_add(1, Ordering::Relaxed);
+            service_state.served.store(true, Ordering::Relaxed);
+            service_state.touch();
             let guard = InFlight(service_state.clone());
             async move {
                 let response = app.call(request.map(Body::new)).await;
@@ -284,8 +281,12 @@ async fn serve_connection<A: Application>(
         .keep_alive_timeout(limits.http2_keepalive_interval);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let check = (limits.idle_timeout.min(limits.write_stall_timeout) / 4)
-        .clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let check = (limits
+        .idle_timeout
+        .min(limits.write_stall_timeout)
+        .min(limits.header_read_timeout)
+        / 4)
+    .clamp(Duration::from_millis(50), Duration::from_secs(5));
     let mut ticks = tokio::time::interval(check);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut draining: Option<Instant> = None;
@@ -310,6 +311,14 @@ async fn serve_connection<A: Application>(
             _ = ticks.tick() => {
                 if state.write_stalled_for() > limits.write_stall_timeout {
                     tracing::debug!(%peer, "dropping a connection whose client stopped reading");
+                    return;
+                }
+                // hyper bounds the wait for an HTTP/1.1 head; this bounds HTTP/2's first
+                // request (a preface and a header block trickled byte by byte).
+                if !state.served.load(Ordering::Relaxed)
+                    && state.started.elapsed() > limits.header_read_timeout
+                {
+                    tracing::debug!(%peer, "dropping a connection that sent no request in time");
                     return;
                 }
                 match draining {

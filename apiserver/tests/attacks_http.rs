@@ -586,13 +586,14 @@ async fn requests_over_the_inflight_cap_get_429_with_retry_after() {
     let server = TestServer::start_limited(|_| {}, HttpConfig::default(), limits).await;
     let url = ns_url(&server, "flood", "accesssessions");
     let path = url.trim_start_matches(&server.url).to_string();
-    // Three requests held in flight: headers sent, the body promised and never sent.
+    // Three reads held in flight: headers sent, the body promised and never sent. (Writes
+    // have a pool of their own: attacks_slow.rs.)
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut conn = raw_tls(&server).await;
         conn.write_all(
             format!(
-                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+                "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
             )
             .as_bytes(),
         )
@@ -1181,6 +1182,169 @@ async fn world_readable_token_and_key_files_are_refused_at_startup() {
     let err = refused_start(&a.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!err.contains("readable by"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The in-flight caps and the listener timeouts come from flags: a bad value stops startup
+/// before anything is bound, and the values given are the ones served with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inflight_caps_and_listener_timeouts_are_flags_and_bad_values_stop_startup() {
+    for (flag, value, says) in [
+        (
+            "--max-requests-inflight",
+            "0",
+            "--max-requests-inflight must be greater than 0",
+        ),
+        (
+            "--max-mutating-requests-inflight",
+            "0",
+            "--max-mutating-requests-inflight must be greater than 0",
+        ),
+        (
+            "--max-mutating-requests-inflight",
+            "-5",
+            "invalid value '-5'",
+        ),
+        (
+            "--max-mutating-requests-inflight",
+            "lots",
+            "invalid value 'lots'",
+        ),
+        (
+            "--header-read-timeout",
+            "0s",
+            "--header-read-timeout must be greater than 0",
+        ),
+        ("--header-read-timeout", "soon", "invalid duration"),
+        (
+            "--tls-handshake-timeout",
+            "0",
+            "--tls-handshake-timeout must be greater than 0",
+        ),
+        ("--tls-handshake-timeout", "-1s", "invalid"),
+    ] {
+        let err = refused_start(&[
+            "--standalone",
+            "--token-auth-file",
+            "/nonexistent/tokens.csv",
+            &format!("{flag}={value}"),
+        ]);
+        assert!(err.contains(says), "{flag}={value}: {err}");
+        // Refused on the flag, before the token file was looked at.
+        assert!(!err.contains("tokens.csv"), "{flag}={value}: {err}");
+    }
+
+    let bin = Binary::start(
+        &[
+            "--header-read-timeout",
+            "1s",
+            "--tls-handshake-timeout",
+            "1s",
+            "--max-mutating-requests-inflight",
+            "1",
+        ],
+        None,
+    )
+    .await;
+    // A handshake that never starts and headers that never end are closed after 1 s.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", bin.port))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let tls = tls_connector_for(&bin.ca_pem);
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", bin.port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut slow = tls.connect(name, tcp).await.unwrap();
+    slow.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    slow.flush().await.unwrap();
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the unfinished headers kept the connection for 5 s"
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    // One write in flight at most: a second one while the first is held is 429.
+    let mut held = tls
+        .connect(
+            rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tokio::net::TcpStream::connect(("127.0.0.1", bin.port))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let collection = format!("/apis/{}/namespaces/caps/accesssessions", apis::API_VERSION);
+    held.write_all(
+        format!(
+            "POST {collection} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{",
+            bin.token
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    held.flush().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = bin
+            .http()
+            .post(format!("{}{collection}", bin.url()))
+            .bearer_auth(&bin.token)
+            .json(&session_json("s1"))
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 429 {
+            assert_eq!(resp.headers().get("retry-after").unwrap(), "1");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "answered {}, never 429",
+            resp.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Reads have their own pool.
+    assert_eq!(bin.version().await, 200);
+    drop(held);
+}
+
+fn tls_connector_for(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 /// Local addresses (hex, as /proc/net/tcp shows them) the process listens on at `port`.

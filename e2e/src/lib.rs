@@ -259,6 +259,11 @@ impl LocalCluster {
         Ok(out.stdout)
     }
 
+    /// The process id of the running `mcp-access-apiserver` (for its memory, in benchmarks).
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
     /// The gateway sync listener's URL.
     pub fn sync_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.sync_port)

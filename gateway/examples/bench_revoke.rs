@@ -35,6 +35,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 
 const NS: &str = "bench-revoke";
+/// Load caches started at once.
+const START_BATCH: usize = 250;
 
 struct Args {
     trials: usize,
@@ -195,15 +197,22 @@ async fn run(
     for &gateways in &args.gateways {
         // Bring the in-process instances to `gateways - 1`, all synced.
         load.truncate(gateways - 1);
-        while load.len() < gateways - 1 {
-            let config = CacheConfig::new(cluster.sync_url(), cluster.sync_ca(), token_file);
-            load.push(SessionCache::start(config)?);
-        }
         let started = Instant::now();
-        for (cache, _) in &load {
-            tokio::time::timeout(Duration::from_secs(120), cache.ready())
-                .await
-                .context("a load cache did not sync within 120 s")?;
+        // In batches, each synced before the next starts: thousands of first lists at once
+        // would all miss the apiserver's verified-chain cache together (one token here) and
+        // flood kube-apiserver with the same TokenReview, which no fleet of gateways with
+        // a token each would do.
+        while load.len() < gateways - 1 {
+            let batch = (gateways - 1 - load.len()).min(START_BATCH);
+            for _ in 0..batch {
+                let config = CacheConfig::new(cluster.sync_url(), cluster.sync_ca(), token_file);
+                load.push(SessionCache::start(config)?);
+            }
+            for (cache, _) in &load[load.len() - batch..] {
+                tokio::time::timeout(Duration::from_secs(120), cache.ready())
+                    .await
+                    .context("a load cache did not sync within 120 s")?;
+            }
         }
         eprintln!(
             "{gateways} gateway(s) connected ({} in-process caches synced in {:.1}s)",
@@ -214,6 +223,7 @@ async fn run(
         let mut deny = Vec::with_capacity(args.trials);
         let mut subscription = Vec::with_capacity(args.trials);
         let mut all_deny = Vec::with_capacity(args.trials);
+        let mut late = Vec::new();
         for trial in 0..args.trials {
             let name = format!("s-{gateways}-{trial}");
             let session = AccessSession {
@@ -313,7 +323,10 @@ async fn run(
                         break;
                     }
                     if written.elapsed() > Duration::from_secs(10) {
-                        bail!("{name}: {allowing} load caches still allow it 10 s after the revocation");
+                        // Reported, not fatal: how often and how many is the finding.
+                        eprintln!("{name}: {allowing} load caches still allow it 10 s after the revocation");
+                        late.push(allowing);
+                        break;
                     }
                     tokio::task::yield_now().await;
                 }
@@ -331,7 +344,7 @@ async fn run(
                     * 1e3,
             );
         }
-        results.push((gateways, deny, subscription, all_deny));
+        results.push((gateways, deny, subscription, all_deny, late));
     }
 
     println!();
@@ -339,7 +352,7 @@ async fn run(
         "revoke-to-deny through kube-apiserver, {} trials per row, measured from the completed write",
         args.trials
     );
-    for (gateways, deny, subscription, all_deny) in results {
+    for (gateways, deny, subscription, all_deny, late) in results {
         println!(
             "gateways {gateways:>4}  deny (sidecar 401 session_revoked): {}",
             summary(deny)
@@ -352,6 +365,13 @@ async fn run(
             println!(
                 "                every in-process cache denies:         {}",
                 summary(all_deny)
+            );
+        }
+        if !late.is_empty() {
+            println!(
+                "                trials where some caches still allowed after 10 s: {} (most caches at once: {})",
+                late.len(),
+                late.iter().max().copied().unwrap_or(0)
             );
         }
     }

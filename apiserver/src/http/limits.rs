@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::header;
+use http::{header, Method, Uri};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::{ApiError, ApiResult};
 use super::patch;
@@ -19,17 +20,26 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// feed and copied to every watcher, so this bounds memory per object.
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
-/// Limits and timeouts of the API listener, in the spirit of kube-apiserver's
-/// `--max-requests-inflight` and its HTTP server settings.
+/// Limits and timeouts of the API and gateway sync listeners, in the spirit of
+/// kube-apiserver's `--max-requests-inflight`, `--max-mutating-requests-inflight` and its
+/// HTTP server settings.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Requests other than watches served at once; more get 429.
+    /// Non-mutating requests (get, list; not watches) served at once; more get 429.
     pub max_requests_inflight: usize,
+    /// Mutating requests (create, update, patch, delete) served at once; more get 429.
+    pub max_mutating_requests_inflight: usize,
     /// Watches one user may hold open at once; more get 429.
     pub max_watches_per_user: usize,
-    /// How long a client may take to send a request's headers (kube-apiserver: 32 s).
+    /// How long a client may take to complete the TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// How long a client may take to send a request's headers. For HTTP/1.1 the clock also
+    /// runs while a keep-alive connection waits for its next request (hyper starts it when
+    /// it waits for a head); for HTTP/2 it bounds the wait for the first request.
     pub header_read_timeout: Duration,
-    /// How long a connection with no request in flight stays open (kube-apiserver: 90 s).
+    /// How long a connection with no request in flight stays open (kube-apiserver: 90 s),
+    /// counted from its last request: bytes that complete no request (pings, a trickled
+    /// HTTP/2 header block) do not keep it open.
     pub idle_timeout: Duration,
     /// How long a connection may have output pending that the client does not read
     /// before it is dropped: a client that stops reading a watch otherwise pins the
@@ -46,13 +56,97 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_requests_inflight: 400,
+            max_mutating_requests_inflight: 200,
             max_watches_per_user: 100,
-            header_read_timeout: Duration::from_secs(32),
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(90),
             write_stall_timeout: Duration::from_secs(60),
             http2_keepalive_interval: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+/// Which in-flight pool a request counts against, as kube-apiserver classifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RequestKind {
+    /// get, list and every other non-mutating method: `--max-requests-inflight`.
+    ReadOnly,
+    /// create, update, patch, delete: `--max-mutating-requests-inflight`.
+    Mutating,
+    /// A watch of a collection: not counted (it would hold its slot for its whole life),
+    /// bounded per user by `--max-watches-per-user` instead.
+    LongRunning,
+}
+
+impl RequestKind {
+    /// The kind of a request, from its method and URI alone (before authentication).
+    pub(crate) fn of(method: &Method, uri: &Uri) -> Self {
+        match *method {
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE => Self::Mutating,
+            Method::GET | Method::HEAD => {
+                // Only what routing would serve as a watch: `?watch=1` on a single object
+                // or a bad value of `watch` must not slip past the cap.
+                let watch = super::request::Params::parse(uri.query())
+                    .and_then(|p| p.is_watch())
+                    .unwrap_or(false);
+                let segments = super::route::segments(uri.path());
+                let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+                let collection = matches!(
+                    super::route::Target::parse(&segs),
+                    super::route::Target::Resource {
+                        name: None,
+                        subresource: None,
+                        ..
+                    }
+                );
+                if watch && collection {
+                    Self::LongRunning
+                } else {
+                    Self::ReadOnly
+                }
+            }
+            _ => Self::ReadOnly,
+        }
+    }
+
+    /// The `request_kind` label (kube-apiserver's spelling).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "readOnly",
+            Self::Mutating => "mutating",
+            Self::LongRunning => "watch",
+        }
+    }
+}
+
+/// The two in-flight pools of a listener pair (the API and the sync listener share them).
+#[derive(Clone, Debug)]
+pub(crate) struct InflightLimiter {
+    read_only: Arc<Semaphore>,
+    mutating: Arc<Semaphore>,
+}
+
+impl InflightLimiter {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        Self {
+            read_only: Arc::new(Semaphore::new(limits.max_requests_inflight)),
+            mutating: Arc::new(Semaphore::new(limits.max_mutating_requests_inflight)),
+        }
+    }
+
+    /// A place for a request of `kind` (none needed for a long-running one), or the 429
+    /// kube-apiserver answers when its pool is full: `Retry-After: 1`, reason TooManyRequests.
+    pub(crate) fn admit(&self, kind: RequestKind) -> ApiResult<Option<OwnedSemaphorePermit>> {
+        let pool = match kind {
+            RequestKind::ReadOnly => &self.read_only,
+            RequestKind::Mutating => &self.mutating,
+            RequestKind::LongRunning => return Ok(None),
+        };
+        pool.clone().try_acquire_owned().map(Some).map_err(|_| {
+            ApiError::too_many_requests("Too many requests, please try again later.", 1)
+        })
     }
 }
 

@@ -29,7 +29,7 @@ pub use request::Rendering;
 pub use sync::SyncState;
 
 use documents::Documents;
-use limits::{read_body, WatchCounter};
+use limits::{read_body, InflightLimiter, RequestKind, WatchCounter};
 use observe::{request_span, RecordUser};
 use route::Target;
 
@@ -98,7 +98,7 @@ pub struct AppState<S> {
     pub namespaces: Option<Arc<NamespaceLifecycle>>,
     /// Limits and timeouts of the listener.
     pub limits: Limits,
-    inflight: Arc<tokio::sync::Semaphore>,
+    inflight: InflightLimiter,
     watches: Arc<WatchCounter>,
     docs: Arc<Documents>,
 }
@@ -139,9 +139,7 @@ impl<S: Store + Clone> AppState<S> {
             shutdown,
             namespaces: None,
             limits: Limits::default(),
-            inflight: Arc::new(tokio::sync::Semaphore::new(
-                Limits::default().max_requests_inflight,
-            )),
+            inflight: InflightLimiter::new(&Limits::default()),
             watches: Arc::default(),
             docs: Arc::new(Documents::build()),
         }
@@ -149,7 +147,7 @@ impl<S: Store + Clone> AppState<S> {
 
     /// Sets the listener's limits and timeouts.
     pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.inflight = Arc::new(tokio::sync::Semaphore::new(limits.max_requests_inflight));
+        self.inflight = InflightLimiter::new(&limits);
         self.limits = limits;
         self
     }
@@ -171,24 +169,9 @@ impl<S: Store + Clone> AppState<S> {
         let started = Instant::now();
         let method = request.method().clone();
         // Watches are long-running and capped per user instead (in `serve`).
-        let long_running = request::Params::parse(request.uri().query())
-            .and_then(|p| p.is_watch())
-            .unwrap_or(false);
-        let _permit = if long_running {
-            None
-        } else {
-            match self.inflight.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    let response = ApiError::too_many_requests(
-                        "Too many requests, please try again later.",
-                        1,
-                    )
-                    .into_response();
-                    self.metrics.count(("", &method), "", &response, started);
-                    return response;
-                }
-            }
+        let _permit = match self.admit(&request, started) {
+            Ok(permit) => permit,
+            Err(response) => return *response,
         };
         let routed = if long_running {
             self.route(request).await
@@ -220,6 +203,22 @@ impl<S: Store + Clone> AppState<S> {
             Some(permit) => hold_while_streaming(response, permit),
             None => response,
         }
+    }
+
+    /// A place in the request's in-flight pool, or the 429 (counted) that refuses it.
+    fn admit(
+        &self,
+        request: &Request,
+        started: Instant,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Box<Response>> {
+        let kind = RequestKind::of(request.method(), request.uri());
+        self.inflight.admit(kind).map_err(|e| {
+            self.metrics.rejected(kind);
+            let response = e.into_response();
+            self.metrics
+                .count(("", request.method()), "", &response, started);
+            Box::new(response)
+        })
     }
 
     async fn route(
@@ -375,6 +374,7 @@ impl<S: Store + Clone> AppState<S> {
                     .watches
                     .try_acquire(&req.user.name, self.limits.max_watches_per_user)
                 else {
+                    self.metrics.rejected(RequestKind::LongRunning);
                     return Err(ApiError::too_many_requests(
                         format!(
                             "Too many requests: at most {} watches per user are served at once",

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use super::limits::RequestKind;
 use super::route::Target;
 use crate::auth::{AuthenticationError, Authenticator, ConnectionInfo, UserInfo};
 
@@ -71,6 +72,12 @@ pub(crate) struct ResourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RejectedLabels {
+    /// `readOnly`, `mutating` or `watch`, as kube-apiserver's `request_kind`.
+    request_kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CutoffLabels {
     resource: &'static str,
     /// The Status reason the watch ended with (`Expired`, `ServiceUnavailable`, …).
@@ -95,6 +102,7 @@ pub struct HttpMetrics {
     watches: Gauge,
     watchers: Family<ResourceLabels, Gauge>,
     cutoffs: Family<CutoffLabels, Counter>,
+    rejected: Family<RejectedLabels, Counter>,
 }
 
 impl Default for HttpMetrics {
@@ -105,6 +113,7 @@ impl Default for HttpMetrics {
             watches: Gauge::default(),
             watchers: Family::default(),
             cutoffs: Family::default(),
+            rejected: Family::default(),
         }
     }
 }
@@ -120,6 +129,15 @@ impl HttpMetrics {
                     reason,
                 });
             }
+        }
+        for kind in [
+            RequestKind::ReadOnly,
+            RequestKind::Mutating,
+            RequestKind::LongRunning,
+        ] {
+            let _ = metrics.rejected.get_or_create(&RejectedLabels {
+                request_kind: kind.label(),
+            });
         }
         let sub = registry.sub_registry_with_prefix("mcp_access_apiserver");
         sub.register(
@@ -148,7 +166,21 @@ impl HttpMetrics {
             "Watches the server ended with an error event (feed stalled or rotated, consumer too slow, store unavailable), by resource and reason",
             metrics.cutoffs.clone(),
         );
+        sub.register(
+            "rejected_requests",
+            "Requests answered 429 because their in-flight pool (readOnly, mutating) or the caller's watch quota (watch) was full",
+            metrics.rejected.clone(),
+        );
         Arc::new(metrics)
+    }
+
+    /// A request of `kind` was refused with 429 by its in-flight pool or watch quota.
+    pub(crate) fn rejected(&self, kind: RequestKind) {
+        self.rejected
+            .get_or_create(&RejectedLabels {
+                request_kind: kind.label(),
+            })
+            .inc();
     }
 
     /// A watch on `resource` started streaming; the returned guard ends it.

@@ -108,26 +108,9 @@ impl<S: Store + Clone> SyncState<S> {
     async fn handle_in_span(self, request: Request) -> Response {
         let started = Instant::now();
         let method = request.method().clone();
-        let long_running = Params::parse(request.uri().query())
-            .and_then(|p| p.is_watch())
-            .unwrap_or(false);
-        let _permit = if long_running {
-            None
-        } else {
-            match self.app.inflight.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    let response = ApiError::too_many_requests(
-                        "Too many requests, please try again later.",
-                        1,
-                    )
-                    .into_response();
-                    self.app
-                        .metrics
-                        .count(("", &method), "", &response, started);
-                    return response;
-                }
-            }
+        let _permit = match self.app.admit(&request, started) {
+            Ok(permit) => permit,
+            Err(response) => return *response,
         };
         let (verb, response) = match self.route(request).await {
             Ok((verb, response)) => (verb, response),
@@ -258,6 +241,7 @@ impl<S: Store + Clone> SyncState<S> {
             .watches
             .try_acquire(&gateway.pod_uid, self.app.limits.max_watches_per_user)
         else {
+            self.app.metrics.rejected(super::RequestKind::LongRunning);
             return Err(ApiError::too_many_requests(
                 format!(
                     "Too many requests: at most {} watches per gateway pod are served at once",
