@@ -491,11 +491,6 @@ impl LocalCluster {
         Ok(controllers)
     }
 
-    /// The process id of the running `mcp-access-apiserver` (for memory figures).
-    pub fn apiserver_pid(&self) -> Option<u32> {
-        self.apiserver.as_ref().map(Child::id)
-    }
-
     /// Fails if the `mcp-access-apiserver` this cluster started is not running.
     pub fn ensure_apiserver_running(&mut self) -> Result<()> {
         let log = self.dir.join("logs/mcp-access-apiserver.log");
