@@ -168,7 +168,11 @@ impl<S: Store + Clone> AppState<S> {
     async fn handle_in_span(self, request: Request) -> Response {
         let started = Instant::now();
         let method = request.method().clone();
-        // Watches are long-running and capped per user instead (in `serve`).
+        // Watches are long-running: capped per user instead (in `serve`), never timed out.
+        let long_running = matches!(
+            RequestKind::of(request.method(), request.uri()),
+            RequestKind::LongRunning
+        );
         let _permit = match self.admit(&request, started) {
             Ok(permit) => permit,
             Err(response) => return *response,
