@@ -277,3 +277,67 @@ async fn a_failing_statement_fails_only_its_own_mutation() {
         assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
     }
 }
+
+/// A caller that goes away while its mutation is still queued (its client disconnected, its
+/// request timed out) withdraws it: it never runs after the caller stopped waiting. One that
+/// waited past the queue bound is answered 503 and never runs either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_withdrawn_or_timed_out_mutation_never_runs() {
+    let db = TestDb::new().await;
+    let mut config = db.store_config();
+    config.pool_timeout = std::time::Duration::from_millis(800);
+    let store = apiserver::store::PgStore::start(config).await.unwrap();
+    store
+        .create_session(mk_session("team-a", "warm", "srv-1"), false)
+        .await
+        .unwrap();
+    // Another replica holds the sync-state lock: the writer's group waits behind it.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT 1 FROM sync_state WHERE id = 1 FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .create_session(mk_session("team-a", "first", "srv-1"), false)
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Queued behind the blocked group: dropped after 100 ms.
+    let dropped = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        store.create_session(mk_session("team-a", "dropped", "srv-1"), false),
+    )
+    .await;
+    assert!(dropped.is_err(), "the mutation cannot have run yet");
+    // Queued until the bound: answered 503.
+    let late = store
+        .create_session(mk_session("team-a", "late", "srv-1"), false)
+        .await;
+    assert!(
+        matches!(late, Err(StoreError::Unavailable(ref m)) if m.contains("no turn to write")),
+        "{late:?}"
+    );
+    held.rollback().await.unwrap();
+    first
+        .await
+        .unwrap()
+        .expect("the group behind the lock commits");
+    // Whatever the writer runs next, neither withdrawn mutation is among it.
+    store
+        .create_session(mk_session("team-a", "after", "srv-1"), false)
+        .await
+        .unwrap();
+    for (name, present) in [
+        ("first", true),
+        ("dropped", false),
+        ("late", false),
+        ("after", true),
+    ] {
+        let got = store.get::<AccessSession>("team-a", name).await;
+        assert_eq!(got.is_ok(), present, "{name}: {got:?}");
+    }
+}

@@ -114,6 +114,9 @@ impl Writer {
         self.queue
             .send(job)
             .map_err(|_| StoreError::Unavailable("the store's writer has stopped".into()))?;
+        // A caller that goes away (its client disconnected, its request timed out) before
+        // the mutation was taken withdraws it too.
+        let _withdraw = Withdraw(&state);
         let wait = self.wait;
         let outcome = match tokio::time::timeout(wait, &mut answered).await {
             Ok(outcome) => outcome,
@@ -135,6 +138,17 @@ impl Writer {
                 "the write ended without an answer; its outcome is unknown".into(),
             ))
         })
+    }
+}
+
+/// Withdraws a mutation still queued when dropped (a no-op once it was taken or answered).
+struct Withdraw<'a>(&'a AtomicU8);
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
