@@ -28,6 +28,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Raises this process's soft descriptor limit to at least `want` (up to the hard limit):
 /// each connection here costs two descriptors, the client's and the server's.
+/// The tests of this file flood a server of their own (1,200 stalled connections, a cap held
+/// full, a watcher that never reads) and time what others still get: run one at a time, so
+/// one's flood is not another's weather.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn raise_nofile(want: u64) {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -377,6 +382,7 @@ async fn slowloris_on(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_slowloris_connections_are_closed_on_both_listeners_while_others_are_served() {
+    let _serial = SERIAL.lock().await;
     raise_nofile(8192);
     let limits = Limits {
         // Long enough for all 1,200 to be open at once on a loaded machine.
@@ -486,6 +492,7 @@ fn session(name: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_and_read_only_requests_are_capped_apart_with_429_and_retry_after() {
+    let _serial = SERIAL.lock().await;
     let server = Listeners::start(Limits {
         max_requests_inflight: 2,
         max_mutating_requests_inflight: 2,
@@ -613,6 +620,7 @@ const SLOW_CONSUMER_CUTOFFS: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_never_reads_is_cut_off_with_expired_without_delaying_another() {
+    let _serial = SERIAL.lock().await;
     let limits = Limits {
         // Only the change feed's per-watcher queue may act here.
         write_stall_timeout: Duration::from_secs(600),
