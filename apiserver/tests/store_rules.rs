@@ -31,7 +31,7 @@ async fn migrations_are_recorded_and_idempotent() {
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2, 3], "each migration recorded once");
+    assert_eq!(versions, [1, 2, 3, 4], "each migration recorded once");
 }
 
 #[allow(non_snake_case)]
