@@ -107,14 +107,19 @@ impl Shared {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies `f` to the state and wakes subscribers when it changed something they see.
+    /// Applies `f`; wakes subscribers (and [`SessionCache::ready`]) when the snapshot changed
+    /// or when it regained authority: a bookmark after an outage changes no session, yet a
+    /// stale cache is fresh again.
     fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let now = Instant::now();
         let mut st = self.write();
         let before = st.generation();
+        let had_authority = st.authority(now, self.window).is_ok();
         let result = f(&mut st);
         let after = st.generation();
+        let regained = !had_authority && st.authority(now, self.window).is_ok();
         drop(st);
-        if after != before {
+        if after != before || regained {
             self.changes.send_replace(after);
         }
         result

@@ -66,6 +66,18 @@ impl Drop for Apiserver {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A failing test shows what the server said.
+        if std::thread::panicking() {
+            for log in ["apiserver.log", "peer.log"] {
+                if let Ok(text) = std::fs::read_to_string(self.dir.join(log)) {
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    eprintln!("--- {log} (last lines) ---");
+                    for line in tail.into_iter().rev() {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -169,7 +181,10 @@ impl Apiserver {
         Command::new(apiserver_bin())
             .args(&args)
             .env("MCP_ACCESS_DATABASE_URL", &self.dsn)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("MCP_TEST_APISERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
