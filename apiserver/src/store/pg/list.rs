@@ -274,40 +274,17 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
     let rv = ResourceVersion::new(epoch, at);
     let page = PageQuery::new::<K>(query, Columns::Body);
     let want = query.limit.filter(|l| *l > 0);
-    let mut items = Vec::new();
-    let mut more = false;
-    loop {
-        let chunk = chunk_size(want, items.len());
-        let rows = page.rows(&tx, at, &after, chunk).await?;
-        let exhausted = rows.len() < chunk;
-        for row in rows {
-            after = key_of(&row);
-            let body: Value = row.get(3);
-            if !labels_match(&query.labels, body.pointer("/metadata/labels").cloned()) {
-                continue;
-            }
-            if want.is_some_and(|w| items.len() == w) {
-                more = true;
-                break;
-            }
-            let seq = row.get::<_, i64>(2) as u64;
-            items.push((body, ResourceVersion::new(epoch, seq), after.clone()));
-        }
-        if more || exhausted {
-            break;
-        }
-    }
-    let continue_token = more.then(|| {
-        let (ns, name) = items
-            .last()
-            .map(|(_, _, key)| key.clone())
-            .unwrap_or_default();
-        continue_token(rv, ns, name)
-    });
-    let mut objects = items
-        .into_iter()
-        .map(|(body, item_rv, _)| decode::<K>(body, item_rv))
-        .collect::<Result<Vec<K>>>()?;
+    let keep = |row: &Row| {
+        let labels = row.get::<_, Value>(3).pointer("/metadata/labels").cloned();
+        labels_match(&query.labels, labels)
+    };
+    let filled = fill(&page, &tx, at, &mut after, want, keep, |row| {
+        let seq = row.get::<_, i64>(2) as u64;
+        decode::<K>(row.get(3), ResourceVersion::new(epoch, seq))
+    })
+    .await?;
+    let continue_token = filled.more.then(|| continue_token(rv, filled.last));
+    let mut objects = filled.items;
     complete(&tx, epoch, &mut objects).await?;
     tx.commit().await.map_err(pg_err)?;
     Ok(ObjectList {
@@ -323,13 +300,62 @@ fn chunk_size(want: Option<usize>, have: usize) -> usize {
         .min(LIST_CHUNK * 5)
 }
 
-fn continue_token(rv: ResourceVersion, ns: String, name: String) -> String {
+fn continue_token(rv: ResourceVersion, (ns, name): (String, String)) -> String {
     ContinueToken {
         rv: rv.to_string(),
         ns,
         name,
     }
     .encode()
+}
+
+/// A page as [`fill`] assembled it.
+struct Filled<T> {
+    items: Vec<T>,
+    /// The key of the last item (where the next page starts).
+    last: (String, String),
+    /// Rows past the page remain.
+    more: bool,
+}
+
+/// Assembles a page: rows after `after` in chunks, those the label selector `keep`s made
+/// items by `item`, until `want` items are held and one more row is kept (`more`; that row is
+/// never made an item) or the rows run out. Without `want`, every row. `after` ends at the last
+/// row read.
+async fn fill<T>(
+    page: &PageQuery,
+    client: &impl GenericClient,
+    at: u64,
+    after: &mut (String, String),
+    want: Option<usize>,
+    keep: impl Fn(&Row) -> bool,
+    item: impl Fn(&Row) -> Result<T>,
+) -> Result<Filled<T>> {
+    let mut filled = Filled {
+        items: Vec::new(),
+        last: Default::default(),
+        more: false,
+    };
+    loop {
+        let chunk = chunk_size(want, filled.items.len());
+        let rows = page.rows(client, at, after, chunk).await?;
+        let exhausted = rows.len() < chunk;
+        for row in rows {
+            *after = key_of(&row);
+            if !keep(&row) {
+                continue;
+            }
+            if want.is_some_and(|w| filled.items.len() == w) {
+                filled.more = true;
+                return Ok(filled);
+            }
+            filled.items.push(item(&row)?);
+            filled.last = after.clone();
+        }
+        if exhausted {
+            return Ok(filled);
+        }
+    }
 }
 
 /// A list served from the stored text (see `store/raw.rs`). A page (`limit`) is read in
@@ -362,34 +388,16 @@ pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) ->
     let rv = ResourceVersion::new(epoch, at);
     let items = match query.limit.filter(|l| *l > 0) {
         Some(want) => {
-            let mut items = Vec::new();
-            let mut last = (String::new(), String::new());
-            let mut more = false;
-            loop {
-                let chunk = chunk_size(Some(want), items.len());
-                let rows = page.rows(&tx, at, &after, chunk).await?;
-                let exhausted = rows.len() < chunk;
-                for row in rows {
-                    after = key_of(&row);
-                    if !raw_labels_match(&row, &query.labels) {
-                        continue;
-                    }
-                    if items.len() == want {
-                        more = true;
-                        break;
-                    }
-                    items.push(raw_item::<K>(&row, epoch)?);
-                    last = after.clone();
-                }
-                if more || exhausted {
-                    break;
-                }
-            }
+            let keep = |row: &Row| raw_labels_match(row, &query.labels);
+            let filled = fill(&page, &tx, at, &mut after, Some(want), keep, |row| {
+                raw_item::<K>(row, epoch)
+            })
+            .await?;
             tx.commit().await.map_err(pg_err)?;
             return Ok(RawList {
                 resource_version: rv,
-                continue_token: more.then(|| continue_token(rv, last.0, last.1)),
-                items: Box::pin(stream::iter(items.into_iter().map(Ok))),
+                continue_token: filled.more.then(|| continue_token(rv, filled.last)),
+                items: Box::pin(stream::iter(filled.items.into_iter().map(Ok))),
             });
         }
         None => {
