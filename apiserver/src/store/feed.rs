@@ -320,7 +320,20 @@ struct State {
     retired: Vec<u32>,
     /// The last event fanned out in this epoch: on reconnect the log must still hold it.
     last: Option<Arc<Event>>,
+    /// The furthest point of the history this process has handed out to clients, by any
+    /// path (writes acknowledged, lists read, events fanned out): `(epoch, seq)`. A database
+    /// behind it in the same epoch is an older copy, even when this reader never saw that
+    /// far (it was disconnected while the others went on).
+    seen: Option<(u32, u64)>,
+    /// A history reset noticed outside the reader (by a write or a list): rotate this epoch.
+    reset_requested: Option<(u32, String)>,
 }
+
+/// A point of the history taken before a database read: [`Feed::went_back`] compares what
+/// the read found with it. Taken before, so that a change committed while the read ran (and
+/// observed meanwhile) never looks like one the database lost.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mark(Option<(u32, u64)>);
 
 /// What the feed can vouch for.
 struct Liveness {
@@ -381,6 +394,8 @@ impl Feed {
                 },
                 retired: Vec::new(),
                 last: None,
+                seen: None,
+                reset_requested: None,
             }),
             pool,
             limits: FeedLimits {
@@ -391,6 +406,43 @@ impl Feed {
             epochs: tokio::sync::watch::Sender::new(epoch),
             metrics: FeedMetrics::default(),
         })
+    }
+
+    /// Records that `(epoch, seq)` was handed out to a client (acknowledged or listed).
+    pub(crate) fn observe(&self, epoch: u32, seq: u64) {
+        let mut state = self.state();
+        match &mut state.seen {
+            Some((e, s)) if *e == epoch => *s = (*s).max(seq),
+            seen => *seen = Some((epoch, seq)),
+        }
+    }
+
+    /// The furthest point handed out so far; take it before reading the database's head.
+    pub(crate) fn mark(&self) -> Mark {
+        let state = self.state();
+        Mark(
+            state
+                .seen
+                .map(|(e, s)| (e, s.max(state.head)))
+                .or(Some((state.epoch, state.head))),
+        )
+    }
+
+    /// Whether the database's `(epoch, seq)`, read after `mark` was taken, is behind what
+    /// this process had handed out by then: an older copy of the database was put back. If
+    /// so, asks the reader to rotate the epoch (every watcher relists) and returns why.
+    pub(crate) fn went_back(&self, mark: Mark, epoch: u32, seq: u64) -> Option<String> {
+        let (e, at) = mark.0?;
+        if e != epoch || seq >= at {
+            return None;
+        }
+        let reason = format!(
+            "the change history went back from {at} to {seq} in epoch {epoch}: an older copy \
+             of the database was restored"
+        );
+        self.state().reset_requested = Some((epoch, reason.clone()));
+        self.wake.notify_one();
+        Some(reason)
     }
 
     /// The feed's metrics, to register before serving.
@@ -473,6 +525,7 @@ impl Feed {
             }
             loop {
                 let started = Instant::now();
+                let mark = self.mark();
                 let head = self.state().head as i64;
                 let page_bytes = self.limits.page_bytes as i64;
                 let rows = timed(limit, async {
@@ -482,7 +535,7 @@ impl Feed {
                         .map_err(unavailable)
                 })
                 .await?;
-                match self.publish(&rows, started)? {
+                match self.publish(&rows, started, mark)? {
                     Page::Published(0) => {}
                     Page::Published(_) => continue,
                     Page::Reset { epoch, reason } => {
@@ -517,6 +570,7 @@ impl Feed {
     /// not be behind this reader's and the event at this reader's head must be the one it
     /// fanned out. Returns the epoch to rotate and why.
     async fn recheck(&self, client: &tokio_postgres::Client) -> Result<Option<(u32, String)>> {
+        let mark = self.mark();
         let snapshot = super::epoch::read(client).await?;
         if let Some(reason) = snapshot.reset_reason(super::epoch::Unknown::Ignored) {
             return Ok(Some((snapshot.epoch, reason)));
@@ -543,6 +597,9 @@ impl Feed {
         if snapshot.epoch != epoch {
             // Rotated meanwhile by someone else: the reader switches on its next page.
             return Ok(None);
+        }
+        if let Some(reason) = self.went_back(mark, epoch, snapshot.seq) {
+            return Ok(Some((epoch, reason)));
         }
         if snapshot.seq < head {
             return Ok(Some((
@@ -700,13 +757,20 @@ impl Feed {
     }
 
     /// Fans out one page read at `started`, unless it shows that the history was reset.
-    fn publish(&self, rows: &[Row], started: Instant) -> Result<Page> {
+    fn publish(&self, rows: &[Row], started: Instant, mark: Mark) -> Result<Page> {
         let Some(first) = rows.first() else {
             return Err(StoreError::Internal("sync_state row is missing".into()));
         };
         let epoch = first.get::<_, i32>("epoch") as u32;
         let db_seq = first.get::<_, i64>("db_seq") as u64;
+        if let Some(reason) = self.went_back(mark, epoch, db_seq) {
+            self.state().reset_requested = None;
+            return Ok(Page::Reset { epoch, reason });
+        }
         let mut state = self.state();
+        if let Some((epoch, reason)) = state.reset_requested.take() {
+            return Ok(Page::Reset { epoch, reason });
+        }
         if first.get::<_, bool>("rotate_requested") {
             return Ok(Page::Reset {
                 epoch,

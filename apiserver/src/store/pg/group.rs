@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::pool_err;
 use super::tx::WriteTx;
+use crate::store::feed::Feed;
 use crate::store::rv::ResourceVersion;
 use crate::store::transact::{Backend, OnCommit};
 use crate::store::{Result, SessionChanges, SessionSignals, StoreError};
@@ -51,7 +52,12 @@ struct Tally {
 }
 
 /// The writer task: runs queued mutations in groups until every [`Writer`] is dropped.
-async fn run(mut queue: mpsc::UnboundedReceiver<Job>, pool: Pool, tally: Arc<Tally>) {
+async fn run(
+    mut queue: mpsc::UnboundedReceiver<Job>,
+    pool: Pool,
+    feed: Arc<Feed>,
+    tally: Arc<Tally>,
+) {
     let mut received = Vec::with_capacity(MAX_GROUP);
     while queue.recv_many(&mut received, MAX_GROUP).await > 0 {
         // A mutation whose caller gave up waiting is never run: it was answered 503.
@@ -65,7 +71,7 @@ async fn run(mut queue: mpsc::UnboundedReceiver<Job>, pool: Pool, tally: Arc<Tal
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         // A panicking hook must not take the writer down: the group's transaction is
         // dropped (its connection closed, so rolled back) and its callers are told.
-        if AssertUnwindSafe(run_group(&pool, group))
+        if AssertUnwindSafe(run_group(&pool, &feed, group))
             .catch_unwind()
             .await
             .is_err()
@@ -77,10 +83,15 @@ async fn run(mut queue: mpsc::UnboundedReceiver<Job>, pool: Pool, tally: Arc<Tal
 
 impl Writer {
     /// The queue and the task that drains it.
-    pub fn new(pool: Pool, wait: Duration) -> (Self, impl Future<Output = ()> + Send + 'static) {
+    /// The feed hears of every sequence acknowledged, and of a database found behind them.
+    pub fn new(
+        pool: Pool,
+        feed: Arc<Feed>,
+        wait: Duration,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (queue, receiver) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
-        let task = run(receiver, pool, tally.clone());
+        let task = run(receiver, pool, feed, tally.clone());
         (Self { queue, wait, tally }, task)
     }
 
@@ -263,11 +274,18 @@ impl Backend for GroupTx {
     }
 }
 
-async fn run_group(pool: &Pool, group: Vec<Job>) {
+async fn run_group(pool: &Pool, feed: &Feed, group: Vec<Job>) {
+    let mark = feed.mark();
     let begun = match pool.get().await.map_err(pool_err) {
         Ok(client) => WriteTx::begin(client).await,
         Err(e) => Err(e),
     };
+    // Sequence numbers this process acknowledged before must never be handed out again: the
+    // database is an older copy (the feed rotates the epoch; the writes are retried there).
+    let begun = begun.and_then(|tx| match feed.went_back(mark, tx.epoch(), tx.seq()) {
+        Some(reason) => Err(StoreError::Unavailable(reason)),
+        None => Ok(tx),
+    });
     let tx = match begun {
         Ok(tx) => Arc::new(tokio::sync::Mutex::new(tx)),
         Err(e) => {
@@ -309,7 +327,14 @@ async fn run_group(pool: &Pool, group: Vec<Job>) {
     let wrote = delivers.iter().any(|(_, kept)| *kept);
     let outcome = match &broken {
         Some(e) => Err(e.clone()),
-        None => tx.lock().await.finish(wrote).await,
+        None => {
+            let mut tx = tx.lock().await;
+            let outcome = tx.finish(wrote).await;
+            if wrote && outcome.is_ok() {
+                feed.observe(tx.epoch(), tx.seq());
+            }
+            outcome
+        }
     };
     // With nothing written a failed ROLLBACK changes no answer (the connection is closed).
     for (deliver, kept) in delivers {

@@ -16,7 +16,7 @@ use tokio_postgres::Row;
 
 use super::tx::{fact_of, run_reads};
 use super::{pg_err, PgStore};
-use crate::store::feed::set_resource_version;
+use crate::store::feed::{set_resource_version, Mark};
 use crate::store::raw::{self, RawItems, RawList};
 use crate::store::rv::{ContinueToken, ResourceVersion};
 use crate::store::{now, ListAt, ListQuery, ObjectList, Result, StoreError};
@@ -47,6 +47,19 @@ pub(super) async fn head(client: &impl GenericClient) -> Result<Head> {
             .map(|min| min as u64 - 1)
             .unwrap_or(seq),
     })
+}
+
+/// The [`Head`] a list reads at, recorded as handed out; one behind what this process handed
+/// out before `mark` means an older copy of the database was put back (503: the feed rotates
+/// the epoch, and the list is retried there).
+async fn checked_head(store: &PgStore, mark: Mark, client: &impl GenericClient) -> Result<Head> {
+    let head = head(client).await?;
+    let feed = &store.inner.feed;
+    if let Some(reason) = feed.went_back(mark, head.epoch, head.seq) {
+        return Err(StoreError::Unavailable(reason));
+    }
+    feed.observe(head.epoch, head.seq);
+    Ok(head)
 }
 
 /// Rows fetched per query while assembling a list page.
@@ -260,6 +273,7 @@ fn labels_match(selector: &LabelSelector, value: Option<Value>) -> bool {
 }
 
 pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Result<ObjectList<K>> {
+    let mark = store.inner.feed.mark();
     let mut client = store.client().await?;
     let tx = client
         .build_transaction()
@@ -268,7 +282,7 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
         .start()
         .await
         .map_err(pg_err)?;
-    let head = head(&tx).await?;
+    let head = checked_head(store, mark, &tx).await?;
     let epoch = head.epoch;
     let (at, mut after) = resolve(&query.at, &head)?;
     let rv = ResourceVersion::new(epoch, at);
@@ -374,6 +388,7 @@ pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) ->
             labels: !query.labels.is_empty(),
         },
     );
+    let mark = store.inner.feed.mark();
     let mut client = store.client().await?;
     let tx = client
         .build_transaction()
@@ -382,7 +397,7 @@ pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) ->
         .start()
         .await
         .map_err(pg_err)?;
-    let head = head(&tx).await?;
+    let head = checked_head(store, mark, &tx).await?;
     let epoch = head.epoch;
     let (at, mut after) = resolve(&query.at, &head)?;
     let rv = ResourceVersion::new(epoch, at);

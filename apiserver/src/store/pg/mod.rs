@@ -223,7 +223,7 @@ impl PgStore {
         );
         let mut tasks = Background::default();
         tasks.spawn("change feed", feed.clone().run(session, tls));
-        let (writer, writing) = Writer::new(pool.clone(), config.pool_timeout);
+        let (writer, writing) = Writer::new(pool.clone(), feed.clone(), config.pool_timeout);
         tasks.spawn("writer", writing);
         let trimmer = Trimmer {
             pool: pool.clone(),

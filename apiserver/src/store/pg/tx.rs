@@ -264,6 +264,11 @@ impl WriteTx {
         self.seq
     }
 
+    /// The epoch the transaction writes in.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
     /// Runs each mutation from now on in its own savepoint, taken in the same round trip
     /// as its first statement.
     pub fn use_savepoints(&mut self) {
