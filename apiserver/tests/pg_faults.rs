@@ -4,13 +4,14 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::replica::{change_log, rv_parts, OwnPostgres, Record, Replica, Shared};
+use support::replica::{
+    assert_committed_as_acknowledged, assert_follows_log, follow_until, rv_parts, OwnPostgres,
+    Record, Replica, Shared, Writers,
+};
 use support::server::ADMIN_TOKEN;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -20,6 +21,10 @@ const FAST: &[&str] = &[
     "--database-pool-timeout",
     "2s",
 ];
+
+fn past(deadline: Instant) -> bool {
+    Instant::now() > deadline
+}
 
 async fn until(what: &str, within: Duration, mut check: impl AsyncFnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -53,72 +58,23 @@ async fn kill_9_of_postgres_under_load_fails_cleanly_and_no_watcher_sees_a_gap()
     let client = shared.http();
     let from = a.list_rv(&client, "load").await;
 
-    let mut watchers = Vec::new();
+    let mut streams = Vec::new();
     for i in 0..6 {
         let replica = if i % 2 == 0 { &a } else { &b };
-        let mut stream = replica.watch(&client, "load", &from).await.unwrap();
-        watchers.push(tokio::spawn(async move {
-            let mut record = Record::default();
-            let done = |r: &Record| r.events.iter().any(|(_, n, _)| n == "after");
-            let _ = tokio::time::timeout(
-                Duration::from_secs(120),
-                record.follow(&mut stream, Duration::from_secs(60), done),
-            )
-            .await;
-            record
-        }));
+        streams.push(replica.watch(&client, "load", &from).await.unwrap());
     }
-
-    let acked: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let acked_at: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-    let failures = Arc::new(Mutex::new(Vec::<(u16, String)>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut writers = Vec::new();
-    for w in 0..8 {
-        let acked_at = acked_at.clone();
-        let url = if w % 2 == 0 {
-            a.sessions_url("load")
-        } else {
-            b.sessions_url("load")
-        };
-        let (client, acked, failures, stop) = (
-            client.clone(),
-            acked.clone(),
-            failures.clone(),
-            stop.clone(),
-        );
-        writers.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let name = format!("w{w}-{i}");
-                i += 1;
-                let resp = client
-                    .post(&url)
-                    .bearer_auth(ADMIN_TOKEN)
-                    .json(&support::replica::session_json(&name))
-                    .timeout(Duration::from_secs(30))
-                    .send()
-                    .await
-                    .expect("the apiserver answers while its database is down");
-                let code = resp.status().as_u16();
-                let body = resp.text().await.unwrap();
-                if code == 201 {
-                    let v: Value = serde_json::from_str(&body).unwrap();
-                    let rv = v["metadata"]["resourceVersion"].as_str().unwrap();
-                    acked_at
-                        .lock()
-                        .unwrap()
-                        .push((Instant::now(), name.clone()));
-                    acked.lock().unwrap().insert(name, rv_parts(rv).1);
-                } else {
-                    failures.lock().unwrap().push((code, body));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }));
-    }
+    let watchers = follow_until(
+        streams,
+        "after",
+        Duration::from_secs(60),
+        Duration::from_secs(120),
+    );
+    let urls = (0..8)
+        .map(|w| [&a, &b][w % 2].sessions_url("load"))
+        .collect();
+    let writers = Writers::start(&client, urls, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = acked.lock().unwrap().len();
+    let before = writers.written().acked.len();
     pg.kill9();
     let killed = Instant::now();
     let not_ready = until(
@@ -131,9 +87,9 @@ async fn kill_9_of_postgres_under_load_fails_cleanly_and_no_watcher_sees_a_gap()
     // Responses to writes committed just before the kill may still arrive after it; a second
     // later nothing can be acknowledged.
     let settled = killed + Duration::from_secs(1);
-    let acked_while_down: Vec<String> = acked_at
-        .lock()
-        .unwrap()
+    let acked_while_down: Vec<String> = writers
+        .written()
+        .acked_at
         .iter()
         .filter(|(at, _)| *at > settled)
         .map(|(_, name)| name.clone())
@@ -148,77 +104,43 @@ async fn kill_9_of_postgres_under_load_fails_cleanly_and_no_watcher_sees_a_gap()
     .await;
     let down_for = restarted - killed;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.unwrap();
-    }
+    let written = writers.stop().await;
     let (status, _) = a.create_session(&client, "load", "after").await.unwrap();
     assert_eq!(status, 201);
 
-    let failures = failures.lock().unwrap().clone();
-    for (code, body) in &failures {
+    assert!(
+        written.unanswered.is_empty(),
+        "the apiserver left writes unanswered while its database was down: {:?}",
+        written.unanswered
+    );
+    for (_, code, body) in &written.refused {
         assert_status_failure(*code, body);
     }
     let db = pg.client("app").await;
-    let log = change_log(&db, rv_parts(&from).1).await;
-    let logged: BTreeMap<String, u64> = log
-        .iter()
-        .map(|(_, name, seq)| (name.clone(), *seq))
-        .collect();
-    let acked = acked.lock().unwrap().clone();
-    for (name, seq) in &acked {
-        assert_eq!(
-            logged.get(name),
-            Some(seq),
-            "acknowledged {name} is not in the log"
-        );
-    }
-    let objects: BTreeSet<String> = db
-        .query(
-            "SELECT name FROM objects WHERE resource = 'accesssessions' AND namespace = 'load'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(
-        objects,
-        logged.keys().cloned().collect::<BTreeSet<_>>(),
-        "an object without its change, or a change without its object"
-    );
-    let mut relisted = 0;
-    let mut complete = 0;
+    let log = assert_committed_as_acknowledged(&db, "load", rv_parts(&from).1, &written).await;
+    let (mut relisted, mut complete) = (0, 0);
     for watcher in watchers {
-        let record = watcher.await.unwrap();
-        let prefix = &log[..record.events.len().min(log.len())];
-        assert_eq!(
-            record.events, prefix,
-            "a watcher's events differ from the change log"
-        );
-        if record.relisted() {
+        if assert_follows_log(&watcher.await.unwrap(), &log) {
             relisted += 1;
         } else {
-            assert_eq!(
-                record.events.len(),
-                log.len(),
-                "a watcher stopped short without a 410"
-            );
             complete += 1;
         }
     }
-    let codes: BTreeMap<u16, usize> = failures.iter().fold(BTreeMap::new(), |mut m, (c, _)| {
-        *m.entry(*c).or_default() += 1;
-        m
-    });
+    let codes: BTreeMap<u16, usize> =
+        written
+            .refused
+            .iter()
+            .fold(BTreeMap::new(), |mut m, (_, c, _)| {
+                *m.entry(*c).or_default() += 1;
+                m
+            });
     println!(
         "kill -9 of PostgreSQL under 8 writers: not ready after {not_ready:?}; down {down_for:?}; \
          ready {ready:?} after the restart; {} writes acknowledged ({before} before the kill), {} \
          committed; failed writes by status {codes:?}; watchers: {complete} followed the whole \
          log, {relisted} told to relist (410), 0 gaps",
-        acked.len(),
-        logged.len()
+        written.acked.len(),
+        log.len()
     );
     assert!(
         acked_while_down.is_empty(),
@@ -303,10 +225,13 @@ async fn a_file_level_copy_put_back_makes_every_watcher_relist() {
             "writes never resumed"
         );
     }
+    // Bookmarks come every second: a watcher that went on would never fall idle, so each
+    // follow below also ends at a deadline (and then fails its assertion).
+    let deadline = Instant::now() + Duration::from_secs(30);
     for stream in live.iter_mut() {
         let mut record = Record::default();
         record
-            .follow(stream, Duration::from_secs(15), |_| false)
+            .follow(stream, Duration::from_secs(15), |_| past(deadline))
             .await;
         assert!(
             record.events.iter().all(|(_, n, _)| !n.starts_with("new-")),
@@ -327,11 +252,12 @@ async fn a_file_level_copy_put_back_makes_every_watcher_relist() {
         a.log(),
         b.log()
     );
+    let deadline = Instant::now() + Duration::from_secs(30);
     for replica in [&a, &b] {
         let mut w = replica.watch(&client, "f", &seen).await.unwrap();
         let mut record = Record::default();
         record
-            .follow(&mut w, Duration::from_secs(10), |_| false)
+            .follow(&mut w, Duration::from_secs(10), |_| past(deadline))
             .await;
         assert!(
             record.relisted() && record.events.is_empty(),
@@ -372,10 +298,11 @@ async fn a_file_level_copy_put_back_makes_every_watcher_relist() {
             201
         );
     }
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut w = b.watch(&client, "f", &seen).await.unwrap();
     let mut record = Record::default();
     record
-        .follow(&mut w, Duration::from_secs(10), |_| false)
+        .follow(&mut w, Duration::from_secs(10), |_| past(deadline))
         .await;
     assert!(
         record.relisted() && record.events.is_empty(),

@@ -6,12 +6,13 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::replica::{change_log, rv_parts, Record, Replica, Shared};
+use support::replica::{
+    assert_committed_as_acknowledged, assert_follows_log, change_log, follow_until, rv_parts,
+    Record, Replica, Shared, Writers,
+};
 use support::server::ADMIN_TOKEN;
 use support::watch::Next;
 use support::TestDb;
@@ -148,108 +149,35 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
     let client = shared.http();
 
     let from = b.list_rv(&client, "kill").await;
-    let mut watchers = Vec::new();
+    let mut streams = Vec::new();
     for _ in 0..4 {
-        let mut stream = b.watch(&client, "kill", &from).await.unwrap();
-        watchers.push(tokio::spawn(async move {
-            let mut record = Record::default();
-            let done = |r: &Record| r.events.iter().any(|(_, n, _)| n == "after-kill");
-            let _ = tokio::time::timeout(
-                Duration::from_secs(90),
-                record.follow(&mut stream, Duration::from_secs(30), done),
-            )
-            .await;
-            record
-        }));
+        streams.push(b.watch(&client, "kill", &from).await.unwrap());
     }
-
-    let acked: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut writers = Vec::new();
-    for w in 0..8 {
-        let url = a.sessions_url("kill");
-        let (client, acked, failed, stop) =
-            (client.clone(), acked.clone(), failed.clone(), stop.clone());
-        writers.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let name = format!("w{w}-{i}");
-                i += 1;
-                let sent = client
-                    .post(&url)
-                    .bearer_auth(ADMIN_TOKEN)
-                    .json(&support::replica::session_json(&name))
-                    .timeout(Duration::from_secs(10))
-                    .send()
-                    .await;
-                match sent {
-                    Ok(resp) if resp.status() == 201 => {
-                        let body: serde_json::Value = resp.json().await.unwrap();
-                        let rv = body["metadata"]["resourceVersion"].as_str().unwrap();
-                        acked.lock().unwrap().insert(name, rv_parts(rv).1);
-                    }
-                    Ok(resp) => {
-                        let status = resp.status();
-                        let body = resp.text().await.unwrap_or_default();
-                        failed
-                            .lock()
-                            .unwrap()
-                            .push(format!("{name}: {status} {body}"));
-                    }
-                    // The process died under the request: outcome unknown, checked below.
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        }));
-    }
+    let watchers = follow_until(
+        streams,
+        "after-kill",
+        Duration::from_secs(30),
+        Duration::from_secs(90),
+    );
+    let urls = (0..8).map(|_| a.sessions_url("kill")).collect();
+    let writers = Writers::start(&client, urls, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before_kill = acked.lock().unwrap().len();
+    let before_kill = writers.written().acked.len();
     a.kill9();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in writers {
-        w.await.unwrap();
-    }
+    // Requests the kill cut off are unanswered: their outcome is checked below.
+    let written = writers.stop().await;
     assert!(before_kill > 20, "the writers hardly wrote: {before_kill}");
-    let failed = failed.lock().unwrap().clone();
     assert!(
-        failed.is_empty(),
-        "writes answered otherwise than 201: {failed:?}"
+        written.refused.is_empty(),
+        "writes answered otherwise than 201: {:?}",
+        written.refused
     );
 
-    // Every acknowledged write is committed, with the resourceVersion it was acknowledged at.
+    // Every acknowledged write is committed, with the resourceVersion it was acknowledged at;
+    // nothing is half-applied.
     let pg = db.client().await;
-    let log = change_log(&pg, rv_parts(&from).1).await;
-    let logged: BTreeMap<String, u64> = log
-        .iter()
-        .map(|(kind, name, seq)| {
-            assert_eq!(kind, "ADDED");
-            (name.clone(), *seq)
-        })
-        .collect();
-    let acked = acked.lock().unwrap().clone();
-    for (name, seq) in &acked {
-        assert_eq!(
-            logged.get(name),
-            Some(seq),
-            "acknowledged write {name} is not in the log"
-        );
-    }
-    // Nothing half-applied: every logged change has its object, and no object lacks its change.
-    let objects: BTreeSet<String> = pg
-        .query(
-            "SELECT name FROM objects WHERE resource = 'accesssessions' AND namespace = 'kill'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(objects, logged.keys().cloned().collect::<BTreeSet<_>>());
+    assert_committed_as_acknowledged(&pg, "kill", rv_parts(&from).1, &written).await;
 
     // One more write through B after the writers stopped: watchers caught up to it are done.
     let (status, _) = b
@@ -260,29 +188,16 @@ async fn kill_9_of_a_under_8_writers_loses_no_acknowledged_write_and_b_never_gap
     let log = change_log(&pg, rv_parts(&from).1).await;
     let mut relists = 0;
     for watcher in watchers {
-        let record = watcher.await.unwrap();
-        if record.relisted() {
+        if assert_follows_log(&watcher.await.unwrap(), &log) {
             relists += 1;
         }
-        let prefix = &log[..record.events.len().min(log.len())];
-        assert_eq!(
-            record.events, prefix,
-            "a watcher on B saw other than the change log, in order, once"
-        );
-        assert!(
-            record.events.len() == log.len() || record.relisted(),
-            "a watcher on B stopped short of the log ({} of {}) without being told to relist: {:?}",
-            record.events.len(),
-            log.len(),
-            record.error
-        );
     }
     println!(
         "kill -9 of A under 8 writers: {} writes acknowledged ({before_kill} before the kill), \
          {} committed, {} in flight committed unacknowledged; watchers on B relisted: {relists}/4",
-        acked.len(),
-        logged.len(),
-        logged.len() - acked.len()
+        written.acked.len(),
+        log.len() - 1,
+        log.len() - 1 - written.acked.len()
     );
 }
 

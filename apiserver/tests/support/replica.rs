@@ -3,8 +3,11 @@
 //! stalling proxy in front of it).
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -618,4 +621,187 @@ pub async fn change_log(client: &tokio_postgres::Client, after: u64) -> Vec<(Str
         .iter()
         .map(|r| (r.get::<_, String>(1), r.get::<_, String>(2), r.get::<_, i64>(0) as u64))
         .collect()
+}
+
+/// Follows each stream in a task of its own until an event names `until`, nothing arrives
+/// for `idle`, or `cap` passes; the tasks' records.
+pub fn follow_until(
+    streams: Vec<WatchStream>,
+    until: &'static str,
+    idle: Duration,
+    cap: Duration,
+) -> Vec<tokio::task::JoinHandle<Record>> {
+    streams
+        .into_iter()
+        .map(|mut stream| {
+            tokio::spawn(async move {
+                let mut record = Record::default();
+                let done = |r: &Record| r.events.iter().any(|(_, n, _)| n == until);
+                let _ = tokio::time::timeout(cap, record.follow(&mut stream, idle, done)).await;
+                record
+            })
+        })
+        .collect()
+}
+
+/// What concurrent writers were told.
+#[derive(Debug, Default, Clone)]
+pub struct Written {
+    /// Name → the sequence of the resourceVersion a 201 acknowledged it at.
+    pub acked: BTreeMap<String, u64>,
+    /// When each acknowledgement arrived.
+    pub acked_at: Vec<(Instant, String)>,
+    /// Answers other than 201: (name, status, body).
+    pub refused: Vec<(String, u16, String)>,
+    /// Requests without an answer (the process died under them, or the timeout passed):
+    /// their outcome is unknown.
+    pub unanswered: Vec<String>,
+}
+
+/// Writers, each POSTing sessions `w<writer>-<i>` to its URL, one at a time, until stopped.
+pub struct Writers {
+    written: Arc<Mutex<Written>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    /// One writer per URL; each request gives up after `timeout`.
+    pub fn start(client: &reqwest::Client, urls: Vec<String>, timeout: Duration) -> Self {
+        let written = Arc::<Mutex<Written>>::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = urls
+            .into_iter()
+            .enumerate()
+            .map(|(w, url)| {
+                let (client, written, stop) = (client.clone(), written.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let name = format!("w{w}-{i}");
+                        i += 1;
+                        let sent = client
+                            .post(&url)
+                            .bearer_auth(ADMIN_TOKEN)
+                            .json(&session_json(&name))
+                            .timeout(timeout)
+                            .send()
+                            .await;
+                        let answer = match sent {
+                            Ok(resp) => {
+                                let code = resp.status().as_u16();
+                                resp.text().await.map(|body| (code, body))
+                            }
+                            Err(e) => Err(e),
+                        };
+                        let acked = {
+                            let mut written = written.lock().unwrap();
+                            match answer {
+                                Ok((201, body)) => {
+                                    let v: Value = serde_json::from_str(&body).unwrap();
+                                    let rv = v["metadata"]["resourceVersion"].as_str().unwrap();
+                                    written.acked.insert(name.clone(), rv_parts(rv).1);
+                                    written.acked_at.push((Instant::now(), name));
+                                    true
+                                }
+                                Ok((code, body)) => {
+                                    written.refused.push((name, code, body));
+                                    false
+                                }
+                                Err(_) => {
+                                    written.unanswered.push(name);
+                                    false
+                                }
+                            }
+                        };
+                        if acked {
+                            continue;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            written,
+            stop,
+            tasks,
+        }
+    }
+
+    /// What they were told so far.
+    pub fn written(&self) -> Written {
+        self.written.lock().unwrap().clone()
+    }
+
+    /// Stops them (each finishes its request in flight); what they were told.
+    pub async fn stop(self) -> Written {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        let written = self.written.lock().unwrap().clone();
+        written
+    }
+}
+
+/// Checks the database against what writers were told: every acknowledged write is in the
+/// change log (after `after`) at the sequence it was acknowledged at, every logged change is
+/// an ADDED whose object exists in `ns`, and no object lacks its change (nothing
+/// half-applied). The log.
+pub async fn assert_committed_as_acknowledged(
+    db: &tokio_postgres::Client,
+    ns: &str,
+    after: u64,
+    written: &Written,
+) -> Vec<(String, String, u64)> {
+    let log = change_log(db, after).await;
+    let logged: BTreeMap<String, u64> = log
+        .iter()
+        .map(|(kind, name, seq)| {
+            assert_eq!(kind, "ADDED", "{name}");
+            (name.clone(), *seq)
+        })
+        .collect();
+    for (name, seq) in &written.acked {
+        assert_eq!(
+            logged.get(name),
+            Some(seq),
+            "acknowledged write {name} is not in the log"
+        );
+    }
+    let objects: BTreeSet<String> = db
+        .query(
+            "SELECT name FROM objects WHERE resource = 'accesssessions' AND namespace = $1",
+            &[&ns],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        objects,
+        logged.keys().cloned().collect::<BTreeSet<_>>(),
+        "an object without its change, or a change without its object"
+    );
+    log
+}
+
+/// Checks a watcher's events against the change log: exactly its beginning, in order, once;
+/// short of the whole log only when told to relist. Whether it was told to relist.
+pub fn assert_follows_log(record: &Record, log: &[(String, String, u64)]) -> bool {
+    let prefix = &log[..record.events.len().min(log.len())];
+    assert_eq!(
+        record.events, prefix,
+        "a watcher saw other than the change log, in order, once"
+    );
+    assert!(
+        record.events.len() == log.len() || record.relisted(),
+        "a watcher stopped short of the log ({} of {}) without being told to relist: {:?}",
+        record.events.len(),
+        log.len(),
+        record.error
+    );
+    record.relisted()
 }
