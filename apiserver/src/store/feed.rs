@@ -599,6 +599,8 @@ impl Feed {
             return Ok(None);
         }
         if let Some(reason) = self.went_back(mark, epoch, snapshot.seq) {
+            // Rotated by the caller at once; not again on the next page.
+            self.state().reset_requested = None;
             return Ok(Some((epoch, reason)));
         }
         if snapshot.seq < head {
