@@ -289,12 +289,13 @@ pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Res
     let page = PageQuery::new::<K>(query, Columns::Body);
     let want = query.limit.filter(|l| *l > 0);
     let keep = |row: &Row| {
-        let labels = row.get::<_, Value>(3).pointer("/metadata/labels").cloned();
-        labels_match(&query.labels, labels)
+        let body: Value = row.get(3);
+        let labels = body.pointer("/metadata/labels").cloned();
+        labels_match(&query.labels, labels).then_some(body)
     };
-    let filled = fill(&page, &tx, at, &mut after, want, keep, |row| {
+    let filled = fill(&page, &tx, at, &mut after, want, keep, |row, body| {
         let seq = row.get::<_, i64>(2) as u64;
-        decode::<K>(row.get(3), ResourceVersion::new(epoch, seq))
+        decode::<K>(body, ResourceVersion::new(epoch, seq))
     })
     .await?;
     let continue_token = filled.more.then(|| continue_token(rv, filled.last));
@@ -332,18 +333,18 @@ struct Filled<T> {
     more: bool,
 }
 
-/// Assembles a page: rows after `after` in chunks, those the label selector `keep`s made
-/// items by `item`, until `want` items are held and one more row is kept (`more`; that row is
-/// never made an item) or the rows run out. Without `want`, every row. `after` ends at the last
-/// row read.
-async fn fill<T>(
+/// Assembles a page: rows after `after` in chunks, those the label selector `keep`s (with
+/// what it read of them) made items by `item`, until `want` items are held and one more row
+/// is kept (`more`; that row is never made an item) or the rows run out. Without `want`,
+/// every row. `after` ends at the last row read.
+async fn fill<T, P>(
     page: &PageQuery,
     client: &impl GenericClient,
     at: u64,
     after: &mut (String, String),
     want: Option<usize>,
-    keep: impl Fn(&Row) -> bool,
-    item: impl Fn(&Row) -> Result<T>,
+    keep: impl Fn(&Row) -> Option<P>,
+    item: impl Fn(&Row, P) -> Result<T>,
 ) -> Result<Filled<T>> {
     let mut filled = Filled {
         items: Vec::new(),
@@ -356,14 +357,14 @@ async fn fill<T>(
         let exhausted = rows.len() < chunk;
         for row in rows {
             *after = key_of(&row);
-            if !keep(&row) {
+            let Some(kept) = keep(&row) else {
                 continue;
-            }
+            };
             if want.is_some_and(|w| filled.items.len() == w) {
                 filled.more = true;
                 return Ok(filled);
             }
-            filled.items.push(item(&row)?);
+            filled.items.push(item(&row, kept)?);
             filled.last = after.clone();
         }
         if exhausted {
@@ -403,8 +404,8 @@ pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) ->
     let rv = ResourceVersion::new(epoch, at);
     let items = match query.limit.filter(|l| *l > 0) {
         Some(want) => {
-            let keep = |row: &Row| raw_labels_match(row, &query.labels);
-            let filled = fill(&page, &tx, at, &mut after, Some(want), keep, |row| {
+            let keep = |row: &Row| raw_labels_match(row, &query.labels).then_some(());
+            let filled = fill(&page, &tx, at, &mut after, Some(want), keep, |row, ()| {
                 raw_item::<K>(row, epoch)
             })
             .await?;
