@@ -333,7 +333,7 @@ struct State {
 /// the read found with it. Taken before, so that a change committed while the read ran (and
 /// observed meanwhile) never looks like one the database lost.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Mark(Option<(u32, u64)>);
+pub(crate) struct Mark(u32, u64);
 
 /// What the feed can vouch for.
 struct Liveness {
@@ -420,26 +420,31 @@ impl Feed {
     /// The furthest point handed out so far; take it before reading the database's head.
     pub(crate) fn mark(&self) -> Mark {
         let state = self.state();
-        Mark(
-            state
-                .seen
-                .map(|(e, s)| (e, s.max(state.head)))
-                .or(Some((state.epoch, state.head))),
-        )
+        match state.seen {
+            Some((e, s)) if e == state.epoch => Mark(e, s.max(state.head)),
+            // Written or listed in an epoch the reader has not switched to yet.
+            Some((e, s)) => Mark(e, s),
+            None => Mark(state.epoch, state.head),
+        }
     }
 
-    /// Whether the database's `(epoch, seq)`, read after `mark` was taken, is behind what
-    /// this process had handed out by then: an older copy of the database was put back. If
-    /// so, asks the reader to rotate the epoch (every watcher relists) and returns why.
+    /// Why the database's `(epoch, seq)`, read after `mark` was taken, shows an older copy
+    /// put back: it is behind what this process had handed out by then in that epoch.
+    fn behind(mark: Mark, epoch: u32, seq: u64) -> Option<String> {
+        let Mark(e, at) = mark;
+        (e == epoch && seq < at).then(|| {
+            format!(
+                "the change history went back from {at} to {seq} in epoch {epoch}: an older \
+                 copy of the database was restored"
+            )
+        })
+    }
+
+    /// For a write or a list: whether the database's `(epoch, seq)`, read after `mark`, is
+    /// behind it ([`Feed::behind`]). If so, asks the reader to rotate the epoch (every watcher
+    /// relists) and returns why.
     pub(crate) fn went_back(&self, mark: Mark, epoch: u32, seq: u64) -> Option<String> {
-        let (e, at) = mark.0?;
-        if e != epoch || seq >= at {
-            return None;
-        }
-        let reason = format!(
-            "the change history went back from {at} to {seq} in epoch {epoch}: an older copy \
-             of the database was restored"
-        );
+        let reason = Self::behind(mark, epoch, seq)?;
         self.state().reset_requested = Some((epoch, reason.clone()));
         self.wake.notify_one();
         Some(reason)
@@ -598,9 +603,7 @@ impl Feed {
             // Rotated meanwhile by someone else: the reader switches on its next page.
             return Ok(None);
         }
-        if let Some(reason) = self.went_back(mark, epoch, snapshot.seq) {
-            // Rotated by the caller at once; not again on the next page.
-            self.state().reset_requested = None;
+        if let Some(reason) = Self::behind(mark, epoch, snapshot.seq) {
             return Ok(Some((epoch, reason)));
         }
         if snapshot.seq < head {
@@ -765,8 +768,7 @@ impl Feed {
         };
         let epoch = first.get::<_, i32>("epoch") as u32;
         let db_seq = first.get::<_, i64>("db_seq") as u64;
-        if let Some(reason) = self.went_back(mark, epoch, db_seq) {
-            self.state().reset_requested = None;
+        if let Some(reason) = Self::behind(mark, epoch, db_seq) {
             return Ok(Page::Reset { epoch, reason });
         }
         let mut state = self.state();
