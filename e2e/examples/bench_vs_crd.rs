@@ -13,7 +13,9 @@
 //!
 //! - creates of valid sessions (an Agent exists, its teams, an expiry inside its TTL): the first
 //!   level is filled half by 1 client and half by 8 concurrent clients, later levels by 8; the
-//!   two systems take turns in chunks so that machine load falls on both alike;
+//!   two systems take turns in chunks so that machine load falls on both alike; the CPU time
+//!   (user + system, `/proc/<pid>/stat`) each process spent during a system's own turns, per
+//!   create: kube-apiserver, etcd, mcp-access-apiserver, PostgreSQL and the clients;
 //! - at every level (1,000 / 10,000 / 50,000 objects): a full list, a full list at
 //!   `resourceVersion=0` and a paged list (`limit=500`, following `continue`), each the median
 //!   of a few rounds that alternate between the systems; the time is until the last byte of the
@@ -371,16 +373,25 @@ async fn create_many(
     Ok(started.elapsed())
 }
 
+/// What one create phase measured for each system (ours, CRD).
+struct Filled {
+    rates: [f64; 2],
+    /// CPU time per create of each process group, during that system's turns only.
+    cpu: [Cpu; 2],
+}
+
 /// Fills both systems from `from` to `to` objects with `clients` clients, taking turns in
-/// chunks; the create rate of each (ours, CRD).
+/// chunks; the create rate of each and the CPU its creates cost every process.
 async fn fill(
     client: &kube::Client,
     systems: &[System; 2],
+    pids: &Pids,
     from: usize,
     to: usize,
     clients: usize,
-) -> Result<[f64; 2]> {
+) -> Result<Filled> {
     let mut elapsed = [Duration::ZERO; 2];
+    let mut cpu = [Cpu::default(); 2];
     let mut at = from;
     let mut turn = 0usize;
     while at < to {
@@ -388,13 +399,18 @@ async fn fill(
         // Alternate which system goes first in a pair of turns.
         for k in 0..2 {
             let i = (turn + k) % 2;
+            let before = pids.cpu()?;
             elapsed[i] += create_many(client, &systems[i], at, n, clients).await?;
+            cpu[i].add(&pids.cpu()?.since(&before));
         }
         at += n;
         turn += 1;
     }
     let n = (to - from) as f64;
-    Ok([n / elapsed[0].as_secs_f64(), n / elapsed[1].as_secs_f64()])
+    Ok(Filled {
+        rates: [n / elapsed[0].as_secs_f64(), n / elapsed[1].as_secs_f64()],
+        cpu: cpu.map(|c| c.per(n)),
+    })
 }
 
 #[derive(serde::Deserialize)]
@@ -609,6 +625,85 @@ async fn wait_all(
 }
 
 // ---------------------------------------------------------------------------------------------
+// CPU
+
+/// CPU time (user + system) of each process group, in microseconds: a sample, a difference
+/// of two, or a difference divided per create.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    kube_apiserver: f64,
+    etcd: f64,
+    ours: f64,
+    postgres: f64,
+    /// This benchmark's own process (the clients).
+    bench: f64,
+}
+
+impl Cpu {
+    fn since(&self, before: &Cpu) -> Cpu {
+        Cpu {
+            kube_apiserver: self.kube_apiserver - before.kube_apiserver,
+            etcd: self.etcd - before.etcd,
+            ours: self.ours - before.ours,
+            postgres: self.postgres - before.postgres,
+            bench: self.bench - before.bench,
+        }
+    }
+
+    fn add(&mut self, other: &Cpu) {
+        self.kube_apiserver += other.kube_apiserver;
+        self.etcd += other.etcd;
+        self.ours += other.ours;
+        self.postgres += other.postgres;
+        self.bench += other.bench;
+    }
+
+    fn per(&self, n: f64) -> Cpu {
+        Cpu {
+            kube_apiserver: self.kube_apiserver / n,
+            etcd: self.etcd / n,
+            ours: self.ours / n,
+            postgres: self.postgres / n,
+            bench: self.bench / n,
+        }
+    }
+
+    /// Every server process (not the benchmark's clients).
+    fn servers(&self) -> f64 {
+        self.kube_apiserver + self.etcd + self.ours + self.postgres
+    }
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times.
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid` (every thread), in microseconds; 0 for a process gone.
+fn cpu_of(pid: &str, tick_us: f64) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // pid (comm) state ppid ... utime stime: fields 14 and 15, counted after the last ')'.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 * tick_us
+}
+
+// ---------------------------------------------------------------------------------------------
 // Memory
 
 #[derive(Clone, Copy, Default)]
@@ -671,9 +766,24 @@ struct Pids {
     etcd: u32,
     ours: u32,
     pg_data: PathBuf,
+    /// Microseconds per clock tick of `/proc/<pid>/stat`.
+    tick_us: f64,
 }
 
 impl Pids {
+    /// CPU used so far by each process group. PostgreSQL's backends are the pool's, which
+    /// live as long as the apiserver, so a sum over the living ones loses nothing.
+    fn cpu(&self) -> Result<Cpu> {
+        let us = |pid: u32| cpu_of(&pid.to_string(), self.tick_us);
+        Ok(Cpu {
+            kube_apiserver: us(self.kube_apiserver),
+            etcd: us(self.etcd),
+            ours: us(self.ours),
+            postgres: postgres_pids(&self.pg_data)?.into_iter().map(us).sum(),
+            bench: cpu_of("self", self.tick_us),
+        })
+    }
+
     /// (ours + PostgreSQL, kube-apiserver + etcd, ours alone, kube-apiserver alone).
     fn sample(&self) -> Result<[Mem; 4]> {
         let mut ours = vec![self.ours];
@@ -850,12 +960,14 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
             .apiserver_pid()
             .context("mcp-access-apiserver is not running")?,
         pg_data: cluster.dir.join("pg/data"),
+        tick_us: 1e6 / clock_ticks(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let rows = rt.block_on(run(cluster, args, &pids))?;
+    let (rows, cpu_lines) = rt.block_on(run(cluster, args, &pids))?;
     print_table(&rows);
+    print_cpu(&cpu_lines);
     println!();
     println!(
         "ours: access.mcp-runtime.dev through the aggregation proxy; memory of \
@@ -869,7 +981,10 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     Ok(())
 }
 
-async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row>> {
+/// The table's rows, and where each create phase's CPU went.
+type Measured = (Vec<Row>, Vec<(String, [Cpu; 2])>);
+
+async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Measured> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(
@@ -912,43 +1027,25 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
     let mut mem: Vec<(usize, [Mem; 4])> = vec![(0, pids.sample()?)];
 
     let mut have = 0usize;
+    let mut cpu_lines = Vec::new();
     for (li, &level) in args.levels.iter().enumerate() {
         eprintln!("level {}: creating", thousands(level));
-        if li == 0 {
-            let half = level / 2;
-            let [ours, crd] = fill(&client, &systems, 0, half, 1).await?;
-            rows.push(Row {
-                figure: format!("creates/s, 1 client (objects 0-{})", thousands(half)),
-                unit: "/s",
-                ours,
-                crd,
-                better: Better::Higher,
-            });
-            let [ours, crd] = fill(&client, &systems, half, level, CLIENTS).await?;
-            rows.push(Row {
-                figure: format!(
-                    "creates/s, {CLIENTS} clients (objects {}-{})",
-                    thousands(half),
-                    thousands(level)
-                ),
-                unit: "/s",
-                ours,
-                crd,
-                better: Better::Higher,
-            });
+        // (clients, from, to) of this level's create phases.
+        let phases = if li == 0 {
+            vec![(1, 0, level / 2), (CLIENTS, level / 2, level)]
         } else {
-            let [ours, crd] = fill(&client, &systems, have, level, CLIENTS).await?;
-            rows.push(Row {
-                figure: format!(
-                    "creates/s, {CLIENTS} clients (objects {}-{})",
-                    thousands(have),
-                    thousands(level)
-                ),
-                unit: "/s",
-                ours,
-                crd,
-                better: Better::Higher,
-            });
+            vec![(CLIENTS, have, level)]
+        };
+        for (clients, from, to) in phases {
+            let filled = fill(&client, &systems, pids, from, to, clients).await?;
+            let phase = format!(
+                "{clients} client{}, objects {}-{}",
+                if clients == 1 { "" } else { "s" },
+                thousands(from),
+                thousands(to)
+            );
+            create_rows(&mut rows, &phase, &filled);
+            cpu_lines.push((phase, filled.cpu));
         }
         have = level;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1089,5 +1186,44 @@ async fn run(cluster: &LocalCluster, args: &Args, pids: &Pids) -> Result<Vec<Row
             });
         }
     }
-    Ok(rows)
+    Ok((rows, cpu_lines))
+}
+
+/// The rows of one create phase: its rate, and the CPU a create cost kube-apiserver and all
+/// the server processes together.
+fn create_rows(rows: &mut Vec<Row>, phase: &str, filled: &Filled) {
+    let [ours, crd] = filled.rates;
+    rows.push(Row {
+        figure: format!("creates/s, {phase}"),
+        unit: "/s",
+        ours,
+        crd,
+        better: Better::Higher,
+    });
+    let [o, c] = &filled.cpu;
+    for (what, ours, crd) in [
+        ("kube-apiserver", o.kube_apiserver, c.kube_apiserver),
+        ("all servers", o.servers(), c.servers()),
+    ] {
+        rows.push(Row {
+            figure: format!("CPU per create, {what} ({phase})"),
+            unit: "µs",
+            ours,
+            crd,
+            better: Better::Lower,
+        });
+    }
+}
+
+/// Where a create's CPU went, process by process, phase by phase.
+fn print_cpu(lines: &[(String, [Cpu; 2])]) {
+    println!();
+    println!("CPU per create (µs), during each system's own turns:");
+    for (phase, [o, c]) in lines {
+        println!(
+            "  {phase}: ours: kube-apiserver {:.0}, mcp-access-apiserver {:.0}, PostgreSQL {:.0} \
+             (clients {:.0}); CRD: kube-apiserver {:.0}, etcd {:.0} (clients {:.0})",
+            o.kube_apiserver, o.ours, o.postgres, o.bench, c.kube_apiserver, c.etcd, c.bench
+        );
+    }
 }

@@ -1,6 +1,8 @@
 # Starts and stops a throwaway PostgreSQL from the installed server binaries.
 # Source this file; it defines postgres_start DIR and postgres_stop DIR.
 # After postgres_start, PGPORT_STARTED holds the port and PG_DSN a libpq-style DSN.
+# PG_EXTRA_OPTS adds server options, e.g. for profiling a benchmark:
+#   PG_EXTRA_OPTS="-c shared_preload_libraries=pg_stat_statements" hack/bench-vs-crd.sh
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 
@@ -36,7 +38,7 @@ postgres_start() {
       cat "$dir/initdb.log" >&2; return 1; }
   fi
   as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB" \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB ${PG_EXTRA_OPTS:-}" \
     start >/dev/null || { cat "$dir/postgres.log" >&2; return 1; }
   PGPORT_STARTED=$port
   PG_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"

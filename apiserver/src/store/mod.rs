@@ -24,7 +24,7 @@ pub use feed::{
 };
 pub use memory::MemoryStore;
 pub use migrate::apply_migrations;
-pub use pg::{PgStore, StoreConfig};
+pub use pg::{PgStore, StoreConfig, NEXT_SESSION_EXPIRY_SQL};
 pub use raw::{RawItems, RawList};
 pub use rv::{ContinueToken, ResourceVersion};
 pub use transact::{collect_completed_enrollments, transact, EXPIRY_BATCH};

@@ -8,6 +8,8 @@ mod revocations;
 mod sessions;
 mod tx;
 
+pub use sessions::NEXT_SESSION_EXPIRY_SQL;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -444,11 +446,11 @@ impl Store for PgStore {
     async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(&sessions::next_expiry_sql())
+            .prepare_cached(sessions::NEXT_SESSION_EXPIRY_SQL)
             .await
             .map_err(pg_err)?;
-        let row = client.query_one(&stmt, &[]).await.map_err(pg_err)?;
-        match row.get::<_, Option<String>>(0) {
+        let row = client.query_opt(&stmt, &[]).await.map_err(pg_err)?;
+        match row.map(|r| r.get::<_, String>(0)) {
             None => Ok(None),
             Some(text) => text.parse().map(Some).map_err(|e| {
                 StoreError::Internal(format!("stored spec.expiresAt {text:?} is unreadable: {e}"))
