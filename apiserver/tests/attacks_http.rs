@@ -929,8 +929,7 @@ impl Binary {
     async fn start(extra: &[&str], max_fds: Option<u32>) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let db = support::TestDb::new().await;
-        let base = std::env::var("MCP_TEST_DATABASE_URL").unwrap();
-        let dsn = format!("{base} dbname={}", db.name);
+        let dsn = db.dsn().to_string();
         let dir = scratch_dir();
         let token = format!("t-{}", uuid::Uuid::new_v4().simple());
         private_file(

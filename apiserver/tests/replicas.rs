@@ -18,8 +18,7 @@ use support::watch::Next;
 use support::TestDb;
 
 fn dsn_of(db: &TestDb) -> String {
-    let base = std::env::var("MCP_TEST_DATABASE_URL").unwrap();
-    format!("{base} dbname={}", db.name)
+    db.dsn().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,12 +332,11 @@ async fn a_dump_restored_into_a_fresh_database_makes_every_watcher_relist() {
         assert_eq!(status, 201);
     }
     let dump = shared.dir.join("backup.dump");
-    let base = std::env::var("MCP_TEST_DATABASE_URL").unwrap();
     let out = std::process::Command::new(support::replica::pg_bin("pg_dump"))
         .args(["-Fc", "-f"])
         .arg(&dump)
         .arg("-d")
-        .arg(format!("{base} dbname={}", live.name))
+        .arg(live.dsn())
         .output()
         .unwrap();
     assert!(out.status.success(), "pg_dump: {out:?}");
@@ -356,7 +354,7 @@ async fn a_dump_restored_into_a_fresh_database_makes_every_watcher_relist() {
     let restored = TestDb::new().await;
     let out = std::process::Command::new(support::replica::pg_bin("pg_restore"))
         .args(["--no-owner", "-d"])
-        .arg(format!("{base} dbname={}", restored.name))
+        .arg(restored.dsn())
         .arg(&dump)
         .output()
         .unwrap();

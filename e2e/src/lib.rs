@@ -10,6 +10,7 @@
 
 pub mod gateway;
 pub mod harness;
+pub mod scratch_db;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,8 @@ pub struct LocalCluster {
     apiserver_args: Vec<String>,
     apiserver: Option<Child>,
     local_pg: bool,
+    /// The database created for this cluster ([`Database::CreateIn`]), dropped on stop.
+    scratch_db: Option<scratch_db::ScratchDatabase>,
 }
 
 /// Output of a command.
@@ -117,31 +120,6 @@ fn read_env(path: &Path) -> Result<HashMap<String, String>> {
         .collect())
 }
 
-/// Creates a fresh database in the server `admin_dsn` points at and returns its DSN.
-fn create_database(admin_dsn: &str) -> Result<String> {
-    let name = format!("e2e_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(admin_dsn, tokio_postgres::NoTls)
-            .await
-            .context("cannot connect to the test PostgreSQL")?;
-        let driver = tokio::spawn(conn);
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await?;
-        drop(client);
-        let _ = driver.await;
-        anyhow::Ok(())
-    })?;
-    let base: Vec<&str> = admin_dsn
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with("dbname="))
-        .collect();
-    Ok(format!("{} dbname={name}", base.join(" ")))
-}
-
 impl LocalCluster {
     /// Starts everything and waits until MCP Access is served through kube-apiserver (see
     /// [`LocalCluster::wait_available`]).
@@ -165,8 +143,12 @@ impl LocalCluster {
             env.get("KUBECONFIG")
                 .context("KUBECONFIG missing from env")?,
         );
+        let mut scratch = None;
         let (database_url, local_pg) = match options.database {
-            Database::CreateIn(admin) => (create_database(&admin)?, false),
+            Database::CreateIn(admin) => {
+                let db = scratch.insert(scratch_db::ScratchDatabase::create(&admin, "e2e")?);
+                (db.dsn().to_string(), false)
+            }
             Database::Local => {
                 let script = format!(
                     ". {}/hack/lib/postgres.sh && postgres_stop {pg} && postgres_start {pg} >&2 && echo \"$PG_DSN\"",
@@ -194,6 +176,7 @@ impl LocalCluster {
             apiserver_args: options.apiserver_args,
             apiserver: None,
             local_pg,
+            scratch_db: scratch,
         };
         cluster.install()?;
         cluster.start_apiserver()?;
@@ -649,6 +632,7 @@ impl LocalCluster {
     /// Stops everything this cluster started.
     pub fn stop(&mut self) {
         self.stop_apiserver();
+        self.scratch_db.take();
         let root = repo_root();
         let _ = Command::new("bash")
             .arg(root.join("hack/cluster.sh"))

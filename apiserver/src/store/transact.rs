@@ -295,6 +295,14 @@ fn init_metadata(meta: &mut ObjectMeta, namespace: &str, now: Timestamp) {
     meta.managed_fields = None;
 }
 
+/// What the first round of a create of `object` reads: the object's key and what its
+/// strategy asks for.
+pub(crate) fn create_reads<K: Strategy>(object: &K, ctx: &Context) -> Vec<Read> {
+    let mut first = vec![Read::Object(ObjectKey::for_object(object))];
+    first.extend(object.create_reads(ctx));
+    first
+}
+
 /// Creates `object` (metadata prepared by [`prepare_new`]) as its strategy admits it.
 pub(crate) async fn create<K: Strategy, B: Backend>(
     mut backend: B,
@@ -303,8 +311,7 @@ pub(crate) async fn create<K: Strategy, B: Backend>(
     dry_run: bool,
     signals: &dyn OnCommit,
 ) -> Result<Written<K>> {
-    let mut first = vec![Read::Object(ObjectKey::for_object(&object))];
-    first.extend(object.create_reads(ctx));
+    let first = create_reads(&object, ctx);
     let requested = encode(&object)?;
     let key = ObjectKey::for_object(&object);
     let decided = transact_with_facts(&mut backend, first, |facts| {

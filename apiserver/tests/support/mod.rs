@@ -15,31 +15,27 @@ use apiserver::store::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-/// A database of its own, created for one test.
+/// A database of its own, created for one test and dropped with it.
 pub struct TestDb {
     pub config: tokio_postgres::Config,
     pub name: String,
+    scratch: e2e::scratch_db::ScratchDatabase,
 }
 
 impl TestDb {
     pub async fn new() -> Self {
-        let base = std::env::var("MCP_TEST_DATABASE_URL").expect(
-            "MCP_TEST_DATABASE_URL is not set: run the tests through hack/test.sh, which starts PostgreSQL",
-        );
-        let admin = tokio_postgres::Config::from_str(&base).expect("MCP_TEST_DATABASE_URL parses");
-        let (client, conn) = admin
-            .connect(tokio_postgres::NoTls)
-            .await
-            .expect("connect to test PostgreSQL");
-        tokio::spawn(conn);
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create test database");
-        let mut config = admin.clone();
-        config.dbname(&name);
-        Self { config, name }
+        let scratch = e2e::scratch_db::ScratchDatabase::for_test("t");
+        let config = tokio_postgres::Config::from_str(scratch.dsn()).expect("the test DSN parses");
+        Self {
+            config,
+            name: scratch.name().to_string(),
+            scratch,
+        }
+    }
+
+    /// A libpq DSN of the database.
+    pub fn dsn(&self) -> &str {
+        self.scratch.dsn()
     }
 
     pub fn store_config(&self) -> StoreConfig {

@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use gateway::{CacheConfig, CacheMetrics, SessionCache, SyncTask};
@@ -53,7 +52,8 @@ pub struct Apiserver {
     pub url: String,
     pub ca_file: PathBuf,
     ca_pem: String,
-    dsn: String,
+    /// The apiserver's database, dropped after the processes are killed.
+    db: e2e::scratch_db::ScratchDatabase,
     extra: Vec<String>,
     /// The writer: this process's URL, or a peer's while this one is stopped.
     write_url: String,
@@ -82,24 +82,6 @@ impl Drop for Apiserver {
     }
 }
 
-async fn create_database() -> String {
-    let base = std::env::var("MCP_TEST_DATABASE_URL").expect(
-        "MCP_TEST_DATABASE_URL is not set: run the tests through hack/test.sh, which starts PostgreSQL",
-    );
-    let admin = tokio_postgres::Config::from_str(&base).expect("MCP_TEST_DATABASE_URL parses");
-    let (client, conn) = admin
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect to test PostgreSQL");
-    tokio::spawn(conn);
-    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create test database");
-    format!("{base} dbname={name}")
-}
-
 fn apiserver_bin() -> String {
     std::env::var("MCP_ACCESS_APISERVER_BIN").expect(
         "MCP_ACCESS_APISERVER_BIN is not set: run through hack/test.sh, which builds the binary",
@@ -111,7 +93,7 @@ impl Apiserver {
     /// `extra` flags are passed on every start.
     pub async fn prepare(extra: &[&str]) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let dsn = create_database().await;
+        let db = e2e::scratch_db::ScratchDatabase::for_test("t");
         let dir = scratch_dir();
         private_file(
             &dir.join("tokens.csv"),
@@ -141,7 +123,7 @@ impl Apiserver {
             write_url: url.clone(),
             url,
             ca_pem,
-            dsn,
+            db,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         }
     }
@@ -180,7 +162,7 @@ impl Apiserver {
         args.extend(self.extra.iter().cloned());
         Command::new(apiserver_bin())
             .args(&args)
-            .env("MCP_ACCESS_DATABASE_URL", &self.dsn)
+            .env("MCP_ACCESS_DATABASE_URL", self.db.dsn())
             .env(
                 "RUST_LOG",
                 std::env::var("MCP_TEST_APISERVER_LOG").unwrap_or_else(|_| "warn".into()),

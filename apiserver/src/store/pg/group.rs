@@ -8,6 +8,7 @@
 //! (its answer, its session Events, the expiry scheduler's wake-up) before the group's
 //! `COMMIT` returned; if that fails, every mutation that wrote gets its error.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -106,7 +107,14 @@ impl Writer {
     /// Runs `mutation` in the next group and returns its result once the group committed.
     /// `mutation` writes through the [`Backend`] it is given and reports what it did to
     /// sessions to the [`OnCommit`] it is given; `signals` hears of that after the commit.
-    pub async fn submit<T, F, Fut>(&self, signals: Arc<SessionSignals>, mutation: F) -> Result<T>
+    /// `prefetch` is what its first round of reads will ask for: the group reads it with its
+    /// lock, in the same round trip.
+    pub async fn submit<T, F, Fut>(
+        &self,
+        signals: Arc<SessionSignals>,
+        prefetch: Vec<Read>,
+        mutation: F,
+    ) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(GroupTx, Arc<Deferred>) -> Fut + Send + 'static,
@@ -116,6 +124,7 @@ impl Writer {
         let state = Arc::new(AtomicU8::new(QUEUED));
         let job = Job {
             state: state.clone(),
+            prefetch,
             mutation: Box::new(Pending {
                 run: mutation,
                 answer,
@@ -166,6 +175,8 @@ impl Drop for Withdraw<'_> {
 /// A queued mutation.
 pub(super) struct Job {
     state: Arc<AtomicU8>,
+    /// The reads its first round will ask for.
+    prefetch: Vec<Read>,
     mutation: Box<dyn Mutation>,
 }
 
@@ -274,10 +285,20 @@ impl Backend for GroupTx {
     }
 }
 
-async fn run_group(pool: &Pool, feed: &Feed, group: Vec<Job>) {
+async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>) {
+    // Every mutation's first reads, each once, read with the lock.
+    let mut prefetch = Vec::new();
+    let mut seen = HashSet::new();
+    for job in &mut group {
+        for read in std::mem::take(&mut job.prefetch) {
+            if seen.insert(read.clone()) {
+                prefetch.push(read);
+            }
+        }
+    }
     let mark = feed.mark();
     let begun = match pool.get().await.map_err(pool_err) {
-        Ok(client) => WriteTx::begin(client).await,
+        Ok(client) => WriteTx::begin(client, prefetch).await,
         Err(e) => Err(e),
     };
     // Sequence numbers this process acknowledged before must never be handed out again: the

@@ -13,7 +13,7 @@ pub use sessions::NEXT_SESSION_EXPIRY_SQL;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apis::strategy::{Context, Strategy, Withdrawal};
+use apis::strategy::{Context, ObjectKey, Read, Strategy, Withdrawal};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -305,7 +305,8 @@ impl PgStore {
     /// uncontended, leaves pool connections to readers, and lets one commit serve the
     /// mutations that queued meanwhile. A mutation waits for its turn at most as long as for
     /// a pool connection, then is answered 503 and never runs.
-    async fn mutate<T, F, Fut>(&self, mutation: F) -> Result<T>
+    /// `prefetch`: the reads the mutation's first round asks for (read with the lock).
+    async fn mutate<T, F, Fut>(&self, prefetch: Vec<Read>, mutation: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(group::GroupTx, Arc<group::Deferred>) -> Fut + Send + 'static,
@@ -313,7 +314,7 @@ impl PgStore {
     {
         self.inner
             .writer
-            .submit(self.inner.signals.clone(), mutation)
+            .submit(self.inner.signals.clone(), prefetch, mutation)
             .await
     }
 }
@@ -379,7 +380,8 @@ impl Store for PgStore {
     ) -> Result<Written<K>> {
         transact::prepare_new(&mut object, ctx.now)?;
         let ctx = self.with_limits(ctx);
-        self.mutate(move |tx, done| async move {
+        let prefetch = transact::create_reads(&object, &ctx);
+        self.mutate(prefetch, move |tx, done| async move {
             transact::create(tx, object, &ctx, dry_run, &*done).await
         })
         .await
@@ -393,7 +395,8 @@ impl Store for PgStore {
     ) -> Result<Written<K>> {
         transact::check_update(&object)?;
         let ctx = self.with_limits(ctx);
-        self.mutate(move |tx, done| async move {
+        let prefetch = vec![Read::Object(ObjectKey::for_object(&object))];
+        self.mutate(prefetch, move |tx, done| async move {
             transact::update(tx, object, &ctx, dry_run, &*done).await
         })
         .await
@@ -411,7 +414,8 @@ impl Store for PgStore {
         let (namespace, name) = (namespace.to_string(), name.to_string());
         let (by, pre) = (by.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
-        self.mutate(move |tx, done| async move {
+        let prefetch = vec![Read::Object(ObjectKey::of::<K>(&namespace, &name))];
+        self.mutate(prefetch, move |tx, done| async move {
             transact::delete(tx, &namespace, &name, &by, &ctx, &pre, dry_run, &*done).await
         })
         .await
@@ -429,7 +433,8 @@ impl Store for PgStore {
         let (namespace, name) = (namespace.to_string(), name.to_string());
         let (requested, pre) = (requested.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
-        self.mutate(move |tx, done| async move {
+        let prefetch = vec![Read::Object(ObjectKey::of::<K>(&namespace, &name))];
+        self.mutate(prefetch, move |tx, done| async move {
             transact::write_status(
                 tx, &namespace, &name, &requested, &ctx, &pre, dry_run, &*done,
             )
@@ -439,8 +444,10 @@ impl Store for PgStore {
     }
 
     async fn expire_sessions(&self, now: Timestamp) -> Result<Vec<apis::AccessSession>> {
-        self.mutate(move |tx, done| async move { transact::expire_sessions(tx, now, &*done).await })
-            .await
+        self.mutate(Vec::new(), move |tx, done| async move {
+            transact::expire_sessions(tx, now, &*done).await
+        })
+        .await
     }
 
     async fn next_session_expiry(&self) -> Result<Option<Timestamp>> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use apis::strategy::{Fact, ObjectKey, Read, Write};
-use apis::AccessSession;
+use apis::{AccessSession, Kind, Revocation};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
@@ -225,12 +225,63 @@ pub(super) struct WriteTx {
     /// The current mutation wrote, or a statement of it failed: not committing it means
     /// rolling back to its savepoint.
     dirty: bool,
+    /// Facts read when the transaction began, for the mutations queued in its group: each
+    /// answers a mutation's read without a round trip unless a write of the group since
+    /// could have changed it ([`Touched::could_change`]).
+    prefetched: HashMap<Read, Prefetched>,
+    /// What the group's writes touched so far.
+    touched: Touched,
+}
+
+/// A fact read when the transaction began, with the object rows it holds (the
+/// before-images a mutation using it records).
+struct Prefetched {
+    fact: Fact,
+    rows: Vec<(ObjectKey, StoredRow)>,
+}
+
+/// What the writes of a transaction touched, to tell which prefetched facts still hold.
+/// Deliberately coarse: a fact is read again whenever a write could have changed it, and
+/// a mutation rolled back to its savepoint still counts as having written.
+#[derive(Default)]
+struct Touched {
+    keys: std::collections::HashSet<ObjectKey>,
+    resources: std::collections::HashSet<&'static str>,
+    fences: bool,
+}
+
+impl Touched {
+    fn record(&mut self, write: &Write) {
+        match write {
+            Write::Create { key, .. }
+            | Write::Replace { key, .. }
+            | Write::Remove { key }
+            | Write::ReserveName { key, .. } => {
+                self.keys.insert(key.clone());
+                self.resources.insert(key.resource);
+            }
+            Write::Fence { .. } => self.fences = true,
+        }
+    }
+
+    /// Whether a write recorded could have changed the answer to `read`.
+    fn could_change(&self, read: &Read) -> bool {
+        match read {
+            Read::Object(key) | Read::NameReserved(key) => self.keys.contains(key),
+            Read::Fenced { .. } => self.fences,
+            Read::Revocations { .. } => self.resources.contains(Revocation::PLURAL),
+            Read::Sessions(_) | Read::ActiveSessions { .. } | Read::DueSessions { .. } => {
+                self.resources.contains(AccessSession::PLURAL)
+            }
+        }
+    }
 }
 
 impl WriteTx {
-    /// Begins a transaction on `client` and takes the sync-state row lock (one round trip:
-    /// the lock request is pipelined after `BEGIN`).
-    pub async fn begin(client: deadpool_postgres::Object) -> Result<Self> {
+    /// Begins a transaction on `client`, takes the sync-state row lock and reads `prefetch`
+    /// under it: one round trip (`BEGIN`, the lock and the reads are pipelined; READ
+    /// COMMITTED, each read sees every transaction committed before the lock was granted).
+    pub async fn begin(client: deadpool_postgres::Object, prefetch: Vec<Read>) -> Result<Self> {
         let mut tx = Self {
             client: Some(client),
             open: true,
@@ -241,15 +292,25 @@ impl WriteTx {
             savepoints: false,
             in_savepoint: false,
             dirty: false,
+            prefetched: HashMap::new(),
+            touched: Touched::default(),
         };
         let client = tx.client();
-        let lock = client.prepare_cached(LOCK_SQL).await.map_err(pg_err)?;
-        let (begun, locked) =
-            tokio::join!(client.batch_execute("BEGIN"), client.query_one(&lock, &[]));
+        let (begun, read) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            run_reads(client, Some(LOCK_SQL), prefetch)
+        );
         begun.map_err(pg_err)?;
-        let row = locked.map_err(pg_err)?;
+        let (locked, answers) = read?;
+        let row = locked.ok_or_else(|| StoreError::Internal("the lock returned no row".into()))?;
         tx.epoch = row.get::<_, i32>(0) as u32;
         tx.seq = row.get::<_, i64>(1) as u64;
+        for (read, result) in answers {
+            let mut rows = HashMap::new();
+            let fact = fact_of(&read, result, tx.epoch, &mut rows)?;
+            let rows = rows.into_iter().collect();
+            tx.prefetched.insert(read, Prefetched { fact, rows });
+        }
         Ok(tx)
     }
 
@@ -338,11 +399,25 @@ impl WriteTx {
         })
     }
 
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+    /// Executes one statement of the current mutation; its savepoint, when due, goes first
+    /// in the same round trip.
+    async fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let stmt = self.client().prepare_cached(sql).await.map_err(pg_err)?;
+        let savepoint = self.savepoint_due();
         let client = self.client();
-        let stmt = client.prepare_cached(sql).await.map_err(pg_err)?;
-        client.execute(&stmt, params).await.map_err(pg_err)
+        let (taken, done) = tokio::join!(
+            async {
+                match savepoint {
+                    true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
+                    false => Ok(()),
+                }
+            },
+            async { client.execute(&stmt, params).await.map_err(pg_err) }
+        );
+        taken?;
+        done
     }
+
     /// Stores a new object and its ADDED event.
     async fn insert(&mut self, key: &ObjectKey, uid: &str, body: &Value) -> Result<u64> {
         let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
@@ -444,7 +519,7 @@ impl WriteTx {
         Ok(seq as u64)
     }
 
-    async fn reserve_name(&self, key: &ObjectKey, uid: &str) -> Result<()> {
+    async fn reserve_name(&mut self, key: &ObjectKey, uid: &str) -> Result<()> {
         let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
         self.execute(
             "INSERT INTO name_reservations (resource, namespace, name, uid) VALUES ($1, $2, $3, $4)
@@ -461,6 +536,20 @@ impl WriteTx {
     /// COMMITTED, so they see every transaction committed before and the writes of the
     /// mutations before this one in the same group.
     pub async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
+        let mut facts = Vec::with_capacity(reads.len());
+        let mut wanted = Vec::new();
+        for read in reads {
+            match self.prefetched.get(&read) {
+                Some(p) if !self.touched.could_change(&read) => {
+                    self.rows.extend(p.rows.iter().cloned());
+                    facts.push((read, p.fact.clone()));
+                }
+                _ => wanted.push(read),
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(facts);
+        }
         let savepoint = self.savepoint_due();
         let client = self.client();
         // The savepoint is sent first on the connection: one round trip for both.
@@ -471,7 +560,7 @@ impl WriteTx {
                     false => Ok(()),
                 }
             },
-            run_reads(client, None, reads)
+            run_reads(client, None, wanted)
         );
         let answers = match taken.and(answers) {
             Ok((_, answers)) => answers,
@@ -480,7 +569,6 @@ impl WriteTx {
                 return Err(e);
             }
         };
-        let mut facts = Vec::with_capacity(answers.len());
         for (read, result) in answers {
             let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
             facts.push((read, fact));
@@ -491,11 +579,8 @@ impl WriteTx {
     /// Executes writes in order; returns the resourceVersion each object write got.
     pub async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
         self.dirty = true;
-        if self.savepoint_due() {
-            self.client()
-                .batch_execute(SAVEPOINT)
-                .await
-                .map_err(pg_err)?;
+        for write in &writes {
+            self.touched.record(write);
         }
         let mut versions = Vec::new();
         let mut writes = writes.into_iter().peekable();
