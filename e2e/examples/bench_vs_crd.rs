@@ -628,49 +628,35 @@ async fn wait_all(
 // CPU
 
 /// CPU time (user + system) of each process group, in microseconds: a sample, a difference
-/// of two, or a difference divided per create.
+/// of two, or a difference divided per create. Indexed by [`KUBE_APISERVER`] and the rest.
 #[derive(Clone, Copy, Default)]
-struct Cpu {
-    kube_apiserver: f64,
-    etcd: f64,
-    ours: f64,
-    postgres: f64,
-    /// This benchmark's own process (the clients).
-    bench: f64,
-}
+struct Cpu([f64; 5]);
+
+const KUBE_APISERVER: usize = 0;
+const ETCD: usize = 1;
+const OURS: usize = 2;
+const POSTGRES: usize = 3;
+/// This benchmark's own process (the clients).
+const BENCH: usize = 4;
 
 impl Cpu {
     fn since(&self, before: &Cpu) -> Cpu {
-        Cpu {
-            kube_apiserver: self.kube_apiserver - before.kube_apiserver,
-            etcd: self.etcd - before.etcd,
-            ours: self.ours - before.ours,
-            postgres: self.postgres - before.postgres,
-            bench: self.bench - before.bench,
-        }
+        Cpu(std::array::from_fn(|i| self.0[i] - before.0[i]))
     }
 
     fn add(&mut self, other: &Cpu) {
-        self.kube_apiserver += other.kube_apiserver;
-        self.etcd += other.etcd;
-        self.ours += other.ours;
-        self.postgres += other.postgres;
-        self.bench += other.bench;
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
     }
 
     fn per(&self, n: f64) -> Cpu {
-        Cpu {
-            kube_apiserver: self.kube_apiserver / n,
-            etcd: self.etcd / n,
-            ours: self.ours / n,
-            postgres: self.postgres / n,
-            bench: self.bench / n,
-        }
+        Cpu(self.0.map(|v| v / n))
     }
 
     /// Every server process (not the benchmark's clients).
     fn servers(&self) -> f64 {
-        self.kube_apiserver + self.etcd + self.ours + self.postgres
+        self.0[..BENCH].iter().sum()
     }
 }
 
@@ -775,13 +761,13 @@ impl Pids {
     /// live as long as the apiserver, so a sum over the living ones loses nothing.
     fn cpu(&self) -> Result<Cpu> {
         let us = |pid: u32| cpu_of(&pid.to_string(), self.tick_us);
-        Ok(Cpu {
-            kube_apiserver: us(self.kube_apiserver),
-            etcd: us(self.etcd),
-            ours: us(self.ours),
-            postgres: postgres_pids(&self.pg_data)?.into_iter().map(us).sum(),
-            bench: cpu_of("self", self.tick_us),
-        })
+        let mut cpu = Cpu::default();
+        cpu.0[KUBE_APISERVER] = us(self.kube_apiserver);
+        cpu.0[ETCD] = us(self.etcd);
+        cpu.0[OURS] = us(self.ours);
+        cpu.0[POSTGRES] = postgres_pids(&self.pg_data)?.into_iter().map(us).sum();
+        cpu.0[BENCH] = cpu_of("self", self.tick_us);
+        Ok(cpu)
     }
 
     /// (ours + PostgreSQL, kube-apiserver + etcd, ours alone, kube-apiserver alone).
@@ -1202,7 +1188,7 @@ fn create_rows(rows: &mut Vec<Row>, phase: &str, filled: &Filled) {
     });
     let [o, c] = &filled.cpu;
     for (what, ours, crd) in [
-        ("kube-apiserver", o.kube_apiserver, c.kube_apiserver),
+        ("kube-apiserver", o.0[KUBE_APISERVER], c.0[KUBE_APISERVER]),
         ("all servers", o.servers(), c.servers()),
     ] {
         rows.push(Row {
@@ -1221,9 +1207,16 @@ fn print_cpu(lines: &[(String, [Cpu; 2])]) {
     println!("CPU per create (µs), during each system's own turns:");
     for (phase, [o, c]) in lines {
         println!(
-            "  {phase}: ours: kube-apiserver {:.0}, mcp-access-apiserver {:.0}, PostgreSQL {:.0} \
-             (clients {:.0}); CRD: kube-apiserver {:.0}, etcd {:.0} (clients {:.0})",
-            o.kube_apiserver, o.ours, o.postgres, o.bench, c.kube_apiserver, c.etcd, c.bench
+            "  {phase}: ours: kube-apiserver {:.0}, mcp-access-apiserver {:.0}, PostgreSQL {:.0}, \
+             etcd {:.0} (clients {:.0}); CRD: kube-apiserver {:.0}, etcd {:.0} (clients {:.0})",
+            o.0[KUBE_APISERVER],
+            o.0[OURS],
+            o.0[POSTGRES],
+            o.0[ETCD],
+            o.0[BENCH],
+            c.0[KUBE_APISERVER],
+            c.0[ETCD],
+            c.0[BENCH]
         );
     }
 }

@@ -201,6 +201,26 @@ pub(super) async fn run_reads(
 /// The savepoint of the current mutation (nested: rolling back to it undoes only the latest).
 const SAVEPOINT: &str = "SAVEPOINT mutation";
 
+/// Runs `statement` after the savepoint when `savepoint` is due, in one round trip: the
+/// savepoint is polled first, so it leaves first on the connection.
+async fn after_savepoint<T>(
+    client: &deadpool_postgres::Object,
+    savepoint: bool,
+    statement: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let (taken, done) = tokio::join!(
+        async {
+            match savepoint {
+                true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
+                false => Ok(()),
+            }
+        },
+        statement
+    );
+    taken?;
+    done
+}
+
 const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE";
 
 /// One write transaction, shared by the mutations of a group commit (`super::group`): it
@@ -405,17 +425,10 @@ impl WriteTx {
         let stmt = self.client().prepare_cached(sql).await.map_err(pg_err)?;
         let savepoint = self.savepoint_due();
         let client = self.client();
-        let (taken, done) = tokio::join!(
-            async {
-                match savepoint {
-                    true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
-                    false => Ok(()),
-                }
-            },
-            async { client.execute(&stmt, params).await.map_err(pg_err) }
-        );
-        taken?;
-        done
+        after_savepoint(client, savepoint, async {
+            client.execute(&stmt, params).await.map_err(pg_err)
+        })
+        .await
     }
 
     /// Stores a new object and its ADDED event.
@@ -552,23 +565,14 @@ impl WriteTx {
         }
         let savepoint = self.savepoint_due();
         let client = self.client();
-        // The savepoint is sent first on the connection: one round trip for both.
-        let (taken, answers) = tokio::join!(
-            async {
-                match savepoint {
-                    true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
-                    false => Ok(()),
+        let answers =
+            match after_savepoint(client, savepoint, run_reads(client, None, wanted)).await {
+                Ok((_, answers)) => answers,
+                Err(e) => {
+                    self.dirty = true;
+                    return Err(e);
                 }
-            },
-            run_reads(client, None, wanted)
-        );
-        let answers = match taken.and(answers) {
-            Ok((_, answers)) => answers,
-            Err(e) => {
-                self.dirty = true;
-                return Err(e);
-            }
-        };
+            };
         for (read, result) in answers {
             let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
             facts.push((read, fact));
