@@ -73,6 +73,23 @@ pub struct Admission {
 }
 
 /// Checks the shape of a session spec, independent of any other object.
+/// Longest server UID accepted (a Kubernetes UID is a 36-character UUID). Bounded so that
+/// the index on it can always hold the value: PostgreSQL refuses an index row over ~2.7 kB.
+pub const MAX_UID_LENGTH: usize = 128;
+
+/// A required UID of at most [`MAX_UID_LENGTH`] bytes.
+fn validate_uid(uid: &str, field: &str, errors: &mut Vec<FieldError>) {
+    if uid.is_empty() {
+        errors.push(FieldError::required(field, "Required value"));
+    } else if uid.len() > MAX_UID_LENGTH {
+        errors.push(FieldError::new(
+            crate::validation::FieldErrorKind::TooLong,
+            field,
+            format!("Too long: may not be more than {MAX_UID_LENGTH} bytes"),
+        ));
+    }
+}
+
 pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
     let mut errors = Vec::new();
     if spec.server.name.is_empty() {
@@ -86,9 +103,7 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
             ),
         ));
     }
-    if spec.server.uid.is_empty() {
-        errors.push(FieldError::required("spec.server.uid", "Required value"));
-    }
+    validate_uid(&spec.server.uid, "spec.server.uid", &mut errors);
     if spec.agent.is_none() && spec.subject.is_none() && spec.teams.is_empty() {
         errors.push(FieldError::required(
             "spec",
@@ -647,12 +662,7 @@ pub fn validate_revocation_spec(spec: &RevocationSpec) -> Vec<FieldError> {
         }
     }
     if let Some(server) = &t.server {
-        if server.uid.is_empty() {
-            errors.push(FieldError::required(
-                "spec.target.server.uid",
-                "Required value",
-            ));
-        }
+        validate_uid(&server.uid, "spec.target.server.uid", &mut errors);
         if server.name.is_empty() {
             errors.push(FieldError::required(
                 "spec.target.server.name",

@@ -409,6 +409,102 @@ async fn oversized_objects_are_413_and_metadata_is_validated() {
     assert_eq!(code, 200, "{status}");
 }
 
+/// Values PostgreSQL cannot store are refused before anything is decoded or stored, with a
+/// clear 4xx, for every write: a NUL character in any string (jsonb refuses it) and a server
+/// UID too long for its index. Neither is a 500, and the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_the_database_cannot_hold_are_refused_up_front() {
+    let server = TestServer::start().await;
+    create_session(&server, "nul", "s1").await;
+    let url = format!("{}/s1", ns_url(&server, "nul", "accesssessions"));
+    let mut nul_annotation = session_json("s2");
+    nul_annotation["metadata"]["annotations"] = json!({"note": "a\u{0}b"});
+    let mut nul_key = session_json("s3");
+    nul_key["metadata"]["labels"] = json!({"a\u{0}": "b"});
+    for body in [nul_annotation, nul_key] {
+        let (code, status, _) = send(
+            server
+                .http()
+                .post(ns_url(&server, "nul", "accesssessions"))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&body),
+        )
+        .await;
+        assert_eq!(code, 400, "{status}");
+        assert_eq!(status["reason"], "BadRequest", "{status}");
+        assert!(
+            status["message"].as_str().unwrap().contains("NUL"),
+            "{status}"
+        );
+    }
+    for (content_type, body) in [
+        (
+            "application/merge-patch+json",
+            json!({"metadata": {"annotations": {"note": "\u{0}"}}}),
+        ),
+        (
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/metadata/annotations", "value": {"n": "\u{0}"}}]),
+        ),
+    ] {
+        let (code, status) = patch(
+            &server,
+            &url,
+            content_type,
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert_eq!(code, 400, "{content_type}: {status}");
+    }
+    // A backslash followed by the text "u0000" is an ordinary string.
+    let (code, status) = patch(
+        &server,
+        &url,
+        "application/merge-patch+json",
+        serde_json::to_vec(&json!({"metadata": {"annotations": {"note": "\\u0000"}}})).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{status}");
+    assert_eq!(status["metadata"]["annotations"]["note"], "\\u0000");
+
+    // A server UID too long for its index: 422 on the field, for sessions and revocations.
+    let mut long_uid = session_json("s4");
+    long_uid["spec"]["server"]["uid"] = json!("u".repeat(129));
+    let revocation = json!({
+        "apiVersion": apis::API_VERSION,
+        "kind": "Revocation",
+        "metadata": {"name": "r1"},
+        "spec": {"target": {"server": {"name": "github", "uid": "u".repeat(5000)}}, "cause": "manual"},
+    });
+    for (plural, body, field) in [
+        ("accesssessions", long_uid, "spec.server.uid"),
+        ("revocations", revocation, "spec.target.server.uid"),
+    ] {
+        let (code, status, _) = send(
+            server
+                .http()
+                .post(ns_url(&server, "nul", plural))
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&body),
+        )
+        .await;
+        assert_eq!(code, 422, "{plural}: {status}");
+        assert!(cause_fields(&status).contains(&field), "{status}");
+    }
+    let mut longest = session_json("s5");
+    longest["spec"]["server"]["uid"] = json!("u".repeat(128));
+    let (code, status, _) = send(
+        server
+            .http()
+            .post(ns_url(&server, "nul", "accesssessions"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&longest),
+    )
+    .await;
+    assert_eq!(code, 201, "{status}");
+    assert_alive(&server, "nul", "s1").await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Item 5: no metrics label from untrusted input.
 

@@ -209,8 +209,9 @@ async fn concurrent_mutations_share_commits_and_keep_their_own_outcomes() {
     assert_eq!(stored.len(), 16 + created.len() - deleted.len());
 }
 
-/// A mutation that fails inside the database (not refused by a rule but by a statement) is
-/// undone to its savepoint; the mutations grouped with it commit.
+/// A mutation that fails inside the database (not refused by a rule but by a statement) fails
+/// alone: its group's held writes were refused together, so the group runs again with each
+/// mutation's writes sent in its own savepoint, and the mutations grouped with it commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_statement_fails_only_its_own_mutation() {
     let db = TestDb::new().await;
@@ -264,6 +265,10 @@ async fn a_failing_statement_fails_only_its_own_mutation() {
         ok.len(),
         23,
         "every neighbour of the failing mutation committed"
+    );
+    assert!(
+        store.write_group_reruns() >= 1,
+        "the refused group ran again, each mutation in its own savepoint"
     );
     let seqs: Vec<i64> = client
         .query("SELECT seq FROM change_log ORDER BY seq", &[])
@@ -339,5 +344,106 @@ async fn a_withdrawn_or_timed_out_mutation_never_runs() {
     ] {
         let got = store.get::<AccessSession>("team-a", name).await;
         assert_eq!(got.is_ok(), present, "{name}: {got:?}");
+    }
+}
+
+/// A mutation decided after a neighbour in its group changed its facts reads them again,
+/// after that neighbour's held writes: sessions created for a server in the same group as its
+/// retirement are revoked with the rest when they come before it, refused when they come
+/// after, and never left active. A session of another server in the group is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_after_a_retirement_in_their_group_see_its_fence() {
+    use apis::{ServerRef, SessionPhase};
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    store
+        .create_session(mk_session("ns", "warm", "srv-other"), false)
+        .await
+        .unwrap();
+    let (groups_before, _) = store.write_groups();
+    // Another replica holds the sync-state lock: the first mutation waits for it in its own
+    // group, and every one queued behind it forms the next group, in queue order.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT 1 FROM sync_state WHERE id = 1 FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(30));
+    let spawn_create = |name: String, server: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .create_session(mk_session("ns", &name, server), false)
+                .await
+                .map(|w| w.object)
+        })
+    };
+    let first = spawn_create("first".into(), "srv-other");
+    pause().await;
+    let mut before = Vec::new();
+    for i in 0..4 {
+        before.push(spawn_create(format!("before-{i}"), "srv-x"));
+        pause().await;
+    }
+    let retirement = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let server = ServerRef {
+                name: "github".into(),
+                uid: "srv-x".into(),
+            };
+            support::retire(&store, "ns", "retire-x", &server).await
+        })
+    };
+    pause().await;
+    let mut after = Vec::new();
+    for i in 0..4 {
+        after.push(spawn_create(format!("after-{i}"), "srv-x"));
+        pause().await;
+    }
+    let other = spawn_create("other".into(), "srv-other");
+    pause().await;
+    held.rollback().await.unwrap();
+
+    first.await.unwrap().unwrap();
+    for t in before {
+        t.await.unwrap().expect("created before the retirement");
+    }
+    let retired = retirement.await.unwrap();
+    assert_eq!(retired.object.status.unwrap().revoked_sessions, 4);
+    for t in after {
+        let err = t.await.unwrap().expect_err("created after the retirement");
+        assert!(
+            support::conflict_message(&err).is_some_and(|m| m.contains("retired")),
+            "{err:?}"
+        );
+    }
+    let other = other.await.unwrap().unwrap();
+    assert_eq!(other.phase(), SessionPhase::Active);
+    let (groups_after, _) = store.write_groups();
+    assert_eq!(
+        groups_after - groups_before,
+        2,
+        "the mutations behind the first formed one group"
+    );
+    for i in 0..4 {
+        let s: AccessSession = store.get("ns", &format!("before-{i}")).await.unwrap();
+        assert_eq!(s.phase(), SessionPhase::Revoked, "before-{i}");
+        let missing = store
+            .get::<AccessSession>("ns", &format!("after-{i}"))
+            .await;
+        assert!(matches!(missing, Err(StoreError::NotFound)), "{missing:?}");
+    }
+    // Gap-free, and every write of the group is in the log once.
+    let client = db.client().await;
+    let seqs: Vec<i64> = client
+        .query("SELECT seq FROM change_log ORDER BY seq", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
     }
 }

@@ -235,12 +235,20 @@ pub(crate) async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResul
     }
     // Checked before any parser or recursive walk sees the body: serde_json stops at 128
     // levels, but code walking a parsed Value recursively must never meet a deeper one.
-    let depth = patch::json_text_depth(&buf);
-    if depth > patch::MAX_DEPTH {
+    let scan = patch::scan_json_text(&buf);
+    if scan.depth > patch::MAX_DEPTH {
         return Err(ApiError::bad_request(format!(
-            "the request body is nested {depth} levels deep; at most {} are accepted",
+            "the request body is nested {} levels deep; at most {} are accepted",
+            scan.depth,
             patch::MAX_DEPTH
         )));
+    }
+    // Refused before it is decoded: PostgreSQL could not store it, and a statement failing
+    // in a write group would fail the group's other writes with it.
+    if scan.nul {
+        return Err(ApiError::bad_request(
+            "the request body holds the NUL character (\\u0000) in a string; it cannot be stored",
+        ));
     }
     Ok(buf.freeze())
 }

@@ -198,13 +198,27 @@ pub fn encoded_len<T: serde::Serialize + ?Sized>(v: &T) -> usize {
     count.0
 }
 
-/// Nesting depth of a JSON text, found by scanning its bytes (strings skipped) without
-/// parsing it: checked on every request body before anything recursive reads it.
-pub fn json_text_depth(body: &[u8]) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for &b in body {
+/// What a scan of a JSON text's bytes (without parsing it) finds: checked on every request
+/// body before anything recursive reads it or anything is stored.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TextScan {
+    /// Nesting depth of arrays and objects (strings skipped).
+    pub depth: usize,
+    /// A string holds the NUL character (the escape `\u0000`), which PostgreSQL's jsonb
+    /// cannot store.
+    pub nul: bool,
+}
+
+pub fn scan_json_text(body: &[u8]) -> TextScan {
+    let mut scan = TextScan::default();
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &b) in body.iter().enumerate() {
         if in_string {
             match b {
+                b'u' if escaped => {
+                    escaped = false;
+                    scan.nul |= body.get(i + 1..i + 5) == Some(b"0000");
+                }
                 _ if escaped => escaped = false,
                 b'\\' => escaped = true,
                 b'"' => in_string = false,
@@ -216,13 +230,13 @@ pub fn json_text_depth(body: &[u8]) -> usize {
             b'"' => in_string = true,
             b'{' | b'[' => {
                 depth += 1;
-                max = max.max(depth);
+                scan.depth = scan.depth.max(depth);
             }
             b'}' | b']' => depth = depth.saturating_sub(1),
             _ => {}
         }
     }
-    max
+    scan
 }
 
 /// The merge key of a list field that merges element-wise (`patchMergeKey` in the
@@ -454,9 +468,23 @@ mod tests {
 
     #[test]
     fn text_depth_skips_strings() {
-        assert_eq!(json_text_depth(br#"{"a":[1,{"b":"[[[{{{\"]]"}]}"#), 3);
-        assert_eq!(json_text_depth(b"1"), 0);
-        assert_eq!(json_text_depth(b"[[[]]]"), 3);
+        let depth = |text: &[u8]| scan_json_text(text).depth;
+        assert_eq!(depth(br#"{"a":[1,{"b":"[[[{{{\"]]"}]}"#), 3);
+        assert_eq!(depth(b"1"), 0);
+        assert_eq!(depth(b"[[[]]]"), 3);
+    }
+
+    #[test]
+    fn text_scan_finds_a_nul_only_where_a_string_escapes_one() {
+        let nul = |text: &[u8]| scan_json_text(text).nul;
+        assert!(nul(br#"{"a":"x\u0000y"}"#));
+        assert!(nul(br#"{"a\u0000":1}"#));
+        assert!(nul(br#"["\\\u0000"]"#));
+        // An escaped backslash followed by the text u0000, another code point, none at all.
+        assert!(!nul(br#"{"a":"\\u0000"}"#));
+        assert!(!nul(br#"{"a":"\u0001\u1000"}"#));
+        assert!(!nul(br#"{"a":"\u000"}"#));
+        assert!(!nul(br#"{"a":"u0000"}"#));
     }
 
     #[test]

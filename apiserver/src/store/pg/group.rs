@@ -2,11 +2,21 @@
 //! one in progress into one transaction, so one commit (one fsync) serves many.
 //!
 //! Every mutation still runs its kind's hooks on its own facts, in queue order, and gets its
-//! own sequence numbers; only its commit is shared. In a group of several, each runs inside a
-//! savepoint: one refused or failing mutation is rolled back to it (its sequence numbers
-//! handed out again) without failing its neighbours. Nobody hears of a mutation's success
-//! (its answer, its session Events, the expiry scheduler's wake-up) before the group's
-//! `COMMIT` returned; if that fails, every mutation that wrote gets its error.
+//! own sequence numbers; only its commit is shared. Its writes are held until it commits and
+//! leave with the group's `COMMIT` (or with a later mutation's read that has to reach
+//! PostgreSQL): a mutation refused by its rules is never sent (its sequence numbers handed
+//! out again) and does not fail its neighbours. A group of session creates answered from its
+//! prefetched facts is two round trips: `BEGIN` with the lock and every read, then every
+//! write with the `COMMIT`.
+//!
+//! The lock makes the facts read under it authoritative, so a write decided on them fails
+//! only when the database refuses it (a trigger, a limit no rule knew). Then nothing of the
+//! group stands, and it runs again in a new transaction with each mutation's writes sent when
+//! it commits, in its own savepoint: the refused one fails alone. In a group of several, a
+//! mutation whose read reaches PostgreSQL takes a savepoint first, so a failed read is rolled
+//! back to it alone. Nobody hears of a mutation's success (its answer, its session Events,
+//! the expiry scheduler's wake-up) before the group's `COMMIT` returned; if that fails, every
+//! mutation that wrote gets its error.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -50,6 +60,9 @@ pub(super) struct Writer {
 struct Tally {
     groups: AtomicU64,
     mutations: AtomicU64,
+    /// Groups run a second time, each mutation in its own savepoint, after the database
+    /// refused one of their held writes.
+    reruns: AtomicU64,
 }
 
 /// The writer task: runs queued mutations in groups until every [`Writer`] is dropped.
@@ -72,7 +85,7 @@ async fn run(
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         // A panicking hook must not take the writer down: the group's transaction is
         // dropped (its connection closed, so rolled back) and its callers are told.
-        if AssertUnwindSafe(run_group(&pool, &feed, group))
+        if AssertUnwindSafe(run_group(&pool, &feed, group, &tally))
             .catch_unwind()
             .await
             .is_err()
@@ -104,7 +117,15 @@ impl Writer {
         )
     }
 
+    /// Groups run again, each mutation in its own savepoint, after the database refused
+    /// one of their writes.
+    pub fn reruns(&self) -> u64 {
+        self.tally.reruns.load(Ordering::Relaxed)
+    }
+
     /// Runs `mutation` in the next group and returns its result once the group committed.
+    /// A group whose held writes the database refused runs `mutation` again, each in its own
+    /// savepoint (so it must be repeatable: it decides on the facts it reads).
     /// `mutation` writes through the [`Backend`] it is given and reports what it did to
     /// sessions to the [`OnCommit`] it is given; `signals` hears of that after the commit.
     /// `prefetch` is what its first round of reads will ask for: the group reads it with its
@@ -117,7 +138,7 @@ impl Writer {
     ) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(GroupTx, Arc<Deferred>) -> Fut + Send + 'static,
+        F: Fn(GroupTx, Arc<Deferred>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         let (answer, mut answered) = oneshot::channel();
@@ -129,6 +150,7 @@ impl Writer {
                 run: mutation,
                 answer,
                 signals,
+                last: None,
             }),
         };
         self.queue
@@ -191,52 +213,55 @@ impl Job {
 
 /// What a group does with a mutation, whatever its result type.
 trait Mutation: Send {
-    /// Runs it; the returned closure answers its caller once the group's outcome is known:
-    /// `None` when it wrote nothing (its answer stands whatever the commit does).
-    fn run(self: Box<Self>, tx: GroupTx) -> BoxFuture<'static, Deliver>;
-    /// Answers its caller with `error` without running it.
+    /// Runs it, keeping its result for [`Mutation::answer`]. A group whose transaction was
+    /// rolled back runs it again, in a new one: only the last run's result is answered.
+    fn run(&mut self, tx: GroupTx) -> BoxFuture<'_, ()>;
+    /// Answers its caller with its last run's result once the group's outcome is known:
+    /// `commit` is `None` when it wrote nothing (its answer stands whatever the commit does).
+    fn answer(self: Box<Self>, commit: Option<Result<()>>);
+    /// Answers its caller with `error` instead.
     fn fail(self: Box<Self>, error: StoreError);
 }
-
-type Deliver = Box<dyn FnOnce(Option<Result<()>>) + Send>;
 
 struct Pending<T, F> {
     run: F,
     answer: oneshot::Sender<Result<T>>,
     signals: Arc<SessionSignals>,
+    /// The last run's result and what it did to sessions.
+    last: Option<(Result<T>, Arc<Deferred>)>,
 }
 
 impl<T, F, Fut> Mutation for Pending<T, F>
 where
     T: Send + 'static,
-    F: FnOnce(GroupTx, Arc<Deferred>) -> Fut + Send + 'static,
+    F: Fn(GroupTx, Arc<Deferred>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T>> + Send + 'static,
 {
-    fn run(self: Box<Self>, tx: GroupTx) -> BoxFuture<'static, Deliver> {
-        let Pending {
-            run,
-            answer,
-            signals,
-        } = *self;
+    fn run(&mut self, tx: GroupTx) -> BoxFuture<'_, ()> {
+        let deferred = Arc::new(Deferred::default());
+        let running = (self.run)(tx, deferred.clone());
         async move {
-            let deferred = Arc::new(Deferred::default());
-            let result = run(tx, deferred.clone()).await;
-            Box::new(move |commit: Option<Result<()>>| {
-                let result = match (result, commit) {
-                    (Ok(value), Some(Ok(()))) => {
-                        for changes in deferred.take() {
-                            signals.committed(changes);
-                        }
-                        Ok(value)
-                    }
-                    (Ok(_), Some(Err(e))) => Err(e),
-                    (result, _) => result,
-                };
-                // The caller may be gone (its client disconnected): the write stands.
-                let _ = answer.send(result);
-            }) as Deliver
+            self.last = Some((running.await, deferred));
         }
         .boxed()
+    }
+
+    fn answer(self: Box<Self>, commit: Option<Result<()>>) {
+        let Some((result, deferred)) = self.last else {
+            return self.fail(StoreError::Internal("a write was answered unrun".into()));
+        };
+        let result = match (result, commit) {
+            (Ok(value), Some(Ok(()))) => {
+                for changes in deferred.take() {
+                    self.signals.committed(changes);
+                }
+                Ok(value)
+            }
+            (Ok(_), Some(Err(e))) => Err(e),
+            (result, _) => result,
+        };
+        // The caller may be gone (its client disconnected): the write stands.
+        let _ = self.answer.send(result);
     }
 
     fn fail(self: Box<Self>, error: StoreError) {
@@ -280,12 +305,11 @@ impl Backend for GroupTx {
     }
 
     async fn commit(self) -> Result<()> {
-        self.tx.lock().await.commit_mutation();
-        Ok(())
+        self.tx.lock().await.commit_mutation().await
     }
 }
 
-async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>) {
+async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>, tally: &Tally) {
     // Every mutation's first reads, each once, read with the lock.
     let mut prefetch = Vec::new();
     let mut seen = HashSet::new();
@@ -296,9 +320,62 @@ async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>) {
             }
         }
     }
+    let mut mutations: Vec<Box<dyn Mutation>> = group.into_iter().map(|j| j.mutation).collect();
+    let mut ran = attempt(pool, feed, &mut mutations, &prefetch, false).await;
+    // The database refused a held write: nothing of the group stands. Run it again, each
+    // mutation's writes sent when it commits, in its own savepoint: the one refused fails
+    // alone. (A group of one has its answer: the refusal.)
+    if ran.refused && mutations.len() > 1 {
+        tally.reruns.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            mutations = mutations.len(),
+            "the database refused a write of a group; running each mutation again in its own savepoint"
+        );
+        ran = attempt(pool, feed, &mut mutations, &prefetch, true).await;
+    }
+    let Attempt { kept, outcome, .. } = ran;
+    for (i, mutation) in mutations.into_iter().enumerate() {
+        match (kept.get(i), &outcome) {
+            (Some(kept), _) => mutation.answer(kept.then(|| outcome.clone())),
+            // Never run: the transaction broke before its turn.
+            (None, Err(e)) => mutation.fail(e.clone()),
+            (None, Ok(())) => mutation.fail(StoreError::Internal("a write was never run".into())),
+        }
+    }
+}
+
+/// How one transaction of a group ended.
+struct Attempt {
+    /// Whether each mutation run wrote (it committed); the ones after a break are missing.
+    kept: Vec<bool>,
+    /// The commit's outcome, or why the transaction broke.
+    outcome: Result<()>,
+    /// The database refused a held write: the transaction rolled back, nothing stands.
+    refused: bool,
+}
+
+impl Attempt {
+    fn failed(kept: Vec<bool>, e: StoreError) -> Self {
+        Self {
+            kept,
+            outcome: Err(e),
+            refused: false,
+        }
+    }
+}
+
+/// Runs `mutations` in one transaction; `careful` sends each one's writes when it commits,
+/// in its own savepoint, instead of holding them for the `COMMIT`.
+async fn attempt(
+    pool: &Pool,
+    feed: &Feed,
+    mutations: &mut [Box<dyn Mutation>],
+    prefetch: &[Read],
+    careful: bool,
+) -> Attempt {
     let mark = feed.mark();
     let begun = match pool.get().await.map_err(pool_err) {
-        Ok(client) => WriteTx::begin(client, prefetch).await,
+        Ok(client) => WriteTx::begin(client, prefetch.to_vec()).await,
         Err(e) => Err(e),
     };
     // Sequence numbers this process acknowledged before must never be handed out again: the
@@ -309,56 +386,46 @@ async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>) {
     });
     let tx = match begun {
         Ok(tx) => Arc::new(tokio::sync::Mutex::new(tx)),
-        Err(e) => {
-            for job in group {
-                job.mutation.fail(e.clone());
-            }
-            return;
-        }
+        Err(e) => return Attempt::failed(Vec::new(), e),
     };
-    if group.len() > 1 {
-        tx.lock().await.use_savepoints();
+    {
+        let mut tx = tx.lock().await;
+        if mutations.len() > 1 {
+            tx.use_savepoints();
+        }
+        if careful {
+            tx.send_at_commit();
+        }
     }
-    let mut delivers: Vec<(Deliver, bool)> = Vec::with_capacity(group.len());
-    let mut broken: Option<StoreError> = None;
-    let mut jobs = group.into_iter();
-    for job in jobs.by_ref() {
+    let mut kept = Vec::with_capacity(mutations.len());
+    for mutation in mutations.iter_mut() {
         let seq = {
             let mut tx = tx.lock().await;
             tx.start_mutation();
             tx.seq()
         };
-        let deliver = job.mutation.run(GroupTx { tx: tx.clone() }).await;
+        mutation.run(GroupTx { tx: tx.clone() }).await;
         let mut tx = tx.lock().await;
-        let kept = tx.mutation_committed();
+        kept.push(tx.mutation_committed());
         // Refused, failed or dry: undone, its sequence numbers handed out again.
         if let Err(e) = tx.undo_uncommitted(seq).await {
-            delivers.push((deliver, false));
-            broken = Some(e);
-            break;
-        }
-        delivers.push((deliver, kept));
-    }
-    // The transaction can no longer be trusted: the mutations not run yet are told why.
-    if let Some(e) = &broken {
-        for job in jobs {
-            job.mutation.fail(e.clone());
+            let refused = tx.refused();
+            return Attempt {
+                refused,
+                ..Attempt::failed(kept, e)
+            };
         }
     }
-    let wrote = delivers.iter().any(|(_, kept)| *kept);
-    let outcome = match &broken {
-        Some(e) => Err(e.clone()),
-        None => {
-            let mut tx = tx.lock().await;
-            let outcome = tx.finish(wrote).await;
-            if wrote && outcome.is_ok() {
-                feed.observe(tx.epoch(), tx.seq());
-            }
-            outcome
-        }
-    };
+    let wrote = kept.iter().any(|k| *k);
+    let mut tx = tx.lock().await;
+    let outcome = tx.finish(wrote).await;
+    if wrote && outcome.is_ok() {
+        feed.observe(tx.epoch(), tx.seq());
+    }
     // With nothing written a failed ROLLBACK changes no answer (the connection is closed).
-    for (deliver, kept) in delivers {
-        deliver(kept.then(|| outcome.clone()));
+    Attempt {
+        kept,
+        outcome,
+        refused: tx.refused(),
     }
 }

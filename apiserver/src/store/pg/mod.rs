@@ -269,6 +269,12 @@ impl PgStore {
         self.inner.writer.groups()
     }
 
+    /// Write groups run a second time, each mutation in its own savepoint, because the
+    /// database refused one of their writes.
+    pub fn write_group_reruns(&self) -> u64 {
+        self.inner.writer.reruns()
+    }
+
     /// Number of live change-feed subscribers.
     pub fn live_subscribers(&self) -> usize {
         self.inner.feed.subscriber_count()
@@ -306,10 +312,11 @@ impl PgStore {
     /// mutations that queued meanwhile. A mutation waits for its turn at most as long as for
     /// a pool connection, then is answered 503 and never runs.
     /// `prefetch`: the reads the mutation's first round asks for (read with the lock).
+    /// `mutation` may run twice (a group the database refused a write of runs again).
     async fn mutate<T, F, Fut>(&self, prefetch: Vec<Read>, mutation: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(group::GroupTx, Arc<group::Deferred>) -> Fut + Send + 'static,
+        F: Fn(group::GroupTx, Arc<group::Deferred>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T>> + Send + 'static,
     {
         self.inner
@@ -381,8 +388,13 @@ impl Store for PgStore {
         transact::prepare_new(&mut object, ctx.now)?;
         let ctx = self.with_limits(ctx);
         let prefetch = transact::create_reads(&object, &ctx);
-        self.mutate(prefetch, move |tx, done| async move {
-            transact::create(tx, object, &ctx, dry_run, &*done).await
+        let asked = Arc::new((object, ctx));
+        self.mutate(prefetch, move |tx, done| {
+            let asked = asked.clone();
+            async move {
+                let (object, ctx) = &*asked;
+                transact::create(tx, object.clone(), ctx, dry_run, &*done).await
+            }
         })
         .await
     }
@@ -396,8 +408,13 @@ impl Store for PgStore {
         transact::check_update(&object)?;
         let ctx = self.with_limits(ctx);
         let prefetch = vec![Read::Object(ObjectKey::for_object(&object))];
-        self.mutate(prefetch, move |tx, done| async move {
-            transact::update(tx, object, &ctx, dry_run, &*done).await
+        let asked = Arc::new((object, ctx));
+        self.mutate(prefetch, move |tx, done| {
+            let asked = asked.clone();
+            async move {
+                let (object, ctx) = &*asked;
+                transact::update(tx, object.clone(), ctx, dry_run, &*done).await
+            }
         })
         .await
     }
@@ -415,8 +432,13 @@ impl Store for PgStore {
         let (by, pre) = (by.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
         let prefetch = vec![Read::Object(ObjectKey::of::<K>(&namespace, &name))];
-        self.mutate(prefetch, move |tx, done| async move {
-            transact::delete(tx, &namespace, &name, &by, &ctx, &pre, dry_run, &*done).await
+        let asked = Arc::new((namespace, name, by, pre, ctx));
+        self.mutate(prefetch, move |tx, done| {
+            let asked = asked.clone();
+            async move {
+                let (namespace, name, by, pre, ctx) = &*asked;
+                transact::delete(tx, namespace, name, by, ctx, pre, dry_run, &*done).await
+            }
         })
         .await
     }
@@ -434,11 +456,14 @@ impl Store for PgStore {
         let (requested, pre) = (requested.clone(), preconditions.clone());
         let ctx = self.with_limits(ctx);
         let prefetch = vec![Read::Object(ObjectKey::of::<K>(&namespace, &name))];
-        self.mutate(prefetch, move |tx, done| async move {
-            transact::write_status(
-                tx, &namespace, &name, &requested, &ctx, &pre, dry_run, &*done,
-            )
-            .await
+        let asked = Arc::new((namespace, name, requested, pre, ctx));
+        self.mutate(prefetch, move |tx, done| {
+            let asked = asked.clone();
+            async move {
+                let (namespace, name, requested, pre, ctx) = &*asked;
+                transact::write_status(tx, namespace, name, requested, ctx, pre, dry_run, &*done)
+                    .await
+            }
         })
         .await
     }

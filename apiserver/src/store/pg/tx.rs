@@ -16,17 +16,11 @@ use crate::store::feed::set_resource_version;
 use crate::store::rv::ResourceVersion;
 use crate::store::{Result, StoreError};
 
-/// The tail of every write statement: moves the sync-state sequence to `$seq` (the row is
-/// already locked by this transaction) and queues the commit notification for the feed.
-macro_rules! advance_sync_state {
-    ($seq:literal) => {
-        concat!(
-            "s AS (UPDATE sync_state SET seq = ",
-            $seq,
-            " WHERE id = 1 RETURNING 1) SELECT pg_notify('mcp_access_changes', '') FROM s"
-        )
-    };
-}
+/// Sent after every run of writes: moves the sync-state sequence to the last one written
+/// (the row is already locked by this transaction) and queues the commit notification for
+/// the feed. Once per round trip, however many writes it carries.
+const ADVANCE_SQL: &str = "WITH s AS (UPDATE sync_state SET seq = $1 WHERE id = 1 RETURNING 1) \
+     SELECT pg_notify('mcp_access_changes', '') FROM s";
 
 /// A row of `objects` as read inside a transaction.
 #[derive(Clone, Debug)]
@@ -201,24 +195,51 @@ pub(super) async fn run_reads(
 /// The savepoint of the current mutation (nested: rolling back to it undoes only the latest).
 const SAVEPOINT: &str = "SAVEPOINT mutation";
 
-/// Runs `statement` after the savepoint when `savepoint` is due, in one round trip: the
-/// savepoint is polled first, so it leaves first on the connection.
-async fn after_savepoint<T>(
+/// A write held until the transaction next talks to PostgreSQL: with the next read that
+/// cannot be answered from what was read with the lock, or with `COMMIT`.
+struct Held {
+    sql: &'static str,
+    params: Params,
+}
+
+impl Held {
+    fn savepoint() -> Self {
+        Self {
+            sql: SAVEPOINT,
+            params: Vec::new(),
+        }
+    }
+}
+
+/// Sends `statements`, then `then`, in one round trip (each is polled before the next, so
+/// they leave in that order). The first failed statement is returned beside `then`'s own
+/// result: after it the transaction is aborted and every later statement only echoes that
+/// (a `COMMIT` then rolls back, and still reports success).
+async fn pipeline<T>(
     client: &deadpool_postgres::Object,
-    savepoint: bool,
-    statement: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    let (taken, done) = tokio::join!(
-        async {
-            match savepoint {
-                true => client.batch_execute(SAVEPOINT).await.map_err(pg_err),
-                false => Ok(()),
+    statements: &[Held],
+    then: impl std::future::Future<Output = Result<T>>,
+) -> (std::result::Result<(), tokio_postgres::Error>, Result<T>) {
+    let mut prepared = Vec::with_capacity(statements.len());
+    for statement in statements {
+        match client.prepare_cached(statement.sql).await {
+            Ok(stmt) => prepared.push(stmt),
+            Err(e) => {
+                let unsent = StoreError::Unavailable(format!("not sent: {e}"));
+                return (Err(e), Err(unsent));
             }
-        },
-        statement
-    );
-    taken?;
-    done
+        }
+    }
+    let sent = futures::future::join_all(prepared.iter().zip(statements).map(|(stmt, held)| {
+        let params: Vec<&(dyn ToSql + Sync)> = held
+            .params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        async move { client.execute(stmt, &params).await }
+    }));
+    let (sent, done) = tokio::join!(sent, then);
+    (sent.into_iter().try_for_each(|r| r.map(drop)), done)
 }
 
 const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDATE";
@@ -227,6 +248,12 @@ const LOCK_SQL: &str = "SELECT epoch, seq FROM sync_state WHERE id = 1 FOR UPDAT
 /// takes the sync-state row lock when it begins and holds it to `commit`. It owns its
 /// connection; one dropped while its transaction is open is closed, never returned to the
 /// pool mid-transaction.
+///
+/// Writes are held, not sent: a mutation's writes are kept when it commits and dropped when
+/// it does not (nothing to roll back), and every kept write leaves with the next statement
+/// that must reach PostgreSQL — a read the prefetched facts cannot answer, or `COMMIT`. The
+/// lock makes the facts read under it authoritative, so a write decided on them fails only
+/// when the database does; that fails the whole group.
 pub(super) struct WriteTx {
     client: Option<deadpool_postgres::Object>,
     /// A transaction is open on `client` (begun and neither committed nor rolled back).
@@ -242,9 +269,24 @@ pub(super) struct WriteTx {
     savepoints: bool,
     /// The current mutation's savepoint is taken.
     in_savepoint: bool,
-    /// The current mutation wrote, or a statement of it failed: not committing it means
-    /// rolling back to its savepoint.
+    /// A statement of the current mutation failed: not committing it means rolling back to
+    /// its savepoint.
     dirty: bool,
+    /// The current mutation's writes, until it commits.
+    current: Vec<Held>,
+    /// Writes of committed mutations not sent yet.
+    held: Vec<Held>,
+    /// The last sequence number of a committed mutation.
+    held_seq: u64,
+    /// A held write (or a savepoint sent with them) failed: the transaction is aborted and
+    /// nothing of it stands.
+    poisoned: Option<StoreError>,
+    /// ... and PostgreSQL said so (it refused the statement): the `COMMIT` sent after it
+    /// surely rolled back, and the group may be run again.
+    refused: bool,
+    /// Each mutation's writes are sent when it commits, in its own savepoint (a group run
+    /// again after a refusal), instead of being held for the `COMMIT`.
+    send_at_commit: bool,
     /// Facts read when the transaction began, for the mutations queued in its group: each
     /// answers a mutation's read without a round trip unless a write of the group since
     /// could have changed it ([`Touched::could_change`]).
@@ -312,6 +354,12 @@ impl WriteTx {
             savepoints: false,
             in_savepoint: false,
             dirty: false,
+            current: Vec::new(),
+            held: Vec::new(),
+            held_seq: 0,
+            poisoned: None,
+            refused: false,
+            send_at_commit: false,
             prefetched: HashMap::new(),
             touched: Touched::default(),
         };
@@ -351,7 +399,8 @@ impl WriteTx {
     }
 
     /// Runs each mutation from now on in its own savepoint, taken in the same round trip
-    /// as its first statement.
+    /// as its first read that reaches PostgreSQL (its writes are only held, so a mutation
+    /// answered from the prefetched facts needs none).
     pub fn use_savepoints(&mut self) {
         self.savepoints = true;
     }
@@ -362,6 +411,7 @@ impl WriteTx {
         self.committed = false;
         self.in_savepoint = false;
         self.dirty = false;
+        self.current.clear();
     }
 
     /// Whether the current mutation committed (its writes are to be kept).
@@ -369,24 +419,90 @@ impl WriteTx {
         self.committed
     }
 
-    /// Marks the current mutation's writes as to be kept.
-    pub fn commit_mutation(&mut self) {
-        self.committed = true;
+    /// Sends each mutation's writes when it commits, each in its own savepoint when
+    /// [`Self::use_savepoints`] was asked for.
+    pub fn send_at_commit(&mut self) {
+        self.send_at_commit = true;
     }
 
-    /// Undoes the current mutation unless it committed: back to its savepoint when it wrote
-    /// or failed a statement (its sequence numbers, from `seq` on, handed out again). A
-    /// mutation that only read leaves nothing to undo. Without savepoints the caller rolls
-    /// the whole transaction back.
-    pub async fn undo_uncommitted(&mut self, seq: u64) -> Result<()> {
-        if self.committed || !self.dirty || !self.in_savepoint {
+    /// Whether PostgreSQL refused a held write: nothing of the transaction stands.
+    pub fn refused(&self) -> bool {
+        self.refused
+    }
+
+    /// A held write failed when sent.
+    fn poison(&mut self, e: tokio_postgres::Error) -> StoreError {
+        self.refused = e.as_db_error().is_some();
+        let e = pg_err(e);
+        self.poisoned = Some(e.clone());
+        e
+    }
+
+    /// Keeps the current mutation's writes for the commit, or sends them now (in its
+    /// savepoint) when [`Self::send_at_commit`] was asked for; an error then fails this
+    /// mutation alone, rolled back to its savepoint.
+    pub async fn commit_mutation(&mut self) -> Result<()> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if !self.send_at_commit {
+            self.committed = true;
+            self.held.append(&mut self.current);
+            self.held_seq = self.seq;
             return Ok(());
         }
-        self.client()
-            .batch_execute("ROLLBACK TO SAVEPOINT mutation")
-            .await
-            .map_err(pg_err)?;
+        let writes = self.current.len();
+        let mut statements = Vec::with_capacity(writes + 2);
+        if self.savepoint_due() {
+            statements.push(Held::savepoint());
+        }
+        statements.append(&mut self.current);
+        if writes > 0 {
+            statements.push(Held {
+                sql: ADVANCE_SQL,
+                params: vec![Box::new(self.seq as i64)],
+            });
+        }
+        let (sent, _) = pipeline(self.client(), &statements, async { Ok(()) }).await;
+        if let Err(e) = sent {
+            self.dirty = true;
+            return Err(pg_err(e));
+        }
+        self.committed = true;
+        Ok(())
+    }
+
+    /// The held writes, to send now, followed by the sync-state advance when there are any.
+    fn take_held(&mut self) -> Vec<Held> {
+        let mut held = std::mem::take(&mut self.held);
+        if !held.is_empty() {
+            held.push(Held {
+                sql: ADVANCE_SQL,
+                params: vec![Box::new(self.held_seq as i64)],
+            });
+        }
+        held
+    }
+
+    /// Undoes the current mutation unless it committed: its held writes are dropped and its
+    /// sequence numbers, from `seq` on, handed out again; after a failed statement, back to
+    /// its savepoint. Without savepoints a failed statement leaves the caller to roll the
+    /// whole transaction back. An error means the transaction can no longer be trusted.
+    pub async fn undo_uncommitted(&mut self, seq: u64) -> Result<()> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if self.committed {
+            return Ok(());
+        }
+        self.current.clear();
         self.seq = seq;
+        if self.dirty && self.in_savepoint {
+            self.client()
+                .batch_execute("ROLLBACK TO SAVEPOINT mutation")
+                .await
+                .map_err(pg_err)?;
+        }
         Ok(())
     }
 
@@ -398,14 +514,29 @@ impl WriteTx {
         due
     }
 
-    /// Commits (`COMMIT`) or rolls back the whole transaction.
+    /// Commits the whole transaction, its held writes sent in the same round trip as the
+    /// `COMMIT`, or rolls it back. On an error the connection is closed (dropped while open).
     pub async fn finish(&mut self, commit: bool) -> Result<()> {
-        let sql = if commit { "COMMIT" } else { "ROLLBACK" };
-        let result = self.client().batch_execute(sql).await.map_err(pg_err);
-        if result.is_ok() {
-            self.open = false;
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
         }
-        result
+        let held = match commit {
+            true => self.take_held(),
+            false => Vec::new(),
+        };
+        let sql = if commit { "COMMIT" } else { "ROLLBACK" };
+        let client = self.client();
+        let (written, done) = pipeline(client, &held, async {
+            client.batch_execute(sql).await.map_err(pg_err)
+        })
+        .await;
+        // After a failed write the COMMIT rolled back: the write's error is the answer.
+        if let Err(e) = written {
+            return Err(self.poison(e));
+        }
+        done?;
+        self.open = false;
+        Ok(())
     }
 
     fn next_seq(&mut self) -> i64 {
@@ -419,35 +550,15 @@ impl WriteTx {
         })
     }
 
-    /// Executes one statement of the current mutation; its savepoint, when due, goes first
-    /// in the same round trip.
-    async fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        let stmt = self.client().prepare_cached(sql).await.map_err(pg_err)?;
-        let savepoint = self.savepoint_due();
-        let client = self.client();
-        after_savepoint(client, savepoint, async {
-            client.execute(&stmt, params).await.map_err(pg_err)
-        })
-        .await
+    /// Holds a write of the current mutation.
+    fn hold(&mut self, sql: &'static str, params: Params) {
+        self.current.push(Held { sql, params });
     }
 
     /// Stores a new object and its ADDED event.
-    async fn insert(&mut self, key: &ObjectKey, uid: &str, body: &Value) -> Result<u64> {
+    fn insert(&mut self, key: ObjectKey, uid: &str, body: Value) -> Result<u64> {
         let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
         let seq = self.next_seq();
-        self.execute(
-            concat!(
-                "WITH o AS (
-                 INSERT INTO objects (resource, namespace, name, uid, seq, body) VALUES ($1, $2, $3, $4, $5, $6)
-             ), c AS (
-                 INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)
-             ),
-             ",
-                advance_sync_state!("$5")
-            ),
-            &[&key.resource, &key.namespace, &key.name, &uid, &seq, body],
-        )
-        .await?;
         self.rows.insert(
             key.clone(),
             StoredRow {
@@ -455,12 +566,26 @@ impl WriteTx {
                 body: body.clone(),
             },
         );
+        self.hold(
+            "WITH o AS (
+                 INSERT INTO objects (resource, namespace, name, uid, seq, body) VALUES ($1, $2, $3, $4, $5, $6)
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object) VALUES ($5, $1, $2, $3, 'ADDED', $6)",
+            vec![
+                Box::new(key.resource),
+                Box::new(key.namespace),
+                Box::new(key.name),
+                Box::new(uid),
+                Box::new(seq),
+                Box::new(body),
+            ],
+        );
         Ok(seq as u64)
     }
 
     /// Replaces objects of one resource in one statement, each with its MODIFIED event and
     /// before-image.
-    async fn replace_many(&mut self, writes: Vec<(ObjectKey, Value)>) -> Result<Vec<u64>> {
+    fn replace_many(&mut self, writes: Vec<(ObjectKey, Value)>) -> Result<Vec<u64>> {
         let Some(resource) = writes.first().map(|(k, _)| k.resource) else {
             return Ok(Vec::new());
         };
@@ -487,59 +612,66 @@ impl WriteTx {
             );
             bodies.push(body);
         }
-        let last = self.seq as i64;
-        self.execute(
-            concat!(
-                "WITH d AS (
+        let written = seqs.iter().map(|s| *s as u64).collect();
+        self.hold(
+            "WITH d AS (
                  SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::jsonb[], $7::bigint[])
                      AS d(namespace, name, seq, body, before, prev_seq)
              ), o AS (
                  UPDATE objects SET seq = d.seq, body = d.body FROM d
                   WHERE objects.resource = $1 AND objects.namespace = d.namespace AND objects.name = d.name
-             ), c AS (
-                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
-                 SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d
-             ),
-             ",
-                advance_sync_state!("$8")
-            ),
-            &[&resource, &namespaces, &names, &seqs, &bodies, &befores, &prevs, &last],
-        )
-        .await?;
-        Ok(seqs.into_iter().map(|s| s as u64).collect())
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+             SELECT d.seq, $1, d.namespace, d.name, 'MODIFIED', d.body, d.before, d.prev_seq FROM d",
+            vec![
+                Box::new(resource),
+                Box::new(namespaces),
+                Box::new(names),
+                Box::new(seqs),
+                Box::new(bodies),
+                Box::new(befores),
+                Box::new(prevs),
+            ],
+        );
+        Ok(written)
     }
 
     /// Deletes an object and records the DELETED event carrying its last state.
-    async fn remove(&mut self, key: &ObjectKey) -> Result<u64> {
-        let last = self.before(key)?;
+    fn remove(&mut self, key: ObjectKey) -> Result<u64> {
+        let last = self.before(&key)?;
         let seq = self.next_seq();
         let prev = last.seq as i64;
-        self.execute(
-            concat!(
-                "WITH o AS (
+        self.rows.remove(&key);
+        self.hold(
+            "WITH o AS (
                  DELETE FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3
-             ), c AS (
-                 INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
-                 VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)
-             ),
-             ",
-                advance_sync_state!("$4")
-            ),
-            &[&key.resource, &key.namespace, &key.name, &seq, &last.body, &prev],
-        )
-        .await?;
-        self.rows.remove(key);
+             )
+             INSERT INTO change_log (seq, resource, namespace, name, event, object, before, prev_seq)
+             VALUES ($4, $1, $2, $3, 'DELETED', $5, $5, $6)",
+            vec![
+                Box::new(key.resource),
+                Box::new(key.namespace),
+                Box::new(key.name),
+                Box::new(seq),
+                Box::new(last.body),
+                Box::new(prev),
+            ],
+        );
         Ok(seq as u64)
     }
 
-    async fn reserve_name(&mut self, key: &ObjectKey, uid: &str) -> Result<()> {
+    fn reserve_name(&mut self, key: ObjectKey, uid: &str) -> Result<()> {
         let uid = Uuid::parse_str(uid).map_err(|e| StoreError::Internal(e.to_string()))?;
-        self.execute(
+        self.hold(
             "INSERT INTO name_reservations (resource, namespace, name, uid) VALUES ($1, $2, $3, $4)
              ON CONFLICT DO NOTHING",
-            &[&key.resource, &key.namespace, &key.name, &uid],
-        )
-        .await?;
+            vec![
+                Box::new(key.resource),
+                Box::new(key.namespace),
+                Box::new(key.name),
+                Box::new(uid),
+            ],
+        );
         Ok(())
     }
 }
@@ -547,8 +679,12 @@ impl WriteTx {
 impl WriteTx {
     /// Loads facts under the sync-state lock (taken when the transaction began): READ
     /// COMMITTED, so they see every transaction committed before and the writes of the
-    /// mutations before this one in the same group.
+    /// mutations before this one in the same group (the held ones leave first, in the same
+    /// round trip).
     pub async fn read(&mut self, reads: Vec<Read>) -> Result<Vec<(Read, Fact)>> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
         let mut facts = Vec::with_capacity(reads.len());
         let mut wanted = Vec::new();
         for read in reads {
@@ -563,16 +699,23 @@ impl WriteTx {
         if wanted.is_empty() {
             return Ok(facts);
         }
-        let savepoint = self.savepoint_due();
+        let mut statements = self.take_held();
+        if self.savepoint_due() {
+            statements.push(Held::savepoint());
+        }
         let client = self.client();
-        let answers =
-            match after_savepoint(client, savepoint, run_reads(client, None, wanted)).await {
-                Ok((_, answers)) => answers,
-                Err(e) => {
-                    self.dirty = true;
-                    return Err(e);
-                }
-            };
+        let (written, answers) =
+            pipeline(client, &statements, run_reads(client, None, wanted)).await;
+        if let Err(e) = written {
+            return Err(self.poison(e));
+        }
+        let answers = match answers {
+            Ok((_, answers)) => answers,
+            Err(e) => {
+                self.dirty = true;
+                return Err(e);
+            }
+        };
         for (read, result) in answers {
             let fact = fact_of(&read, result, self.epoch, &mut self.rows)?;
             facts.push((read, fact));
@@ -580,9 +723,12 @@ impl WriteTx {
         Ok(facts)
     }
 
-    /// Executes writes in order; returns the resourceVersion each object write got.
+    /// Holds the current mutation's writes, in order, until it commits; returns the
+    /// resourceVersion each object write gets.
     pub async fn write(&mut self, writes: Vec<Write>) -> Result<Vec<(ObjectKey, ResourceVersion)>> {
-        self.dirty = true;
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
         for write in &writes {
             self.touched.record(write);
         }
@@ -591,7 +737,7 @@ impl WriteTx {
         while let Some(write) = writes.next() {
             match write {
                 Write::Create { key, uid, body } => {
-                    let seq = self.insert(&key, &uid, &body).await?;
+                    let seq = self.insert(key.clone(), &uid, body)?;
                     versions.push((key, ResourceVersion::new(self.epoch, seq)));
                 }
                 Write::Replace { key, body } => {
@@ -606,23 +752,19 @@ impl WriteTx {
                         }
                     }
                     let keys: Vec<ObjectKey> = batch.iter().map(|(k, _)| k.clone()).collect();
-                    let seqs = self.replace_many(batch).await?;
+                    let seqs = self.replace_many(batch)?;
                     for (key, seq) in keys.into_iter().zip(seqs) {
                         versions.push((key, ResourceVersion::new(self.epoch, seq)));
                     }
                 }
                 Write::Remove { key } => {
-                    let seq = self.remove(&key).await?;
+                    let seq = self.remove(key.clone())?;
                     versions.push((key, ResourceVersion::new(self.epoch, seq)));
                 }
-                Write::ReserveName { key, uid } => self.reserve_name(&key, &uid).await?,
+                Write::ReserveName { key, uid } => self.reserve_name(key, &uid)?,
                 Write::Fence { fence, revocation } => {
                     let (sql, params) = revocations::install_fence(&fence, &revocation);
-                    let refs: Vec<&(dyn ToSql + Sync)> = params
-                        .iter()
-                        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-                        .collect();
-                    self.execute(sql, &refs).await?;
+                    self.hold(sql, params);
                 }
             }
         }
