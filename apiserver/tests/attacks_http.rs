@@ -722,6 +722,19 @@ async fn requests_over_the_inflight_cap_get_429_with_retry_after() {
     assert_eq!(refused, 20, "the flood was not refused");
     let text = server.metrics_text();
     assert!(text.contains("code=\"429\""), "{text}");
+    // The gauge shows the pool full: the three held reads, no write.
+    assert!(
+        text.contains(
+            "mcp_access_apiserver_current_inflight_requests{request_kind=\"readOnly\"} 3"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "mcp_access_apiserver_current_inflight_requests{request_kind=\"mutating\"} 0"
+        ),
+        "{text}"
+    );
     // Watches are not counted against the cap.
     let resp = server
         .http()
@@ -751,6 +764,13 @@ async fn requests_over_the_inflight_cap_get_429_with_retry_after() {
             "still refused after the flood ended"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every place is given back once the server saw the held connections go.
+    let idle = "mcp_access_apiserver_current_inflight_requests{request_kind=\"readOnly\"} 0";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !server.metrics_text().contains(idle) {
+        assert!(Instant::now() < deadline, "{}", server.metrics_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -52,9 +52,15 @@ macro_rules! serve_kinds {
     };
 }
 
+/// A request's place in its in-flight pool, counted in the in-flight gauge while held.
+struct InflightSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _counted: observe::InflightGauge,
+}
+
 /// A response whose body is streamed (a list served as it is read) keeps its in-flight
 /// slot until the body ends: the work goes on after the handler returns.
-fn hold_while_streaming(response: Response, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+fn hold_while_streaming(response: Response, permit: InflightSlot) -> Response {
     use axum::body::HttpBody as _;
     if response.body().size_hint().exact().is_some() {
         return response;
@@ -214,9 +220,15 @@ impl<S: Store + Clone> AppState<S> {
         &self,
         request: &Request,
         started: Instant,
-    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Box<Response>> {
+    ) -> Result<Option<InflightSlot>, Box<Response>> {
         let kind = RequestKind::of(request.method(), request.uri());
-        self.inflight.admit(kind).map_err(|e| {
+        let admitted = self.inflight.admit(kind).map(|permit| {
+            permit.map(|permit| InflightSlot {
+                _permit: permit,
+                _counted: self.metrics.inflight_started(kind),
+            })
+        });
+        admitted.map_err(|e| {
             self.metrics.rejected(kind);
             let response = e.into_response();
             self.metrics

@@ -103,6 +103,7 @@ pub struct HttpMetrics {
     watchers: Family<ResourceLabels, Gauge>,
     cutoffs: Family<CutoffLabels, Counter>,
     rejected: Family<RejectedLabels, Counter>,
+    inflight: Family<RejectedLabels, Gauge>,
 }
 
 impl Default for HttpMetrics {
@@ -114,6 +115,7 @@ impl Default for HttpMetrics {
             watchers: Family::default(),
             cutoffs: Family::default(),
             rejected: Family::default(),
+            inflight: Family::default(),
         }
     }
 }
@@ -136,6 +138,11 @@ impl HttpMetrics {
             RequestKind::LongRunning,
         ] {
             let _ = metrics.rejected.get_or_create(&RejectedLabels {
+                request_kind: kind.label(),
+            });
+        }
+        for kind in [RequestKind::ReadOnly, RequestKind::Mutating] {
+            let _ = metrics.inflight.get_or_create(&RejectedLabels {
                 request_kind: kind.label(),
             });
         }
@@ -171,7 +178,24 @@ impl HttpMetrics {
             "Requests answered 429 because their in-flight pool (readOnly, mutating) or the caller's watch quota (watch) was full",
             metrics.rejected.clone(),
         );
+        sub.register(
+            "current_inflight_requests",
+            "Requests holding a place in their in-flight pool (readOnly, mutating) now, as kube-apiserver's apiserver_current_inflight_requests; a streamed list holds its place until its body ends",
+            metrics.inflight.clone(),
+        );
         Arc::new(metrics)
+    }
+
+    /// A request of `kind` took a place in its in-flight pool; the guard gives it back.
+    pub(crate) fn inflight_started(&self, kind: RequestKind) -> InflightGauge {
+        let gauge = self
+            .inflight
+            .get_or_create(&RejectedLabels {
+                request_kind: kind.label(),
+            })
+            .clone();
+        gauge.inc();
+        InflightGauge(gauge)
     }
 
     /// A request of `kind` was refused with 429 by its in-flight pool or watch quota.
@@ -208,6 +232,15 @@ impl HttpMetrics {
 }
 
 /// Counts one streaming watch until dropped, however the watch ends.
+/// One request counted in the in-flight gauge; dropping it uncounts it.
+pub(crate) struct InflightGauge(Gauge);
+
+impl Drop for InflightGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 pub(crate) struct WatchGauge {
     metrics: Arc<HttpMetrics>,
     resource: &'static str,

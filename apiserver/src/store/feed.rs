@@ -364,8 +364,10 @@ const CUT_STALL: u8 = 4;
 
 /// What the reader concluded from one page.
 enum Page {
-    /// Events fanned out (or an epoch switch, which also asks for the next page at once).
-    Published(usize),
+    /// Events fanned out; `more` when the log holds more than the page did as of its read
+    /// (read the next page at once; an epoch switch asks for it too). Otherwise the reader
+    /// waits for the next commit's notification.
+    Published { more: bool },
     /// The history in the database is not the one this reader followed: rotate `epoch`.
     Reset { epoch: u32, reason: String },
 }
@@ -541,8 +543,8 @@ impl Feed {
                 })
                 .await?;
                 match self.publish(&rows, started, mark)? {
-                    Page::Published(0) => {}
-                    Page::Published(_) => continue,
+                    Page::Published { more: true } => continue,
+                    Page::Published { more: false } => {}
                     Page::Reset { epoch, reason } => {
                         self.reset(&client, epoch, &reason).await?;
                         continue;
@@ -834,9 +836,8 @@ impl Feed {
             }
             self.epochs.send_replace(epoch);
             // Read on from the new epoch's start at once.
-            return Ok(Page::Published(1));
+            return Ok(Page::Published { more: true });
         }
-        let mut published = 0;
         for row in rows {
             let Some(seq) = row.get::<_, Option<i64>>("seq") else {
                 continue;
@@ -854,7 +855,6 @@ impl Feed {
                 state.expire_all(CUT_RETENTION);
             }
             let event = Arc::new(Event::from_row(epoch, row)?);
-            published += 1;
             state.head = seq;
             state.remember(event.clone(), &self.limits);
             state.last = Some(event.clone());
@@ -877,7 +877,9 @@ impl Feed {
         // but the reader reads again at once and the next page settles it.
         state.liveness.reader_ok_at = state.liveness.reader_ok_at.max(started);
         state.settle();
-        Ok(Page::Published(published))
+        Ok(Page::Published {
+            more: state.head < db_seq,
+        })
     }
 
     /// A subscription starting just after `from`, which the caller has validated. Refused
