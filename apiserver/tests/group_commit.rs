@@ -19,6 +19,21 @@ enum Outcome {
     DryRun,
 }
 
+/// The change log's length, after checking its sequence numbers follow each other.
+async fn gap_free_log(client: &tokio_postgres::Client) -> usize {
+    let seqs: Vec<i64> = client
+        .query("SELECT seq FROM change_log ORDER BY seq", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
+    }
+    seqs.len()
+}
+
 fn seq_of(rv: Option<&str>) -> u64 {
     ResourceVersion::parse(rv.expect("a resourceVersion"))
         .expect("a resourceVersion this server minted")
@@ -270,17 +285,7 @@ async fn a_failing_statement_fails_only_its_own_mutation() {
         store.write_group_reruns() >= 1,
         "the refused group ran again, each mutation in its own savepoint"
     );
-    let seqs: Vec<i64> = client
-        .query("SELECT seq FROM change_log ORDER BY seq", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(seqs.len(), 23);
-    for pair in seqs.windows(2) {
-        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
-    }
+    assert_eq!(gap_free_log(&client).await, 23);
 }
 
 /// A caller that goes away while its mutation is still queued (its client disconnected, its
@@ -434,16 +439,6 @@ async fn writes_after_a_retirement_in_their_group_see_its_fence() {
             .await;
         assert!(matches!(missing, Err(StoreError::NotFound)), "{missing:?}");
     }
-    // Gap-free, and every write of the group is in the log once.
-    let client = db.client().await;
-    let seqs: Vec<i64> = client
-        .query("SELECT seq FROM change_log ORDER BY seq", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    for pair in seqs.windows(2) {
-        assert_eq!(pair[1], pair[0] + 1, "a gap in the change log: {pair:?}");
-    }
+    // Gap-free: the refused creates left no sequence number behind.
+    gap_free_log(&db.client().await).await;
 }
