@@ -35,6 +35,14 @@ pub(super) const LOAD_SQL: &str =
 /// Bound parameters of one statement.
 pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
 
+/// `params` as a statement takes them.
+fn bound(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
 /// One read as SQL: its statement text and parameters.
 pub(super) struct ReadQuery {
     pub read: Read,
@@ -174,11 +182,7 @@ pub(super) async fn run_reads(
         }
     };
     let reads_fut = futures::future::join_all(queries.iter().map(|(q, stmt)| {
-        let params: Vec<&(dyn ToSql + Sync)> = q
-            .params
-            .iter()
-            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-            .collect();
+        let params = bound(&q.params);
         async move { client.query(stmt, &params).await }
     }));
     // Both run to completion and the lock's own error wins: after a lock timeout the
@@ -231,11 +235,7 @@ async fn pipeline<T>(
         }
     }
     let sent = futures::future::join_all(prepared.iter().zip(statements).map(|(stmt, held)| {
-        let params: Vec<&(dyn ToSql + Sync)> = held
-            .params
-            .iter()
-            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-            .collect();
+        let params = bound(&held.params);
         async move { client.execute(stmt, &params).await }
     }));
     let (sent, done) = tokio::join!(sent, then);
