@@ -228,7 +228,7 @@ mod tests {
         // A fence revoking five sessions: one commit, five Events, a queue of two.
         signals.committed(crate::store::SessionChanges {
             events: (0..5).map(|i| revoked(&format!("s{i}"))).collect(),
-            sessions_written: true,
+            earliest_expiry: None,
         });
         assert_eq!(metrics.dropped(DROP_QUEUE_FULL), 3);
         let task = tokio::spawn(publish);

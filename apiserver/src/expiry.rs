@@ -90,18 +90,27 @@ pub fn sleep_until(now: Timestamp, next: Option<Timestamp>, max: Duration) -> Du
     }
 }
 
-/// Runs the scheduler until the process ends. Only a due expiry takes the write lock: the
-/// next expiry is an unlocked, indexed read, so a burst of session writes (each waking the
-/// scheduler) costs reads, not write transactions.
+/// Runs the scheduler until the process ends. Only a due expiry takes the write lock, and
+/// the next expiry is read from the store only after a sleep or a sweep: a committed write
+/// of a session on this replica hands over its expiry, so a burst of session writes costs
+/// neither write transactions nor reads.
 pub async fn run<S: Store>(store: S, config: ExpiryConfig, metrics: ExpiryMetrics) {
     let signals = store.session_signals();
+    // The earliest expiry known without reading again: what the last read found, made
+    // earlier by the writes since. `None` until read.
+    let mut known: Option<Option<Timestamp>> = None;
     loop {
-        let pause = match store.next_session_expiry().await {
+        let next = match known {
+            Some(next) => Ok(next),
+            None => store.next_session_expiry().await,
+        };
+        let pause = match next {
             Ok(Some(next)) if next <= Timestamp::now() => {
+                known = None;
                 match sweep(&store, Timestamp::now()).await {
                     // Due by the next-expiry read yet nothing to expire (another replica was
-                    // first, or a stored time the sweep cannot match): look again after a
-                    // pause rather than spin on the write lock.
+                    // first, a session revoked or deleted since, or a stored time the sweep
+                    // cannot match): look again after a pause rather than spin on the lock.
                     Ok(0) => config.retry,
                     Ok(n) => {
                         metrics.expired.inc_by(n as u64);
@@ -114,16 +123,26 @@ pub async fn run<S: Store>(store: S, config: ExpiryConfig, metrics: ExpiryMetric
                     }
                 }
             }
-            Ok(next) => sleep_until(Timestamp::now(), next, config.max_sleep),
+            Ok(next) => {
+                known = Some(next);
+                sleep_until(Timestamp::now(), next, config.max_sleep)
+            }
             Err(e) => {
+                known = None;
                 metrics.failures.inc();
                 tracing::warn!(error = %e, "reading the next session expiry failed");
                 config.retry
             }
         };
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
-            () = signals.written() => {}
+            // Read again after every sleep: writes on other replicas (and deletions here)
+            // are seen only by reading.
+            () = tokio::time::sleep(pause) => known = None,
+            written = signals.written() => {
+                if let (Some(next), Some(at)) = (known.as_mut(), written) {
+                    *next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
         }
     }
 }

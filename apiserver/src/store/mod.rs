@@ -16,6 +16,7 @@ use apis::selector::{FieldSelector, LabelSelector};
 use apis::strategy::{Rejection, Strategy};
 use apis::validation::{join_errors, FieldError};
 use async_trait::async_trait;
+use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 pub use connect::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode};
@@ -176,8 +177,9 @@ impl SessionEvent {
 pub struct SessionChanges {
     /// The Events it is worth, in write order.
     pub events: Vec<SessionEvent>,
-    /// Whether it wrote any session (a new or earlier expiry may now be due first).
-    pub sessions_written: bool,
+    /// The earliest `spec.expiresAt` of the sessions it wrote, if any has one: it may now
+    /// be the next expiry due.
+    pub earliest_expiry: Option<Timestamp>,
 }
 
 /// Where a store reports what its committed writes did to sessions: the expiry scheduler
@@ -186,6 +188,8 @@ pub struct SessionChanges {
 #[derive(Default)]
 pub struct SessionSignals {
     written: tokio::sync::Notify,
+    /// The earliest expiry written since the waiter last looked.
+    earliest: std::sync::Mutex<Option<Timestamp>>,
     emitter: std::sync::OnceLock<Box<dyn Fn(SessionEvent) + Send + Sync>>,
 }
 
@@ -196,14 +200,22 @@ impl SessionSignals {
         self.emitter.set(Box::new(emit)).is_ok()
     }
 
-    /// Resolves after a committed write wrote a session (at most one wake-up is kept while
-    /// nobody waits, so a burst of writes wakes the waiter once).
-    pub async fn written(&self) {
-        self.written.notified().await
+    /// Resolves after a committed write wrote a session with an expiry, with the earliest
+    /// expiry written since the last call (at most one wake-up is kept while nobody waits,
+    /// so a burst of writes wakes the waiter once, with the earliest of them).
+    pub async fn written(&self) -> Option<Timestamp> {
+        self.written.notified().await;
+        self.earliest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     pub(crate) fn committed(&self, changes: SessionChanges) {
-        if changes.sessions_written {
+        if let Some(at) = changes.earliest_expiry {
+            let mut earliest = self.earliest.lock().unwrap_or_else(|e| e.into_inner());
+            *earliest = Some(earliest.map_or(at, |known| known.min(at)));
+            drop(earliest);
             self.written.notify_one();
         }
         if let Some(emit) = self.emitter.get() {

@@ -134,8 +134,8 @@ async fn finish<K: Kind, B: Backend>(
     })
 }
 
-/// What `writes` do to sessions: the Events they are worth and whether any session is
-/// written (the expiry scheduler then looks at the next expiry again).
+/// What `writes` do to sessions: the Events they are worth and the earliest expiry among
+/// the sessions written (the expiry scheduler's next wake-up may have to come sooner).
 fn session_changes(
     facts: &Facts,
     writes: &[Write],
@@ -151,10 +151,12 @@ fn session_changes(
             }
             _ => continue,
         };
-        changes.sessions_written = true;
         let Ok(after) = serde_json::from_value::<AccessSession>(body.clone()) else {
             continue;
         };
+        if let Some(at) = after.spec.expires_at.as_ref().map(|t| t.0) {
+            changes.earliest_expiry = Some(changes.earliest_expiry.map_or(at, |e| e.min(at)));
+        }
         let transition = match write {
             Write::Create { .. } => requested
                 .filter(|(k, _)| *k == key)
