@@ -5,7 +5,7 @@
 //! when the certificate verifies against that CA and carries an allowed name (DESIGN §4);
 //! the ConfigMap that publishes CA, names and headers is read at startup and followed.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -32,6 +32,22 @@ pub struct RequestHeaderConfig {
     uid_headers: Vec<String>,
     group_headers: Vec<String>,
     extra_prefixes: Vec<String>,
+    /// Chains found trusted under this configuration, so that a connection's every request
+    /// does not verify its chain again (an RSA signature check each). A new configuration
+    /// starts with none.
+    trusted: Arc<Mutex<Vec<TrustedChain>>>,
+}
+
+/// Chains remembered as trusted at most: kube-apiserver presents one front-proxy certificate
+/// (two across a rotation).
+const TRUSTED_CHAINS: usize = 4;
+
+/// A chain found trusted, and until when that holds.
+struct TrustedChain {
+    /// The leaf and intermediates exactly as presented.
+    certificates: Vec<Vec<u8>>,
+    /// The earliest `notAfter` among them: the verdict is not used from then on.
+    until: UnixTime,
 }
 
 /// The ConfigMap is missing a field or holds something unusable. Startup fails on it.
@@ -101,6 +117,7 @@ impl RequestHeaderConfig {
             uid_headers: json_list(data, "requestheader-uid-headers")?,
             group_headers: json_list(data, "requestheader-group-headers")?,
             extra_prefixes: json_list(data, "requestheader-extra-headers-prefix")?,
+            trusted: Arc::default(),
         }))
     }
 
@@ -110,9 +127,45 @@ impl RequestHeaderConfig {
         self.allowed_names.is_empty()
     }
 
-    /// Whether the connection's client certificate is a trusted front proxy.
+    /// Whether the connection's client certificate is a trusted front proxy. A chain found
+    /// trusted before under this configuration is trusted until its first certificate
+    /// expires without being verified again; a chain found untrusted is never remembered.
     fn trusts(&self, connection: &ConnectionInfo) -> bool {
-        let Some((leaf, intermediates)) = connection.peer_certificates.split_first() else {
+        self.trusts_at(connection, UnixTime::now())
+    }
+
+    fn trusts_at(&self, connection: &ConnectionInfo, now: UnixTime) -> bool {
+        let chain = &connection.peer_certificates;
+        if chain.is_empty() {
+            return false;
+        }
+        let mut trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
+        trusted.retain(|t| t.until.as_secs() > now.as_secs());
+        if trusted.iter().any(|t| t.certificates == *chain) {
+            return true;
+        }
+        drop(trusted);
+        if !self.verify(chain, now) {
+            return false;
+        }
+        // Remembered only when every certificate's validity can be read: the verifier
+        // checked those same dates, so this only fails for a chain it would refuse.
+        if let Some(until) = chain.iter().map(|c| not_after(c)).min().flatten() {
+            let mut trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
+            if trusted.len() >= TRUSTED_CHAINS {
+                trusted.remove(0);
+            }
+            trusted.push(TrustedChain {
+                certificates: chain.clone(),
+                until,
+            });
+        }
+        true
+    }
+
+    /// Verifies `chain` (leaf first) against the request-header CA and the allowed names.
+    fn verify(&self, chain: &[Vec<u8>], now: UnixTime) -> bool {
+        let Some((leaf, intermediates)) = chain.split_first() else {
             return false;
         };
         let leaf = CertificateDer::from(leaf.as_slice());
@@ -122,7 +175,7 @@ impl RequestHeaderConfig {
             .collect();
         if self
             .verifier
-            .verify_client_cert(&leaf, &intermediates, UnixTime::now())
+            .verify_client_cert(&leaf, &intermediates, now)
             .is_err()
         {
             return false;
@@ -200,6 +253,15 @@ pub fn common_name(der: &[u8]) -> Option<String> {
         .last()?
         .to_string();
     Some(cn)
+}
+
+/// A DER certificate's `notAfter`, if it parses.
+fn not_after(der: &[u8]) -> Option<UnixTime> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let secs = cert.validity().not_after.timestamp();
+    Some(UnixTime::since_unix_epoch(Duration::from_secs(
+        u64::try_from(secs).ok()?,
+    )))
 }
 
 /// An empty allowed-names list lets any certificate the request-header CA signed assert any
@@ -606,5 +668,110 @@ mod tests {
             .contains("requestheader-allowed-names is empty"));
         let named = config_with(&ca_pem, "[\"front-proxy-client\"]");
         assert!(check_allowed_names(&named, &strict).is_ok());
+    }
+
+    /// A client certificate named `cn` signed by `issuer`, valid until `not_after`.
+    fn client_cert_until(
+        issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+        cn: &str,
+        not_after: std::time::SystemTime,
+    ) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = (std::time::SystemTime::now() - Duration::from_secs(60)).into();
+        params.not_after = not_after.into();
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.signed_by(&key, issuer).unwrap().der().to_vec()
+    }
+
+    fn remembered(config: &RequestHeaderConfig) -> usize {
+        config.trusted.lock().unwrap().len()
+    }
+
+    #[test]
+    fn a_trusted_chain_is_remembered_until_it_expires_and_a_refused_one_never() {
+        let (ca, ca_pem) = request_header_ca();
+        let config = config_with(&ca_pem, "[\"front-proxy-client\"]");
+        let expires = std::time::SystemTime::now() + Duration::from_secs(3600);
+        let proxy = ConnectionInfo {
+            peer_certificates: vec![client_cert_until(&ca, "front-proxy-client", expires)],
+        };
+        assert!(config.trusts(&proxy));
+        assert!(config.trusts(&proxy));
+        assert_eq!(remembered(&config), 1, "one chain, verified once");
+
+        // Refusals are not remembered: another CA's chain, a name not allowed.
+        let (other_ca, _) = request_header_ca();
+        let foreign = ConnectionInfo {
+            peer_certificates: vec![client_cert_until(&other_ca, "front-proxy-client", expires)],
+        };
+        let unnamed = ConnectionInfo {
+            peer_certificates: vec![client_cert_until(&ca, "intruder", expires)],
+        };
+        for _ in 0..2 {
+            assert!(!config.trusts(&foreign));
+            assert!(!config.trusts(&unnamed));
+        }
+        assert_eq!(remembered(&config), 1);
+
+        // Past its notAfter the remembered verdict is dropped and the verifier refuses it.
+        let later = UnixTime::since_unix_epoch(
+            expires
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .saturating_add(Duration::from_secs(1)),
+        );
+        assert!(!config.trusts_at(&proxy, later));
+        assert_eq!(remembered(&config), 0);
+
+        // A certificate of the same bytes but one changed is another chain.
+        let mut tampered = proxy.peer_certificates[0].clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        assert!(!config.trusts(&ConnectionInfo {
+            peer_certificates: vec![tampered],
+        }));
+        assert!(config.trusts(&proxy));
+        assert_eq!(remembered(&config), 1);
+    }
+
+    #[test]
+    fn a_new_request_header_ca_forgets_every_remembered_chain() {
+        let configmap = |ca_pem: &str| ConfigMap {
+            data: Some(
+                [
+                    ("requestheader-client-ca-file", ca_pem),
+                    ("requestheader-username-headers", "[\"X-Remote-User\"]"),
+                    ("requestheader-allowed-names", "[\"front-proxy-client\"]"),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ),
+            ..Default::default()
+        };
+        let (ca, ca_pem) = request_header_ca();
+        let (_, rotated_pem) = request_header_ca();
+        let front = FrontProxy::new(DelegatedOptions::default());
+        front.apply(&configmap(&ca_pem)).unwrap();
+        let expires = std::time::SystemTime::now() + Duration::from_secs(3600);
+        let connection = ConnectionInfo {
+            peer_certificates: vec![client_cert_until(&ca, "front-proxy-client", expires)],
+        };
+        let request = http::Request::builder()
+            .header("X-Remote-User", "alice")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(front.user(&request, &connection).unwrap().name, "alice");
+        assert_eq!(front.user(&request, &connection).unwrap().name, "alice");
+        // The CA rotates to one that did not sign the proxy's certificate.
+        front.apply(&configmap(&rotated_pem)).unwrap();
+        assert!(front.user(&request, &connection).is_none());
     }
 }
