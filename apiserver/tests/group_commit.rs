@@ -442,3 +442,122 @@ async fn writes_after_a_retirement_in_their_group_see_its_fence() {
     // Gap-free: the refused creates left no sequence number behind.
     gap_free_log(&db.client().await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_comes_after() {
+    use apis::{RevocationTarget, SessionPhase};
+    use apiserver::store::RevokerAuthority;
+    const ALICE: &str = "alice@example.com";
+    const BOB: &str = "bob@example.com";
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let (groups_before, _) = store.write_groups();
+    // Another replica holds the sync-state lock: the first mutation waits for it in its own
+    // group, and every one queued behind it forms the next group, in queue order.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT 1 FROM sync_state WHERE id = 1 FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(30));
+    let spawn_create = |name: &'static str, user: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .create_session(mk_human_session("ns", name, "srv-1", user), false)
+                .await
+                .map(|w| w.object)
+        })
+    };
+    let spawn_revoke = || {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let target = RevocationTarget {
+                subject: Some(ALICE.into()),
+                ..Default::default()
+            };
+            store
+                .create_revocation(
+                    mk_revocation("ns", "alice-out", target, "manual"),
+                    RevokerAuthority::Namespace,
+                    false,
+                )
+                .await
+                .map(|w| w.object)
+        })
+    };
+    let spawn_withdraw = || {
+        let store = store.clone();
+        tokio::spawn(async move { withdraw(&store, "ns", "alice-out").await })
+    };
+
+    let first = spawn_create("first", BOB);
+    pause().await;
+    // The group: alice's session, a revocation of alice, her next session (refused by the
+    // revocation written just before it in the same transaction), bob's (untouched), the
+    // revocation withdrawn (her first session restored), and her session after that.
+    let before = spawn_create("alice-before", ALICE);
+    pause().await;
+    let revocation = spawn_revoke();
+    pause().await;
+    let under = spawn_create("alice-under", ALICE);
+    pause().await;
+    let bob = spawn_create("bob", BOB);
+    pause().await;
+    let withdrawn = spawn_withdraw();
+    pause().await;
+    let after = spawn_create("alice-after", ALICE);
+    pause().await;
+    held.rollback().await.unwrap();
+
+    first.await.unwrap().unwrap();
+    let before = before.await.unwrap().expect("created before the revocation");
+    assert_eq!(before.phase(), SessionPhase::Active, "answered as created");
+    let revocation = revocation.await.unwrap().expect("the revocation");
+    assert_eq!(
+        revocation.status.unwrap().revoked_sessions,
+        1,
+        "it revoked the session written before it in its group, and only that one"
+    );
+    let refused = under.await.unwrap().expect_err("created under the revocation");
+    assert!(
+        conflict_message(&refused).is_some_and(|m| m.contains("alice-out")),
+        "{refused:?}"
+    );
+    assert_eq!(bob.await.unwrap().unwrap().phase(), SessionPhase::Active);
+    withdrawn.await.unwrap().expect("the revocation withdrawn");
+    assert_eq!(
+        after.await.unwrap().expect("created after the withdrawal").phase(),
+        SessionPhase::Active
+    );
+    let (groups_after, _) = store.write_groups();
+    assert_eq!(
+        groups_after - groups_before,
+        2,
+        "the mutations behind the first formed one group"
+    );
+
+    // What stands: alice's first session restored, the refused one never written.
+    let phase = |name: &'static str| {
+        let store = store.clone();
+        async move { store.get::<AccessSession>("ns", name).await.map(|s| s.phase()) }
+    };
+    assert_eq!(phase("alice-before").await.unwrap(), SessionPhase::Active);
+    assert!(matches!(phase("alice-under").await, Err(StoreError::NotFound)));
+    assert_eq!(phase("alice-after").await.unwrap(), SessionPhase::Active);
+    // The log tells alice's first session's story in order: created, revoked, restored.
+    let client = db.client().await;
+    let story: Vec<String> = client
+        .query(
+            "SELECT event, coalesce(object->'status'->>'phase', '') FROM change_log \
+             WHERE resource = 'accesssessions' AND name = 'alice-before' ORDER BY seq",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect();
+    assert_eq!(story, ["ADDED Active", "MODIFIED Revoked", "MODIFIED Active"]);
+    gap_free_log(&client).await;
+}
