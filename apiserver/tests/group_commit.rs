@@ -511,7 +511,10 @@ async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_com
     held.rollback().await.unwrap();
 
     first.await.unwrap().unwrap();
-    let before = before.await.unwrap().expect("created before the revocation");
+    let before = before
+        .await
+        .unwrap()
+        .expect("created before the revocation");
     assert_eq!(before.phase(), SessionPhase::Active, "answered as created");
     let revocation = revocation.await.unwrap().expect("the revocation");
     assert_eq!(
@@ -519,7 +522,10 @@ async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_com
         1,
         "it revoked the session written before it in its group, and only that one"
     );
-    let refused = under.await.unwrap().expect_err("created under the revocation");
+    let refused = under
+        .await
+        .unwrap()
+        .expect_err("created under the revocation");
     assert!(
         conflict_message(&refused).is_some_and(|m| m.contains("alice-out")),
         "{refused:?}"
@@ -527,7 +533,11 @@ async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_com
     assert_eq!(bob.await.unwrap().unwrap().phase(), SessionPhase::Active);
     withdrawn.await.unwrap().expect("the revocation withdrawn");
     assert_eq!(
-        after.await.unwrap().expect("created after the withdrawal").phase(),
+        after
+            .await
+            .unwrap()
+            .expect("created after the withdrawal")
+            .phase(),
         SessionPhase::Active
     );
     let (groups_after, _) = store.write_groups();
@@ -540,10 +550,18 @@ async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_com
     // What stands: alice's first session restored, the refused one never written.
     let phase = |name: &'static str| {
         let store = store.clone();
-        async move { store.get::<AccessSession>("ns", name).await.map(|s| s.phase()) }
+        async move {
+            store
+                .get::<AccessSession>("ns", name)
+                .await
+                .map(|s| s.phase())
+        }
     };
     assert_eq!(phase("alice-before").await.unwrap(), SessionPhase::Active);
-    assert!(matches!(phase("alice-under").await, Err(StoreError::NotFound)));
+    assert!(matches!(
+        phase("alice-under").await,
+        Err(StoreError::NotFound)
+    ));
     assert_eq!(phase("alice-after").await.unwrap(), SessionPhase::Active);
     // The log tells alice's first session's story in order: created, revoked, restored.
     let client = db.client().await;
@@ -558,6 +576,9 @@ async fn a_revocation_in_a_group_covers_what_came_before_it_and_refuses_what_com
         .iter()
         .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, String>(1)))
         .collect();
-    assert_eq!(story, ["ADDED Active", "MODIFIED Revoked", "MODIFIED Active"]);
+    assert_eq!(
+        story,
+        ["ADDED Active", "MODIFIED Revoked", "MODIFIED Active"]
+    );
     gap_free_log(&client).await;
 }
