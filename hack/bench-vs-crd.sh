@@ -8,7 +8,7 @@
 # PostgreSQL. Prints one table (figure, ours, CRD, ours/CRD). Release build. Never run by CI or
 # hack/test.sh; docs/performance.md records the figures.
 #
-#   hack/bench-vs-crd.sh            # the full run (about 10-15 minutes on 2 cores)
+#   hack/bench-vs-crd.sh            # the full run (4-15 minutes on 2 cores, after the build)
 #   hack/bench-vs-crd.sh --quick    # 1,000 objects, 1 and 100 watchers, 5 events
 #   hack/bench-vs-crd.sh --levels 1000,10000 --watchers 1,100 --trials 20 --rounds 5
 set -euo pipefail
