@@ -140,7 +140,7 @@ pub async fn run<S: Store>(store: S, config: ExpiryConfig, metrics: ExpiryMetric
             () = tokio::time::sleep(pause) => known = None,
             written = signals.written() => {
                 if let (Some(next), Some(at)) = (known.as_mut(), written) {
-                    *next = Some(next.map_or(at, |n| n.min(at)));
+                    crate::store::fold_earliest(next, at);
                 }
             }
         }

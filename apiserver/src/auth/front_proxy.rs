@@ -603,21 +603,25 @@ mod tests {
         der
     }
 
+    /// A request-header ConfigMap's data: `ca_pem`, `X-Remote-User`, `allowed_names`.
+    fn request_header_data(
+        ca_pem: &str,
+        allowed_names: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        [
+            ("requestheader-client-ca-file", ca_pem),
+            ("requestheader-username-headers", "[\"X-Remote-User\"]"),
+            ("requestheader-allowed-names", allowed_names),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
     fn config_with(ca_pem: &str, allowed_names: &str) -> RequestHeaderConfig {
-        let mut data = std::collections::BTreeMap::new();
-        data.insert(
-            "requestheader-client-ca-file".to_string(),
-            ca_pem.to_string(),
-        );
-        data.insert(
-            "requestheader-username-headers".to_string(),
-            "[\"X-Remote-User\"]".to_string(),
-        );
-        data.insert(
-            "requestheader-allowed-names".to_string(),
-            allowed_names.to_string(),
-        );
-        RequestHeaderConfig::from_configmap(&data).unwrap().unwrap()
+        RequestHeaderConfig::from_configmap(&request_header_data(ca_pem, allowed_names))
+            .unwrap()
+            .unwrap()
     }
 
     #[test]
@@ -742,16 +746,7 @@ mod tests {
     #[test]
     fn a_new_request_header_ca_forgets_every_remembered_chain() {
         let configmap = |ca_pem: &str| ConfigMap {
-            data: Some(
-                [
-                    ("requestheader-client-ca-file", ca_pem),
-                    ("requestheader-username-headers", "[\"X-Remote-User\"]"),
-                    ("requestheader-allowed-names", "[\"front-proxy-client\"]"),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ),
+            data: Some(request_header_data(ca_pem, "[\"front-proxy-client\"]")),
             ..Default::default()
         };
         let (ca, ca_pem) = request_header_ca();

@@ -182,6 +182,11 @@ pub struct SessionChanges {
     pub earliest_expiry: Option<Timestamp>,
 }
 
+/// Folds `at` into the earliest time known so far.
+pub(crate) fn fold_earliest(known: &mut Option<Timestamp>, at: Timestamp) {
+    *known = Some(known.map_or(at, |k| k.min(at)));
+}
+
 /// Where a store reports what its committed writes did to sessions: the expiry scheduler
 /// waits on [`SessionSignals::written`]; the Event recorder installs an emitter. Reporting
 /// never blocks nor fails a write.
@@ -214,7 +219,7 @@ impl SessionSignals {
     pub(crate) fn committed(&self, changes: SessionChanges) {
         if let Some(at) = changes.earliest_expiry {
             let mut earliest = self.earliest.lock().unwrap_or_else(|e| e.into_inner());
-            *earliest = Some(earliest.map_or(at, |known| known.min(at)));
+            fold_earliest(&mut earliest, at);
             drop(earliest);
             self.written.notify_one();
         }

@@ -155,7 +155,7 @@ fn session_changes(
             continue;
         };
         if let Some(at) = after.spec.expires_at.as_ref().map(|t| t.0) {
-            changes.earliest_expiry = Some(changes.earliest_expiry.map_or(at, |e| e.min(at)));
+            crate::store::fold_earliest(&mut changes.earliest_expiry, at);
         }
         let transition = match write {
             Write::Create { .. } => requested
