@@ -14,6 +14,10 @@
 # so callers can `env=$(hack/build-kube.sh); eval "$env"`; everything else goes to stderr. (Not
 # `eval "$(hack/build-kube.sh)"`: eval of the empty output of a failed build succeeds, and
 # `set -e` never sees the failure.)
+#
+# `hack/build-kube.sh kubectl` builds (or finds cached) only kubectl of the same pinned release
+# (kubectl-v1.36.3 beside the others) and prints only KUBECTL=/abs/path; hack/lib/prereqs.sh
+# runs it when no kubectl is on PATH.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -81,6 +85,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$kube_major -X $pkg.gitMinor=$kube_minor"
   kube_ldflags+=" -X $pkg.gitTreeState=clean"
 done
+
+if [[ ${1:-} == kubectl ]]; then
+  build "kubectl-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kubectl -ldflags "$kube_ldflags"
+  printf 'KUBECTL=%q\n' "$bin/kubectl-$KUBE_VERSION"
+  exit 0
+elif [[ $# -gt 0 ]]; then
+  log "usage: $0 [kubectl]"
+  exit 2
+fi
 
 build "kube-apiserver-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver -ldflags "$kube_ldflags"
 build "kube-controller-manager-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager -ldflags "$kube_ldflags"

@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh
+. hack/lib/prereqs.sh
+
+# PostgreSQL 15, kubectl, python3, openssl, curl, Go and Rust: checked before anything else;
+# what can be installed unattended is (see hack/lib/prereqs.sh), the rest is named.
+prereqs_ensure
 
 # What the end-to-end tests run, built before anything is started. A command substitution's
 # status is lost inside `eval "$(...)"` (eval of an empty string succeeds), so the output is

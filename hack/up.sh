@@ -10,6 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. hack/lib/prereqs.sh
+# PostgreSQL 15, kubectl, python3, openssl, curl, Go and Rust: checked before anything else;
+# what can be installed unattended is (see hack/lib/prereqs.sh), the rest is named.
+prereqs_ensure
+
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 hack/build-kube.sh >/dev/null
 cargo build --release -p apiserver --bin mcp-access-apiserver \

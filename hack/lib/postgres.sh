@@ -23,7 +23,7 @@ postgres_start() {
   local dir=$1
   local port=${2:-$(free_port)}
   if [ ! -x "$PG_BIN/initdb" ]; then
-    echo "PostgreSQL server binaries not found in $PG_BIN (set PG_BIN)" >&2
+    echo "PostgreSQL server binaries not found in $PG_BIN (set PG_BIN, or run hack/lib/prereqs.sh: as root it installs postgresql-15)" >&2
     return 1
   fi
   mkdir -p "$dir"
