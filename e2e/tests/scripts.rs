@@ -303,9 +303,10 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
         .expect("kubectl runs")
 }
 
-/// `hack/test.sh` must stop when the Kubernetes build fails. Here it fails for want of Go
-/// (not on PATH, nothing cached); the client-go programs are cached, so the next steps would
-/// succeed and reach `cargo`, which is a stand-in that records being called.
+/// `hack/test.sh` must stop when the Kubernetes build cannot run. Here Go is missing (not on
+/// PATH, nothing cached; the prerequisite check, hack/lib/prereqs.sh, names it first); the
+/// client-go programs are cached, so the next steps would succeed and reach `cargo`, which is a
+/// stand-in that records being called.
 #[test]
 fn test_sh_stops_when_the_kube_build_fails() {
     let work = temp_dir("test-sh");
@@ -475,4 +476,169 @@ fn up_prints_kubeconfig_only_when_explain_works() {
             "pid {pid} outlived mcp-access-local: {stat}"
         );
     }
+}
+
+/// The Kubernetes release hack/kube/go.mod pins (the version of the kubectl it builds).
+fn pinned_kube_version() -> String {
+    let go_mod = std::fs::read_to_string(e2e::repo_root().join("hack/kube/go.mod"))
+        .expect("hack/kube/go.mod");
+    go_mod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("require k8s.io/kubernetes "))
+        .map(|v| v.trim().to_string())
+        .expect("require k8s.io/kubernetes in hack/kube/go.mod")
+}
+
+/// A fresh machine as hack/up.sh and hack/test.sh meet it first (they run
+/// hack/lib/prereqs.sh before anything else): PATH holds every system command except kubectl,
+/// plus Go and Rust; PG_BIN is an empty directory. Not allowed to install, the check names
+/// both and the exact commands, and fails; as a user that is not root it says so and gives
+/// the root command. Allowed (root), it runs `apt-get install -y postgresql-15` (with
+/// --no-upgrade: on this machine the package is installed already, so apt changes nothing and
+/// the check finds the package's binaries), builds the pinned kubectl from the Go module proxy
+/// (or finds it cached) and puts it first on PATH, and what comes next works: PostgreSQL starts
+/// from the binaries it found and answers a query, and `kubectl` is the pinned release.
+#[test]
+fn prereqs_name_what_is_missing_then_install_it() {
+    assert_eq!(
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .ok()
+            .as_deref(),
+        Some("0"),
+        "this test installs packages: run it as root (as hack/test.sh runs in CI)"
+    );
+    let work = temp_dir("prereqs");
+    let _ = Command::new("chmod").arg("755").arg(&work).status();
+    let bin = work.join("bin");
+    let pg_empty = work.join("pg-bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::fs::create_dir_all(&pg_empty).expect("empty PG_BIN");
+    for dir in ["/usr/bin", "/usr/sbin"] {
+        for entry in std::fs::read_dir(dir).expect("system dir").flatten() {
+            let name = entry.file_name();
+            let link = bin.join(&name);
+            if name != "kubectl" && !link.exists() {
+                std::os::unix::fs::symlink(entry.path(), link).expect("symlink");
+            }
+        }
+    }
+    // Go and Rust from this process's PATH, by their own directories (go finds its GOROOT from
+    // where it lies); neither may hold a kubectl.
+    let path = std::env::var_os("PATH").expect("PATH");
+    let tool_dir = |tool: &str| {
+        std::env::split_paths(&path)
+            .find(|d| d.join(tool).is_file())
+            .unwrap_or_else(|| panic!("{tool} is not on PATH"))
+    };
+    let (go_dir, cargo_dir) = (tool_dir("go"), tool_dir("cargo"));
+    for dir in [&go_dir, &cargo_dir] {
+        assert!(
+            !dir.join("kubectl").exists(),
+            "{} holds a kubectl",
+            dir.display()
+        );
+    }
+    let restricted = std::env::join_paths([bin.clone(), go_dir, cargo_dir]).expect("PATH");
+    let script = e2e::repo_root().join("hack/lib/prereqs.sh");
+    let run = |cmd: &mut Command| {
+        let out = cmd
+            .env("PATH", &restricted)
+            .env("PG_BIN", &pg_empty)
+            .stdin(Stdio::null())
+            .output()
+            .expect("bash runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status, text(&out.stdout), text(&out.stderr))
+    };
+
+    // 1. Root, installing not allowed: both named, with the commands.
+    let started = Instant::now();
+    let (status, stdout, stderr) = run(Command::new("bash")
+        .arg(&script)
+        .env("MCP_ACCESS_NO_INSTALL", "1"));
+    eprintln!("--- not allowed to install ({status}):\n{stderr}");
+    assert!(!status.success(), "{stderr}");
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    for expected in [
+        format!(
+            "PostgreSQL 15 server binaries: no initdb, pg_ctl and postgres in {} (PG_BIN)",
+            pg_empty.display()
+        ),
+        "kubectl is not on PATH".to_string(),
+        "run as root: apt-get install -y postgresql-15".to_string(),
+        "run: hack/build-kube.sh kubectl".to_string(),
+        "MCP_ACCESS_NO_INSTALL=1: nothing was installed".to_string(),
+    ] {
+        assert!(stderr.contains(&expected), "no {expected:?} in:\n{stderr}");
+    }
+
+    // 2. Not root: the command to run as root.
+    let (status, stdout, stderr) = run(Command::new("runuser")
+        .args(["-u", "nobody", "--", "bash"])
+        .arg(&script));
+    eprintln!("--- as nobody ({status}):\n{stderr}");
+    assert!(!status.success(), "{stderr}");
+    assert!(stdout.is_empty(), "stdout: {stdout}");
+    for expected in [
+        "not root: nothing was installed",
+        "run as root: apt-get install -y postgresql-15",
+    ] {
+        assert!(stderr.contains(expected), "no {expected:?} in:\n{stderr}");
+    }
+    let checks = started.elapsed();
+
+    // 3. Allowed: installs, builds, and what follows works.
+    let pg_dir = work.join("pg");
+    let (status, stdout, stderr) = run(Command::new("bash")
+        .arg("-c")
+        .arg(
+            r#"set -euo pipefail
+. "$REPO/hack/lib/prereqs.sh"
+prereqs_ensure
+. "$REPO/hack/lib/postgres.sh"
+trap 'postgres_stop "$PG_DIR"' EXIT
+postgres_start "$PG_DIR"
+echo "PG_BIN=$PG_BIN"
+"$PG_BIN/psql" "$PG_DSN" -Atc 'select version()'
+echo "KUBECTL=$(command -v kubectl)"
+kubectl version --client -o json"#,
+        )
+        .env("REPO", e2e::repo_root())
+        .env("PG_DIR", &pg_dir));
+    eprintln!("--- allowed to install ({status}):\n{stderr}\n{stdout}");
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(status.success(), "{stderr}\n{stdout}");
+    for expected in [
+        "installing: apt-get install -y --no-upgrade --no-install-recommends postgresql-15",
+        "using /usr/lib/postgresql/15/bin (postgresql-15)",
+        "building kubectl: hack/build-kube.sh kubectl",
+        "prereqs: ok: PostgreSQL 15.",
+    ] {
+        assert!(stderr.contains(expected), "no {expected:?} in:\n{stderr}");
+    }
+    assert!(
+        stdout.contains("PG_BIN=/usr/lib/postgresql/15/bin\nPostgreSQL 15."),
+        "{stdout}"
+    );
+    let version = pinned_kube_version();
+    let kubectl = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBECTL="))
+        .expect("KUBECTL= line");
+    assert!(
+        kubectl.ends_with(&format!("/bin/kubectl-{version}.path/kubectl")),
+        "kubectl on PATH is {kubectl}, not the cached {version}"
+    );
+    assert!(
+        stdout.contains(&format!("\"gitVersion\": \"{version}\"")),
+        "kubectl version --client: {stdout}"
+    );
+    eprintln!(
+        "checks {:?}, install and build {:?}",
+        checks,
+        started.elapsed() - checks
+    );
 }

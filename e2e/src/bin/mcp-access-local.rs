@@ -23,8 +23,26 @@ struct Cli {
     controllers_bin: Option<PathBuf>,
 }
 
+/// Whether an executable `name` is in a directory of PATH.
+fn on_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(name))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // kubectl applies the CRDs, RBAC and APIService; hack/up.sh puts one on PATH first.
+    if !on_path("kubectl") {
+        anyhow::bail!(
+            "kubectl is not on PATH: run hack/up.sh (hack/lib/prereqs.sh builds the pinned \
+             release's kubectl with `hack/build-kube.sh kubectl` and puts it on PATH)"
+        );
+    }
     let dir = std::path::absolute(&cli.dir)?;
     let cluster = LocalCluster::start(Options {
         dir,
