@@ -642,3 +642,192 @@ kubectl version --client -o json"#,
         started.elapsed() - checks
     );
 }
+
+/// `hack/image.sh` builds the three images FROM scratch out of the binaries hack/test.sh built
+/// (in a buildah store of the test's own, vfs: no mounts left behind), under the names deploy/
+/// uses. Each image holds its binary, what ldd names, the CA bundle, passwd/group and no
+/// shell; runs as 65532:65532 with the binary as entrypoint; and its `--help` ran inside a
+/// container (`buildah run`). Where containers cannot run, the script says exactly why and the
+/// build-and-inspect part is asserted alone.
+#[test]
+fn image_sh_builds_runs_and_inspects_the_images() {
+    let images = [
+        ("mcp-access-apiserver", need("MCP_ACCESS_APISERVER_BIN")),
+        ("mcp-access-controllers", need("MCP_ACCESS_CONTROLLERS_BIN")),
+        ("mcp-access-authz", need("MCP_ACCESS_AUTHZ_BIN")),
+    ];
+    let bin_dir = Path::new(&images[0].1)
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    for (name, bin) in &images {
+        assert_eq!(Path::new(bin), bin_dir.join(name), "one build directory");
+    }
+    let work = temp_dir("image");
+    let storage = work.join("storage.conf");
+    std::fs::write(
+        &storage,
+        format!(
+            "[storage]\ndriver = \"vfs\"\ngraphroot = \"{0}/graph\"\nrunroot = \"{0}/run\"\n",
+            work.display()
+        ),
+    )
+    .expect("storage.conf");
+    let buildah = |args: &[&str]| {
+        let out = Command::new("buildah")
+            .args(args)
+            .env("CONTAINERS_STORAGE_CONF", &storage)
+            .output()
+            .expect("buildah runs");
+        assert!(
+            out.status.success(),
+            "buildah {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    struct Cleanup(PathBuf, PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for args in [&["rm", "--all"][..], &["rmi", "--all", "--force"][..]] {
+                let _ = Command::new("buildah")
+                    .args(args)
+                    .env("CONTAINERS_STORAGE_CONF", &self.1)
+                    .output();
+            }
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(work.clone(), storage.clone());
+
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(e2e::repo_root().join("hack/image.sh"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .env("CONTAINERS_STORAGE_CONF", &storage)
+        .env_remove("IMAGE_REPO")
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs hack/image.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!(
+        "--- hack/image.sh ({}, {:.1}s):\n{stdout}\nstderr:\n{stderr}",
+        out.status,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(out.status.success(), "hack/image.sh failed");
+    let could_not_run = stdout
+        .lines()
+        .find(|l| l.starts_with("image.sh: cannot run a container here"));
+    if let Some(reason) = could_not_run {
+        eprintln!("containers cannot run here; build and inspect asserted only: {reason}");
+    }
+
+    // The names deploy/ refers to are the images built.
+    let root = e2e::repo_root();
+    let mut referenced = Vec::new();
+    for file in [
+        "deploy/base/deployment.yaml",
+        "deploy/controllers/deployment.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).expect(file);
+        referenced.extend(
+            text.split_whitespace()
+                .filter(|w| w.starts_with("ghcr.io/mcp-runtime/"))
+                .map(str::to_string),
+        );
+    }
+    let mut expected: Vec<String> = images
+        .iter()
+        .map(|(name, _)| format!("ghcr.io/mcp-runtime/{name}:latest"))
+        .collect();
+    referenced.sort();
+    expected.sort();
+    assert_eq!(
+        referenced, expected,
+        "deploy/ names images hack/image.sh does not build"
+    );
+
+    for (name, _) in &images {
+        let image = format!("ghcr.io/mcp-runtime/{name}:latest");
+        let inspect: serde_json::Value =
+            serde_json::from_str(&buildah(&["inspect", "--type", "image", &image]))
+                .expect("buildah inspect prints JSON");
+        let config = &inspect["OCIv1"]["config"];
+        assert_eq!(config["User"], "65532:65532", "{image}: {config}");
+        assert_eq!(
+            config["Entrypoint"],
+            serde_json::json!([format!("/usr/local/bin/{name}")]),
+            "{image}: {config}"
+        );
+        assert!(
+            stdout.contains(&format!(
+                "image.sh: inspect {image}: user=65532:65532 entrypoint=[/usr/local/bin/{name}]"
+            )),
+            "the script's inspect line for {image}"
+        );
+
+        // What is inside: the binary, its libraries and loader, the CA bundle, passwd and
+        // group; no shell.
+        let container = buildah(&["from", &image]).trim().to_string();
+        let mount = PathBuf::from(buildah(&["mount", &container]).trim());
+        let ldd = Command::new("ldd")
+            .arg(bin_dir.join(name))
+            .output()
+            .expect("ldd");
+        let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+        let mut wanted: Vec<String> = ldd
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            wanted.iter().any(|l| l.contains("libc.so")),
+            "ldd names no libc: {ldd}"
+        );
+        wanted.extend([
+            format!("/usr/local/bin/{name}"),
+            "/etc/ssl/certs/ca-certificates.crt".into(),
+            "/etc/passwd".into(),
+            "/etc/group".into(),
+        ]);
+        for path in &wanted {
+            assert!(
+                mount.join(path.trim_start_matches('/')).is_file(),
+                "{image} lacks {path}"
+            );
+        }
+        for shell in ["bin/sh", "bin/bash", "usr/bin/sh"] {
+            assert!(!mount.join(shell).exists(), "{image} holds /{shell}");
+        }
+        let passwd = std::fs::read_to_string(mount.join("etc/passwd")).expect("passwd");
+        assert!(
+            passwd.contains("nonroot:x:65532:65532:"),
+            "{image}: /etc/passwd {passwd}"
+        );
+        buildah(&["umount", &container]);
+        buildah(&["rm", &container]);
+
+        // --help ran inside a container of the image (unless containers cannot run here).
+        if could_not_run.is_none() {
+            let run_line = format!("image.sh: run {image}: {name} --help (as the image's user");
+            let help: Vec<&str> = stdout
+                .lines()
+                .skip_while(|l| !l.starts_with(&run_line))
+                .skip(1)
+                .take_while(|l| l.starts_with("    ") || l.is_empty())
+                .collect();
+            assert!(
+                help.iter()
+                    .any(|l| l.trim().starts_with(&format!("Usage: {name} "))),
+                "no `Usage: {name}` under {run_line:?}:\n{stdout}"
+            );
+            assert!(
+                help.iter().any(|l| l.contains("--help")),
+                "{name} --help output lists no options:\n{help:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Builds the container images of MCP Access with buildah, FROM scratch, out of the binaries
+# built on this machine: each image holds its binary, the shared libraries it links (ldd) and
+# the dynamic loader, the CA certificates, and a passwd/group naming the non-root user
+# 65532:65532 it runs as (the distroless "nonroot" user; no shell, nothing else). It is what
+# the Containerfile builds onto a distroless base where base images can be pulled; here none
+# can. Then, for each image, it runs `--help` inside a container of it (`buildah run`, as the
+# image's user) and prints the image's user and entrypoint (`buildah inspect`).
+#
+#   hack/image.sh [--bin-dir DIR] [--tag TAG] [NAME...]
+#
+# NAME: mcp-access-apiserver, mcp-access-controllers, mcp-access-authz (default: all three).
+# --bin-dir DIR: take DIR/NAME as built (e.g. target/debug); without it, a release build
+# (cargo build --release --locked) into target/release. Images are named
+# ${IMAGE_REPO:-ghcr.io/mcp-runtime}/NAME:TAG (TAG defaults to latest), the names deploy/
+# refers to; push them with `buildah push`.
+#
+# buildah (and runc, the OCI runtime it runs containers with) are installed from Debian's
+# packages when missing, as root. Storage is buildah's default; CONTAINERS_STORAGE_CONF
+# points it elsewhere (the test does). When this machine cannot run a container, the run
+# step prints exactly what failed and the images are built and inspected only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+all=(mcp-access-apiserver mcp-access-controllers mcp-access-authz)
+repo=${IMAGE_REPO:-ghcr.io/mcp-runtime}
+tag=latest
+bin_dir=
+names=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bin-dir) bin_dir=$2; shift 2 ;;
+    --bin-dir=*) bin_dir=${1#*=}; shift ;;
+    --tag) tag=$2; shift 2 ;;
+    --tag=*) tag=${1#*=}; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    mcp-access-apiserver|mcp-access-controllers|mcp-access-authz) names+=("$1"); shift ;;
+    *) echo "image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ ${#names[@]} -gt 0 ] || names=("${all[@]}")
+
+# The report goes to stdout (the --help output indented under its image); builds to stderr.
+say() { echo "image.sh: $*"; }
+
+# Non-root user of every image (distroless's nonroot; deploy/base sets fsGroup 65532).
+uid=65532
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+
+ensure_packages() {
+  local missing=()
+  command -v buildah >/dev/null || missing+=(buildah)
+  # crun 1.8 (Debian 12) refuses hosts with cgroup v1 and v2 mounted side by side ("cgroups
+  # in hybrid mode not supported"); runc runs there, and everywhere else.
+  command -v runc >/dev/null || [ -x /usr/sbin/runc ] || missing+=(runc)
+  [ -r "$ca_bundle" ] || missing+=(ca-certificates)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    say "missing ${missing[*]}: install them (Debian: apt-get install -y ${missing[*]})"
+    exit 1
+  fi
+  say "installing ${missing[*]} from Debian's packages"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2; then
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  fi
+}
+ensure_packages
+# IMAGE_RUNTIME picks another OCI runtime for the run step (e.g. crun).
+runtime=${IMAGE_RUNTIME:-$(command -v runc || echo /usr/sbin/runc)}
+
+if [ -z "$bin_dir" ]; then
+  build=()
+  for n in "${names[@]}"; do
+    case $n in
+      mcp-access-apiserver) build+=(-p apiserver --bin "$n") ;;
+      mcp-access-controllers) build+=(-p controllers --bin "$n") ;;
+      mcp-access-authz) build+=(-p gateway --bin "$n") ;;
+    esac
+  done
+  cargo build --release --locked "${build[@]}" >&2
+  bin_dir=target/release
+fi
+
+containers=()
+cleanup() {
+  for c in "${containers[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
+
+# Copies a file of the host into the image root at the same path, symlinks resolved.
+put() {
+  local root=$1 path=$2
+  mkdir -p "$root$(dirname "$path")"
+  cp -L "$path" "$root$path"
+}
+
+build_image() {
+  local name=$1 image=$2 bin=$bin_dir/$1
+  [ -x "$bin" ] || { say "$bin: no such executable (build it, or pass --bin-dir)"; exit 1; }
+  local c root
+  c=$(buildah from --name "image-sh-$name-$$" scratch)
+  containers+=("$c")
+  root=$(buildah mount "$c")
+
+  mkdir -p "$root/usr/local/bin" "$root/etc" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  cp "$bin" "$root/usr/local/bin/$name"
+  chmod 755 "$root/usr/local/bin/$name"
+  # What the binary links, and the loader ldd names (the line without "=>").
+  local libs lib
+  libs=$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+  [ -n "$libs" ] || { say "$bin: ldd found no libraries (not a dynamic executable?)"; exit 1; }
+  for lib in $libs; do put "$root" "$lib"; done
+  put "$root" "$ca_bundle"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
+    "$uid" "$uid" >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
+  mkdir -p "$root/home/nonroot"
+  chown "$uid:$uid" "$root/home/nonroot"
+  buildah umount "$c" >/dev/null
+
+  buildah config \
+    --user "$uid:$uid" \
+    --entrypoint "[\"/usr/local/bin/$name\"]" \
+    --workingdir /home/nonroot \
+    --label org.opencontainers.image.title="$name" \
+    --label org.opencontainers.image.source=https://github.com/mcp-runtime/mcp-access \
+    "$c"
+  buildah commit --quiet --rm "$c" "$image" >/dev/null
+  say "built $image: $bin, $(wc -w <<<"$libs") libraries ($(echo $libs | tr '\n' ' ')), $ca_bundle"
+}
+
+# `--help` inside a container of the image, as the image's user; false (with the reason
+# printed) when no container can run here.
+run_help() {
+  local name=$1 image=$2 c out status=0
+  c=$(buildah from --name "image-sh-run-$name-$$" "$image")
+  containers+=("$c")
+  out=$(buildah run --runtime "$runtime" "$c" -- "/usr/local/bin/$name" --help 2>&1) || status=$?
+  buildah rm "$c" >/dev/null
+  if [ $status -ne 0 ]; then
+    # The runtime could not start the container (namespaces, cgroups, mounts): the sandbox.
+    # Anything else (a library missing, the binary failing) is the image's fault.
+    if ! grep -q -E 'error running container|while running runtime|OCI runtime|creating container' <<<"$out"; then
+      say "run $image: $name --help failed inside the container (exit $status):"
+      sed 's/^/    /' <<<"$out"
+      exit 1
+    fi
+    say "cannot run a container here (buildah run --runtime $runtime, exit $status): $out"
+    say "run $image: skipped; the image was built and inspected only"
+    return 1
+  fi
+  say "run $image: $name --help (as the image's user, $runtime):"
+  sed 's/^/    /' <<<"$out"
+}
+
+can_run=1
+for name in "${names[@]}"; do
+  image=$repo/$name:$tag
+  build_image "$name" "$image"
+  config=$(buildah inspect --type image --format \
+    'user={{.OCIv1.Config.User}} entrypoint={{.OCIv1.Config.Entrypoint}}' "$image")
+  say "inspect $image: $config"
+  if [ $can_run = 1 ]; then
+    run_help "$name" "$image" || can_run=0
+  else
+    say "run $image: skipped; the image was built and inspected only"
+  fi
+done
