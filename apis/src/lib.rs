@@ -7,6 +7,7 @@ pub mod duration;
 pub mod kinds;
 pub mod kube_resource;
 pub mod locks;
+pub mod managed_fields;
 pub mod openapi;
 pub mod resources;
 pub mod rules;

@@ -555,6 +555,8 @@ pub fn merge_metadata(
         annotations: update.annotations.clone(),
         owner_references: update.owner_references.clone(),
         finalizers: update.finalizers.clone(),
+        // Computed by the API layer from the stored entries and the request.
+        managed_fields: update.managed_fields.clone(),
         ..stored.clone()
     }
 }

@@ -9,9 +9,18 @@ use crate::discovery::subresource_verbs;
 use crate::resources::{ResourceInfo, RESOURCES};
 use crate::types::{API_VERSION, GROUP, VERSION};
 
-/// Request content types of PATCH operations. Server-side apply
-/// (`application/apply-patch+yaml`) is deliberately not advertised.
+/// Request content types of PATCH operations on a resource, server-side apply
+/// (`application/apply-patch+yaml`) included, as kube-apiserver lists them.
 pub const PATCH_CONTENT_TYPES: &[&str] = &[
+    "application/apply-patch+yaml",
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+];
+
+/// Request content types of PATCH on a `status` subresource: server-side apply of a status
+/// is not served.
+pub const STATUS_PATCH_CONTENT_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
@@ -100,6 +109,7 @@ const WATCH: Param = Param::query("watch", "boolean", "Watch for changes to the 
 const DRY_RUN: Param = Param::query("dryRun", "string", "When present, indicates that modifications should not be persisted. An invalid or unrecognized dryRun directive will result in an error response and no further processing of the request. Valid values are: - All: all dry run stages will be processed");
 const FIELD_MANAGER: Param = Param::query("fieldManager", "string", "fieldManager is a name associated with the actor or entity that is making these changes. The value must be less than or 128 characters long, and only contain printable characters, as defined by https://golang.org/pkg/unicode/#IsPrint.");
 const FIELD_VALIDATION: Param = Param::query("fieldValidation", "string", "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or duplicate fields. Valid values are: - Ignore: This will ignore any unknown fields that are silently dropped from the object, and will ignore all but the last duplicate field that the decoder encounters. - Warn: This will send a warning via the standard warning response header for each unknown field that is dropped from the object, and for each duplicate field that is encountered. The request will still succeed if there are no other errors, and will only persist the last of any duplicate fields. This is the default. - Strict: This will fail the request with a BadRequest error if any unknown fields would be dropped from the object, or if any duplicate fields are present. The error returned from the server will contain all unknown and duplicate fields encountered.");
+const FORCE: Param = Param::query("force", "boolean", "Force is going to \"force\" Apply requests. It means user will re-acquire conflicting fields owned by other people. Force flag must be unset for non-apply patch requests.");
 const GRACE_PERIOD_SECONDS: Param = Param::query("gracePeriodSeconds", "integer", "The duration in seconds before the object should be deleted. Value must be non-negative integer. The value zero indicates delete immediately. If this value is nil, the default grace period for the specified type will be used.");
 const ORPHAN_DEPENDENTS: Param = Param::query("orphanDependents", "boolean", "Deprecated: please use the PropagationPolicy, this field will be deprecated in 1.7. Should the dependent objects be orphaned. If true/false, the \"orphan\" finalizer will be added to/removed from the object's finalizers list. Either this field or PropagationPolicy may be set, but not both.");
 const PROPAGATION_POLICY: Param = Param::query("propagationPolicy", "string", "Whether and how garbage collection will be performed. Either this field or OrphanDependents may be set, but not both. The default policy is decided by the existing finalizer set in the metadata.finalizers and the resource-specific default policy. Acceptable values are: 'Orphan' - orphan the dependents; 'Background' - allow the garbage collector to delete the dependents in the background; 'Foreground' - a cascading policy that deletes all dependents in the foreground.");
@@ -414,7 +424,13 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
         action: method,
         operation_id,
         description,
-        params: write_params(),
+        params: {
+            let mut params = write_params();
+            if body.content_types.contains(&"application/apply-patch+yaml") {
+                params.push(FORCE);
+            }
+            params
+        },
         body: Some(body),
         responses: vec![
             Response::json("200", "OK", object.clone()),
@@ -423,10 +439,10 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
         ],
         kind: Some(kind),
     };
-    let patch_operation = |operation_id: String, description: String| {
+    let patch_operation = |operation_id: String, description: String, content_types| {
         let body = Body {
             schema: format!("{META_V1}Patch"),
-            content_types: PATCH_CONTENT_TYPES,
+            content_types,
             required: true,
         };
         write_operation("patch", body, operation_id, description)
@@ -482,6 +498,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
         operations.push(patch_operation(
             format!("patch{gv}{scope}{kind}"),
             format!("partially update the specified {kind}"),
+            PATCH_CONTENT_TYPES,
         ));
     }
     if !operations.is_empty() {
@@ -509,6 +526,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
                 "patch" => operations.push(patch_operation(
                     format!("patch{gv}{scope}{kind}{suffix}"),
                     format!("partially update {sub} of the specified {kind}"),
+                    STATUS_PATCH_CONTENT_TYPES,
                 )),
                 _ => {}
             }

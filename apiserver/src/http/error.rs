@@ -192,6 +192,26 @@ impl ApiError {
         }
     }
 
+    /// 409 for a server-side apply that would change fields other managers own, one cause
+    /// per field (kube-apiserver's `NewApplyConflict`).
+    pub fn apply_conflict(conflicts: &apis::managed_fields::Conflicts) -> Self {
+        let causes = conflicts
+            .0
+            .iter()
+            .map(|c| StatusCause {
+                reason: Some("FieldManagerConflict".into()),
+                message: Some(format!("conflict with {}", c.manager)),
+                field: Some(c.field.clone()),
+            })
+            .collect();
+        Self::new(StatusCode::CONFLICT, "Conflict", conflicts.to_string()).with_details(
+            StatusDetails {
+                causes: Some(causes),
+                ..Default::default()
+            },
+        )
+    }
+
     /// Maps a storage error for a request on `resource` (named `name`, if any): every
     /// Status text of a refused write is written here.
     pub fn from_store(err: StoreError, resource: &ResourceInfo, name: &str) -> Self {

@@ -1,5 +1,6 @@
-//! The three patch types kubectl sends: JSON patch (RFC 6902), JSON merge patch (RFC 7386)
-//! and strategic merge patch.
+//! The patch types kubectl sends: JSON patch (RFC 6902), JSON merge patch (RFC 7386),
+//! strategic merge patch, and the apply configurations of server-side apply (merged by
+//! `apis::managed_fields`; this module only reads them).
 
 use serde_json::{Map, Value};
 
@@ -9,6 +10,8 @@ pub enum PatchType {
     Json,
     Merge,
     StrategicMerge,
+    /// Server-side apply (`application/apply-patch+yaml`): YAML or JSON.
+    Apply,
 }
 
 /// Media types accepted for PATCH.
@@ -16,6 +19,7 @@ pub const PATCH_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
     "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
 ];
 
 impl PatchType {
@@ -24,6 +28,7 @@ impl PatchType {
             "application/json-patch+json" => Some(Self::Json),
             "application/merge-patch+json" => Some(Self::Merge),
             "application/strategic-merge-patch+json" => Some(Self::StrategicMerge),
+            "application/apply-patch+yaml" => Some(Self::Apply),
             _ => None,
         }
     }
@@ -67,6 +72,10 @@ pub enum PatchError {
 /// callers patch a copy and discard it.
 pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), PatchError> {
     match patch_type {
+        // Merged with field ownership by the caller (`apis::managed_fields::apply`).
+        PatchType::Apply => Err(PatchError::Malformed(
+            "an apply configuration is not a patch of this kind".into(),
+        )),
         PatchType::Json => {
             let patch: json_patch::Patch = serde_json::from_slice(patch)
                 .map_err(|e| PatchError::Malformed(format!("invalid JSON patch: {e}")))?;
@@ -90,6 +99,60 @@ pub fn apply(doc: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(),
             check_depth(doc)
         }
     }
+}
+
+/// Reads an apply configuration: a YAML or JSON object. Its encoding as JSON is checked as
+/// every JSON body is (depth, no NUL), since YAML nests by indentation and escapes NUL as
+/// `\0`, which the text scan of the raw body cannot see.
+pub fn apply_configuration(body: &[u8]) -> Result<Value, PatchError> {
+    let config: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(_) => serde_saphyr::from_slice_with_options(body, yaml_options())
+            .map_err(|e| PatchError::Malformed(format!("error decoding YAML: {e}")))?,
+    };
+    if !config.is_object() {
+        return Err(PatchError::Malformed(
+            "an apply configuration must be an object".into(),
+        ));
+    }
+    let text = serde_json::to_vec(&config)
+        .map_err(|e| PatchError::Malformed(format!("error decoding YAML: {e}")))?;
+    let scan = scan_json_text(&text);
+    if scan.depth > MAX_DEPTH {
+        return Err(PatchError::Malformed(format!(
+            "the apply configuration is nested {} levels deep; at most {MAX_DEPTH} are accepted",
+            scan.depth
+        )));
+    }
+    if scan.nul {
+        return Err(PatchError::Malformed(
+            "the apply configuration holds the NUL character in a string; it cannot be stored"
+                .into(),
+        ));
+    }
+    if text.len() > MAX_APPLY_BYTES {
+        return Err(PatchError::TooLarge(format!(
+            "the apply configuration is {} bytes as JSON; at most {MAX_APPLY_BYTES} are accepted",
+            text.len()
+        )));
+    }
+    Ok(config)
+}
+
+/// Most bytes an apply configuration may take as JSON: YAML aliases can expand a small body.
+const MAX_APPLY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Bounds of the YAML decoder: what a 3 MiB body may hold, and aliases that replay at most
+/// that much again, so an alias bomb is refused before it is expanded.
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = 200_000;
+    budget.max_total_scalar_bytes = MAX_APPLY_BYTES;
+    budget.max_aliases = 1_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.alias_limits.max_total_replayed_events = 100_000;
+    options
 }
 
 /// Applies JSON-patch operations one at a time, checking before each that it keeps the

@@ -1,8 +1,10 @@
 //! REST verbs on a resource: get, list, create, update, patch, delete, deletecollection.
 //! Watch lives in `watch.rs`.
 
+use apis::managed_fields;
 use apis::selector::FieldSelector;
 use apis::strategy::Strategy;
+use apis::validation::FieldError;
 use apis::Kind;
 use axum::response::Response;
 use bytes::Bytes;
@@ -356,13 +358,15 @@ pub async fn create<K: Strategy, S: Store>(
     req.require_json_body()?;
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
+    let manager = field_manager::<K>(&req, false)?;
     let mut warnings = Vec::new();
-    let object: K = requested_object(
+    let mut object: K = requested_object(
         &req.body,
         req.params.field_validation()?,
         (req.namespace, None),
         &mut warnings,
     )?;
+    record_update(&mut object, None, &manager)?;
     let name = object.meta().name.clone().unwrap_or_default();
     let written = store
         .create(object, &context(&req), dry_run)
@@ -378,19 +382,109 @@ pub async fn update<K: Strategy, S: Store>(
     req.require_json_body()?;
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
+    let manager = field_manager::<K>(&req, false)?;
+    let ns = req.namespace.unwrap_or_default();
     let name = req.name.unwrap_or_default();
     let mut warnings = Vec::new();
-    let object: K = requested_object(
+    let requested: K = requested_object(
         &req.body,
         req.params.field_validation()?,
         (req.namespace, Some(name)),
         &mut warnings,
     )?;
-    let written = store
-        .update(object, &context(&req), dry_run)
-        .await
-        .map_err(store_err::<K>(name))?;
-    written_response(StatusCode::OK, written, rendering, warnings)
+    // The fields it changes are recorded against the stored object; an update without a
+    // resourceVersion is made against the one read, and read again if it moved meanwhile.
+    let pinned = requested
+        .meta()
+        .resource_version
+        .as_deref()
+        .is_some_and(|rv| !rv.is_empty());
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let current: K = store.get(ns, name).await.map_err(store_err::<K>(name))?;
+        let mut object = requested.clone();
+        if !pinned {
+            object.meta_mut().resource_version = current.meta().resource_version.clone();
+        }
+        record_update(&mut object, Some(&current), &manager)?;
+        match store.update(object, &context(&req), dry_run).await {
+            Ok(written) => {
+                return written_response(StatusCode::OK, written, rendering, warnings);
+            }
+            Err(StoreError::Modified) if !pinned && attempts < 5 => continue,
+            Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
+        }
+    }
+}
+
+/// Who a write's changes are recorded for: `fieldManager`, required for an apply; without
+/// it, the User-Agent's product (kube-apiserver's rule).
+fn field_manager<K: Strategy>(req: &ResourceRequest<'_>, apply: bool) -> ApiResult<String> {
+    match req.params.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) if !managed_fields::valid_manager(m) => Err(ApiError::invalid_params(
+            &K::INFO,
+            &[FieldError::invalid(
+                "fieldManager",
+                format!(
+                    "Invalid value: {m:?}: must be at most {} printable characters",
+                    managed_fields::MAX_MANAGER_LEN
+                ),
+            )],
+        )),
+        Some(m) => Ok(m.to_string()),
+        None if apply => Err(ApiError::invalid_params(
+            &K::INFO,
+            &[FieldError::required(
+                "fieldManager",
+                "Required value: is required for apply patch",
+            )],
+        )),
+        None => Ok(managed_fields::manager_from_user_agent(
+            req.headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
+        )),
+    }
+}
+
+/// `force` of an apply; any other request may not set it.
+fn apply_force<K: Strategy>(req: &ResourceRequest<'_>, apply: bool) -> ApiResult<bool> {
+    match req.params.get("force") {
+        None => Ok(false),
+        Some(_) if !apply => Err(ApiError::invalid_params(
+            &K::INFO,
+            &[FieldError::forbidden(
+                "force",
+                "Forbidden: may not be specified for non-apply patch",
+            )],
+        )),
+        Some("true" | "1" | "True" | "TRUE") => Ok(true),
+        Some("false" | "0" | "False" | "FALSE" | "") => Ok(false),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "force: invalid boolean value {other:?}"
+        ))),
+    }
+}
+
+/// Records in `object`'s `managedFields` that `manager` set every field it changes from
+/// `live` (a create when None): the request's own entries when it sends some, else the
+/// stored ones, updated.
+fn record_update<K: Strategy>(object: &mut K, live: Option<&K>, manager: &str) -> ApiResult<()> {
+    let base = managed_fields::requested_or_stored(
+        object.meta().managed_fields.as_deref(),
+        live.and_then(|l| l.meta().managed_fields.as_deref()),
+    );
+    let live = live.map(object_json).transpose()?;
+    let managers = managed_fields::track_update(
+        live.as_ref(),
+        &object_json(&*object)?,
+        base,
+        manager,
+        store::now(),
+    );
+    object.meta_mut().managed_fields = managed_fields::encode(&managers);
+    Ok(())
 }
 
 pub async fn patch<K: Strategy, S: Store>(
@@ -401,6 +495,11 @@ pub async fn patch<K: Strategy, S: Store>(
     let Some(patch_type) = PatchType::from_content_type(&content_type) else {
         return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
     };
+    if patch_type == PatchType::Apply {
+        return server_side_apply::<K, S>(store, req).await;
+    }
+    apply_force::<K>(&req, false)?;
+    let manager = field_manager::<K>(&req, false)?;
     let rendering = req.rendering()?;
     let dry_run = req.params.dry_run()?;
     let validation = req.params.field_validation()?;
@@ -419,16 +518,122 @@ pub async fn patch<K: Strategy, S: Store>(
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
         let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut warnings = Vec::new();
-        let object: K = requested_object(
+        let mut object: K = requested_object(
             &bytes,
             validation,
             (req.namespace, Some(name)),
             &mut warnings,
         )?;
+        record_update(&mut object, Some(&current), &manager)?;
         match store.update(object, &context(&req), dry_run).await {
             Ok(written) => {
                 return written_response(StatusCode::OK, written, rendering, warnings);
             }
+            Err(StoreError::Modified | StoreError::UidPrecondition { .. })
+                if !pinned && attempts < 5 =>
+            {
+                continue
+            }
+            Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
+        }
+    }
+}
+
+/// Server-side apply (`application/apply-patch+yaml`): creates the object from the
+/// configuration when it does not exist; otherwise merges it with field ownership
+/// (`apis::managed_fields::apply`): 409 naming the other managers when it would change
+/// their fields, unless `force`.
+async fn server_side_apply<K: Strategy, S: Store>(
+    store: &S,
+    req: ResourceRequest<'_>,
+) -> ApiResult<Response> {
+    let manager = field_manager::<K>(&req, true)?;
+    let force = apply_force::<K>(&req, true)?;
+    let rendering = req.rendering()?;
+    let dry_run = req.params.dry_run()?;
+    let validation = req.params.field_validation()?;
+    let ns = req.namespace.unwrap_or_default();
+    let name = req.name.unwrap_or_default();
+    let config = patch::apply_configuration(&req.body)
+        .map_err(|e| ApiError::from_patch(e, &K::INFO, name))?;
+    if config
+        .pointer("/metadata/managedFields")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApiError::bad_request("metadata.managedFields must be nil"));
+    }
+    // Like any object a client sends, the configuration names its type.
+    for (field, expected) in [("apiVersion", apis::API_VERSION), ("kind", K::KIND)] {
+        match config.get(field).and_then(Value::as_str) {
+            Some(given) if given == expected => {}
+            Some(given) => {
+                return Err(ApiError::bad_request(format!(
+                    "the {field} in the apply configuration ({given}) does not match the expected {field} ({expected})"
+                )))
+            }
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "the apply configuration must set {field}"
+                )))
+            }
+        }
+    }
+    let pinned = config.pointer("/metadata/resourceVersion").is_some();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let mut warnings = Vec::new();
+        let current: Option<K> = match store.get(ns, name).await {
+            Ok(current) => Some(current),
+            Err(StoreError::NotFound) => None,
+            Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
+        };
+        let Some(current) = current else {
+            if pinned {
+                return Err(ApiError::from_store(StoreError::NotFound, &K::INFO, name));
+            }
+            let bytes =
+                serde_json::to_vec(&config).map_err(|e| ApiError::internal(e.to_string()))?;
+            let mut object: K = requested_object(
+                &bytes,
+                validation,
+                (req.namespace, Some(name)),
+                &mut warnings,
+            )?;
+            let typed = object_json(&object)?;
+            let mut managers = managed_fields::applied_create(&config, &manager, store::now());
+            managed_fields::retain_present(&mut managers, &typed);
+            object.meta_mut().managed_fields = managed_fields::encode(&managers);
+            match store.create(object, &context(&req), dry_run).await {
+                Ok(written) => {
+                    return written_response(StatusCode::CREATED, written, rendering, warnings)
+                }
+                // Created meanwhile: apply to it.
+                Err(StoreError::AlreadyExists) if attempts < 5 => continue,
+                Err(e) => return Err(ApiError::from_store(e, &K::INFO, name)),
+            }
+        };
+        let live = object_json(&current)?;
+        let managers =
+            managed_fields::requested_or_stored(None, current.meta().managed_fields.as_deref());
+        let applied =
+            managed_fields::apply(&live, &config, managers, &manager, force, store::now())
+                .map_err(|c| ApiError::apply_conflict(&c))?;
+        let bytes =
+            serde_json::to_vec(&applied.object).map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut object: K = requested_object(
+            &bytes,
+            validation,
+            (req.namespace, Some(name)),
+            &mut warnings,
+        )?;
+        // Fields the type does not know were dropped with a warning (or refused when
+        // Strict): nobody owns them.
+        let mut managers = applied.managers;
+        managed_fields::retain_present(&mut managers, &object_json(&object)?);
+        object.meta_mut().managed_fields = managed_fields::encode(&managers);
+        match store.update(object, &context(&req), dry_run).await {
+            Ok(written) => return written_response(StatusCode::OK, written, rendering, warnings),
             Err(StoreError::Modified | StoreError::UidPrecondition { .. })
                 if !pinned && attempts < 5 =>
             {
@@ -594,9 +799,9 @@ pub async fn update_status<K: Strategy, S: Store>(
     let current = object_json(&current)?;
     let requested = if verb == "patch" {
         let content_type = req.content_type().to_string();
-        let Some(patch_type) = PatchType::from_content_type(&content_type) else {
-            return Err(ApiError::unsupported_media_type(&content_type, PATCH_TYPES));
-        };
+        let patch_type = PatchType::from_content_type(&content_type)
+            .filter(|t| *t != PatchType::Apply)
+            .ok_or_else(|| ApiError::unsupported_media_type(&content_type, &PATCH_TYPES[..3]))?;
         let mut doc = current.clone();
         patch::apply(&mut doc, patch_type, &req.body)
             .map_err(|e| ApiError::from_patch(e, &K::INFO, name))?;

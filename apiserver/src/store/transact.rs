@@ -294,7 +294,7 @@ fn init_metadata(meta: &mut ObjectMeta, namespace: &str, now: Timestamp) {
     meta.deletion_timestamp = None;
     meta.deletion_grace_period_seconds = None;
     meta.generation = Some(1);
-    meta.managed_fields = None;
+    // managedFields are the HTTP layer's record of the request (`apis::managed_fields`).
 }
 
 /// What the first round of a create of `object` reads: the object's key and what its
