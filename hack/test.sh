@@ -26,6 +26,9 @@ MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
 export MCP_ACCESS_GATEWAY_INFORMER_BIN
 MCP_ACCESS_NETPOL_ANALYZER_BIN=$(hack/build-netpol-analyzer.sh)
 export MCP_ACCESS_NETPOL_ANALYZER_BIN
+# nginx for the auth_request scenario (installed from Debian's packages when missing).
+MCP_ACCESS_NGINX_BIN=$(hack/ensure-nginx.sh)
+export MCP_ACCESS_NGINX_BIN
 cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
   -p controllers --bin mcp-access-controllers
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver

@@ -44,6 +44,8 @@ mod gateway_cache;
 mod gateway_isolation;
 #[path = "cluster/netpol.rs"]
 mod netpol;
+#[path = "cluster/nginx_proxy.rs"]
+mod nginx_proxy;
 #[path = "cluster/retire.rs"]
 mod retire;
 #[path = "cluster/roles.rs"]
@@ -217,6 +219,15 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "gateway_cache_retire_and_republish",
         gateway_cache::retire_and_republish,
     ),
+    (
+        "nginx_config_in_the_docs_is_the_one_tested",
+        nginx_proxy::nginx_config_in_the_docs_is_the_one_tested,
+    ),
+    (
+        "nginx_auth_request_passes_and_denies",
+        nginx_proxy::nginx_auth_request_passes_and_denies,
+    ),
+    ("nginx_revoke_to_deny", nginx_proxy::nginx_revoke_to_deny),
     (
         "retire_fences_the_uid_then_releases",
         retire::deleting_an_mcpserver_fences_its_uid,
