@@ -165,7 +165,8 @@ pub struct ServingArgs {
     /// --database-statement-timeout.
     #[arg(long, env = "MCP_ACCESS_REQUEST_TIMEOUT", default_value = "60s")]
     pub request_timeout: GoDuration,
-    /// Serving certificate (PEM). Reloaded when it changes.
+    /// Serving certificate (PEM). Read again every --tls-reload-interval: a changed pair is
+    /// served to new connections without a restart (open connections keep theirs).
     #[arg(
         long,
         env = "MCP_ACCESS_TLS_CERT_FILE",
@@ -191,6 +192,14 @@ pub struct ServingArgs {
         default_value = "localhost,127.0.0.1"
     )]
     pub tls_san: Vec<String>,
+    /// How often the serving certificate and key files are read again (Go duration).
+    #[arg(long, env = "MCP_ACCESS_TLS_RELOAD_INTERVAL", default_value = "10s")]
+    pub tls_reload_interval: GoDuration,
+    /// On SIGTERM, how long /readyz fails while every request is still served, before the
+    /// listeners stop accepting and drain: time for Services and the aggregator to stop
+    /// sending new requests here (Go duration; as kube-apiserver's --shutdown-delay-duration).
+    #[arg(long, env = "MCP_ACCESS_SHUTDOWN_DELAY", default_value = "0s")]
+    pub shutdown_delay: GoDuration,
 }
 
 /// Authentication and authorization.
@@ -272,7 +281,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 struct Wired {
     store: PgStore,
     health: Arc<Health>,
+    /// Flips first on shutdown: the API and sync listeners drain.
     shutdown: tokio::sync::watch::Sender<bool>,
+    /// Flips once they have drained: the probes and /metrics stop last.
+    metrics_stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<Task>,
     /// For the log line that says the server is up.
     serving: crate::config::Serving,
@@ -355,13 +367,17 @@ fn forever(
 }
 
 /// The serving certificate: files (reloaded by a watcher task) or a generated one.
-fn wire_cert(cert: &ServingCert, tasks: &mut Vec<Task>) -> anyhow::Result<Arc<ReloadingCert>> {
+fn wire_cert(
+    cert: &ServingCert,
+    reload_every: Duration,
+    tasks: &mut Vec<Task>,
+) -> anyhow::Result<Arc<ReloadingCert>> {
     Ok(match cert {
         ServingCert::Files { cert, key } => {
             let cert = ReloadingCert::from_files(cert.clone(), key.clone())?;
             tasks.push((
                 "certificate watcher",
-                forever(cert.clone().watch(Duration::from_secs(10))),
+                forever(cert.clone().watch(reload_every)),
             ));
             cert
         }
@@ -406,7 +422,11 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let cache_metrics = AuthCacheMetrics::register(&mut registry);
     let ((authenticator, authorizer, client_verifier), kube_parts) =
         wire_auth(&config.auth, &cache_metrics, &mut tasks).await?;
-    let cert = wire_cert(&config.serving.cert, &mut tasks)?;
+    let cert = wire_cert(
+        &config.serving.cert,
+        config.serving.tls_reload_interval,
+        &mut tasks,
+    )?;
     let tls_config = tls::server_config(cert.clone(), client_verifier)?;
     // Gateways present bearer tokens, never client certificates.
     let sync_tls_config = tls::server_config(cert, None)?;
@@ -431,6 +451,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         move || store.change_feed_live()
     });
     let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+    let (metrics_stop, metrics_stop_rx) = tokio::sync::watch::channel(false);
     let app = AppState::new(
         store.clone(),
         authenticator,
@@ -492,7 +513,10 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         Box::pin({
             let health = health.clone();
             async move {
-                Ok(server::serve_metrics(metrics_listener, registry, health, shutdown_rx).await?)
+                Ok(
+                    server::serve_metrics(metrics_listener, registry, health, metrics_stop_rx)
+                        .await?,
+                )
             }
         }),
     ));
@@ -522,18 +546,31 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         store,
         health,
         shutdown,
+        metrics_stop,
         tasks,
         serving: config.serving,
     })
 }
 
+/// How long the API and sync listeners may take to drain after the shutdown delay (each
+/// connection is bounded by the server's own drain timeout; this bounds the whole).
+const DRAIN_LIMIT: Duration = Duration::from_secs(15);
+
 /// Runs the wired parts: starts every task, serves until a signal or until a task ends
-/// (which ends the process with an error naming it), then drains.
+/// (which ends the process with an error naming it), then shuts down in order:
+/// 1. `/readyz` fails at once, while every request is still served for `--shutdown-delay`
+///    (endpoints and the aggregator stop routing here);
+/// 2. the API and sync listeners close and drain: in-flight requests (writes too) complete,
+///    open watches end with the clean end of their stream;
+/// 3. the probes and `/metrics` stop, and the process exits 0.
+///
+/// A second signal at any point aborts: the process exits 1 at once.
 async fn lifecycle(wired: Wired) -> anyhow::Result<()> {
     let Wired {
         store,
         health,
         shutdown,
+        metrics_stop,
         tasks: built,
         serving,
     } = wired;
@@ -558,15 +595,34 @@ async fn lifecycle(wired: Wired) -> anyhow::Result<()> {
             return Err(ended.into());
         }
     }
-    tracing::info!("shutting down: draining (signal again to abort)");
-    health.set_ready(false);
+    let aborted = || anyhow::anyhow!("a second signal aborted the shutdown before it drained");
+    health.set_shutting_down();
+    tracing::info!(
+        delay_ms = serving.shutdown_delay.as_millis() as u64,
+        "shutting down: not ready; serving until the delay has passed, then draining (signal again to abort)"
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(serving.shutdown_delay) => {}
+        _ = tokio::signal::ctrl_c() => return Err(aborted()),
+        _ = terminate.recv() => return Err(aborted()),
+        ended = tasks.first_end() => {
+            tracing::error!(error = %ended, "a task that runs until shutdown ended; exiting");
+            return Err(ended.into());
+        }
+    }
+    tracing::info!("draining: listeners closed, finishing in-flight requests and ending watches");
     let _ = shutdown.send(true);
     tokio::select! {
-        _ = tasks.drain(&[API_LISTENER, SYNC_LISTENER, METRICS_LISTENER], Duration::from_secs(15)) => {}
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
+        _ = tasks.drain(&[API_LISTENER, SYNC_LISTENER], DRAIN_LIMIT) => {}
+        _ = tokio::signal::ctrl_c() => return Err(aborted()),
+        _ = terminate.recv() => return Err(aborted()),
     }
+    let _ = metrics_stop.send(true);
+    tasks
+        .drain(&[METRICS_LISTENER], Duration::from_secs(2))
+        .await;
     drop(tasks);
     drop(store);
+    tracing::info!("drained; exiting");
     Ok(())
 }

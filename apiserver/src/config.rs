@@ -97,6 +97,10 @@ pub struct Serving {
     pub request_timeout: Duration,
     pub header_read_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    /// How often the serving certificate files are read again.
+    pub tls_reload_interval: Duration,
+    /// On SIGTERM: how long /readyz fails while requests are still served, before draining.
+    pub shutdown_delay: Duration,
 }
 
 /// PostgreSQL and the change log; [`Storage::store_config`] reads the CA file.
@@ -240,6 +244,8 @@ impl TryFrom<(&ServingArgs, &AuthMode)> for Serving {
             header_read_timeout: positive("header-read-timeout", args.header_read_timeout)?.std(),
             tls_handshake_timeout: positive("tls-handshake-timeout", args.tls_handshake_timeout)?
                 .std(),
+            tls_reload_interval: positive("tls-reload-interval", args.tls_reload_interval)?.std(),
+            shutdown_delay: args.shutdown_delay.std(),
         })
     }
 }

@@ -154,8 +154,6 @@ impl Drop for InFlight {
     }
 }
 
-/// Accepts TLS connections and serves the API until `shutdown` flips. Limits and timeouts
-/// come from `app.limits`.
 /// What a TLS listener serves: the API, or the gateway sync API.
 pub trait Application: Clone + Send + Sync + 'static {
     fn limits(&self) -> &Limits;
@@ -180,6 +178,11 @@ impl<S: Store + Clone> Application for SyncState<S> {
     }
 }
 
+/// Accepts TLS connections and serves the API until `shutdown` flips, then drains: the
+/// listener is closed (new connections are refused), every open connection finishes the
+/// requests it has in flight (a write completes and is answered; a watch ends with its
+/// stream's clean end) and closes, each within [`DRAIN_TIMEOUT`]. Returns once every
+/// connection has ended. Limits and timeouts come from `app.limits`.
 pub async fn serve_api<A: Application>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -188,10 +191,13 @@ pub async fn serve_api<A: Application>(
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(tls);
     let mut backoff = ACCEPT_BACKOFF_MIN;
+    // Owned here so that draining can wait for them; finished ones are reaped as they end.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.changed() => return Ok(()),
+            _ = shutdown.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         let (tcp, peer) = match accepted {
             Ok(accepted) => {
@@ -204,7 +210,7 @@ pub async fn serve_api<A: Application>(
                 tracing::warn!(error = %e, retry_in = ?backoff, "cannot accept a connection");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.changed() => break,
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 continue;
@@ -214,8 +220,15 @@ pub async fn serve_api<A: Application>(
         let acceptor = acceptor.clone();
         let app = app.clone();
         let conn_shutdown = shutdown.clone();
-        tokio::spawn(serve_connection(tcp, peer, acceptor, app, conn_shutdown));
+        connections.spawn(serve_connection(tcp, peer, acceptor, app, conn_shutdown));
     }
+    drop(listener);
+    let open = connections.len();
+    if open > 0 {
+        tracing::info!(connections = open, "draining open connections");
+    }
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 async fn serve_connection<A: Application>(
@@ -344,12 +357,18 @@ type ReadinessCheck = Box<dyn Fn() -> bool + Send + Sync>;
 #[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    shutting_down: AtomicBool,
     checks: Mutex<Vec<(&'static str, ReadinessCheck)>>,
 }
 
 impl Health {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Not ready from now on, for good: the process is shutting down.
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
     }
 
     /// Adds a named condition `/readyz` requires.
@@ -367,6 +386,9 @@ impl Health {
     /// What keeps the process from being ready (empty when ready).
     pub fn failing(&self) -> Vec<&'static str> {
         let mut failing = Vec::new();
+        if self.shutting_down.load(Ordering::SeqCst) {
+            failing.push("shutting-down");
+        }
         if !self.ready.load(Ordering::SeqCst) {
             failing.push("serving");
         }

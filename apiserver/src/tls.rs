@@ -1,9 +1,9 @@
-//! Serving certificates: loaded from files (and reloaded when they change) or, in
+//! Serving certificates: loaded from files (and reloaded when their bytes change) or, in
 //! standalone mode without files, generated self-signed at start.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -54,22 +54,35 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Loads a certificate chain and key from PEM files.
 pub fn load_certified_key(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
-    let read_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Read {
+    load_pair(cert_path, key_path).map(|(loaded, _)| loaded)
+}
+
+/// Reads both files once and parses what was read: the bytes returned are exactly those the
+/// key was built from (what the reloader compares later).
+fn load_pair(cert_path: &Path, key_path: &Path) -> Result<(CertifiedKey, FileBytes), TlsError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|e| TlsError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    };
+    let (cert_pem, key_pem) = (read(cert_path)?, read(key_path)?);
+    let parse_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Read {
         path: path.display().to_string(),
         message: e.to_string(),
     };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .map_err(|e| read_err(cert_path, &e))?
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| read_err(cert_path, &e))?;
+        .map_err(|e| parse_err(cert_path, &e))?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             path: cert_path.display().to_string(),
         });
     }
     // Never include key material in messages: only the path and the parser's complaint.
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| read_err(key_path, &e))?;
-    certified_key(certs, key, &key_path.display().to_string())
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| parse_err(key_path, &e))?;
+    let loaded = certified_key(certs, key, &key_path.display().to_string())?;
+    Ok((loaded, (Some(cert_pem), Some(key_pem))))
 }
 
 fn certified_key(
@@ -104,11 +117,16 @@ pub fn self_signed(hosts: &[String]) -> Result<(CertifiedKey, String), TlsError>
     Ok((certified, cert_pem))
 }
 
-/// Serves the current certificate; reloads the files when their modification time changes.
+/// The bytes of the certificate and key files (`None`: unreadable).
+type FileBytes = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Serves the current certificate; reloads the files when their bytes change.
 #[derive(Debug)]
 pub struct ReloadingCert {
     current: RwLock<Arc<CertifiedKey>>,
     files: Option<(PathBuf, PathBuf)>,
+    /// The bytes `current` was loaded from.
+    loaded: FileBytes,
 }
 
 impl ReloadingCert {
@@ -116,43 +134,61 @@ impl ReloadingCert {
         Arc::new(Self {
             current: RwLock::new(Arc::new(key)),
             files: None,
+            loaded: (None, None),
         })
     }
 
     pub fn from_files(cert: PathBuf, key: PathBuf) -> Result<Arc<Self>, TlsError> {
         check_key_permissions(&key)?;
-        let loaded = load_certified_key(&cert, &key)?;
+        let (current, loaded) = load_pair(&cert, &key)?;
         Ok(Arc::new(Self {
-            current: RwLock::new(Arc::new(loaded)),
+            current: RwLock::new(Arc::new(current)),
             files: Some((cert, key)),
+            loaded,
         }))
     }
 
-    /// Watches the files, swapping in a new certificate when both load. A bad update is
-    /// logged and the previous certificate kept.
+    /// Reads the files again every `every`, swapping in a new certificate when their bytes
+    /// changed and both load. New TLS connections get it; open ones keep the one they
+    /// negotiated. Bytes, not modification times, are compared: a Secret volume's symlink
+    /// swap, a copy that keeps the old mtime or a coarse clock are all seen. A bad update
+    /// (a half-written pair, a key that does not match) is logged once and the previous
+    /// certificate kept until the files change again.
     pub async fn watch(self: Arc<Self>, every: Duration) {
         let Some((cert, key)) = self.files.clone() else {
             return std::future::pending().await;
         };
-        let stamp = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut last: (Option<SystemTime>, Option<SystemTime>) = (stamp(&cert), stamp(&key));
+        let read = |p: &Path| std::fs::read(p).ok();
+        let mut served: FileBytes = self.loaded.clone();
+        let mut refused: Option<FileBytes> = None;
         loop {
             tokio::time::sleep(every).await;
-            let now = (stamp(&cert), stamp(&key));
-            if now == last {
+            let now = (read(&cert), read(&key));
+            if now == served || refused.as_ref() == Some(&now) {
                 continue;
             }
-            match load_certified_key(&cert, &key) {
-                Ok(loaded) => {
+            match check_key_permissions(&key).and_then(|()| load_pair(&cert, &key)) {
+                Ok((loaded, bytes)) => {
                     *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
-                    last = now;
+                    served = bytes;
+                    refused = None;
                     tracing::info!(cert = %cert.display(), "reloaded serving certificate");
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "serving certificate changed but cannot be loaded; keeping the old one")
+                    tracing::warn!(error = %e, "serving certificate changed but cannot be loaded; keeping the old one");
+                    refused = Some(now);
                 }
             }
         }
+    }
+
+    /// The certificate chain new connections are served now (leaf first).
+    pub fn current_chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .cert
+            .clone()
     }
 }
 
@@ -183,4 +219,56 @@ pub fn server_config(
     let mut config = builder.with_cert_resolver(cert);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+        use std::os::unix::fs::PermissionsExt;
+        let generated = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, generated.cert.pem()).unwrap();
+        std::fs::write(&key, generated.signing_key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        (cert, key, generated.cert.der().to_vec())
+    }
+
+    async fn wait_for(cert: &ReloadingCert, der: &[u8]) -> bool {
+        for _ in 0..200 {
+            if cert.current_chain()[0].as_ref() == der {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn changed_files_are_served_and_a_bad_pair_keeps_the_old_one() {
+        let dir = std::env::temp_dir().join(format!("tls-reload-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert_path, key_path, first) = write_pair(&dir, "first.example");
+        let cert = ReloadingCert::from_files(cert_path.clone(), key_path.clone()).unwrap();
+        let watcher = tokio::spawn(cert.clone().watch(Duration::from_millis(10)));
+        assert_eq!(cert.current_chain()[0].as_ref(), first.as_slice());
+
+        let (_, _, second) = write_pair(&dir, "second.example");
+        assert!(wait_for(&cert, &second).await, "the new pair is served");
+
+        // Half a rotation: a new certificate beside the old key does not load.
+        let third = rcgen::generate_simple_self_signed(vec!["third.example".into()]).unwrap();
+        std::fs::write(&cert_path, third.cert.pem()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(cert.current_chain()[0].as_ref(), second.as_slice());
+        // The key arrives: the pair loads.
+        std::fs::write(&key_path, third.signing_key.serialize_pem()).unwrap();
+        assert!(
+            wait_for(&cert, third.cert.der()).await,
+            "the completed pair is served"
+        );
+        watcher.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

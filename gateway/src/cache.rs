@@ -442,7 +442,11 @@ async fn sync_loop(shared: Arc<Shared>) {
         shared.metrics.relists.inc();
         let rv = list.metadata.resource_version.clone();
         let count = list.items.len();
-        shared.update(|st| st.replace(list.items, rv, Instant::now()));
+        let revoked = shared.update(|st| st.replace(list.items, rv, Instant::now()));
+        let applied_at = (shared.clock)();
+        for revoked_at in revoked {
+            shared.metrics.revocation_applied(revoked_at, applied_at);
+        }
         tracing::info!(sessions = count, "session snapshot listed");
         backoff.reset();
 
@@ -517,7 +521,13 @@ async fn sync_loop(shared: Arc<Shared>) {
 fn apply(shared: &Shared, event: WatchEvent<AccessSession>) -> After {
     let now = Instant::now();
     match event {
-        WatchEvent::Added(s) | WatchEvent::Modified(s) => shared.update(|st| st.upsert(s, now)),
+        WatchEvent::Added(s) | WatchEvent::Modified(s) => {
+            if let Some(revoked_at) = shared.update(|st| st.upsert(s, now)) {
+                shared
+                    .metrics
+                    .revocation_applied(revoked_at, (shared.clock)());
+            }
+        }
         WatchEvent::Deleted(s) => shared.update(|st| st.remove(&s, now)),
         WatchEvent::Bookmark(b) => {
             shared.update(|st| st.bookmark(Some(b.metadata.resource_version), now));

@@ -1,25 +1,46 @@
-//! `mcp_gateway_session_sync_age_seconds` and the cache's counters.
+//! `mcp_gateway_session_sync_age_seconds`, the revoke-to-deny histogram and the cache's
+//! counters.
 
 use std::sync::{Arc, Mutex, Weak};
 
+use k8s_openapi::jiff::Timestamp;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::cache::Shared;
 
+/// Upper bounds of the revoke-to-deny buckets, in seconds.
+pub const REVOKE_TO_DENY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
 /// The cache's metrics. [`CacheMetrics::default`] records into nothing (a library user who
 /// does not export metrics, or one of many caches in a load test).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CacheMetrics {
     pub(crate) sync_age: SyncAge,
     /// Complete lists taken (the first one, and every relist after a reset or failure).
     pub(crate) relists: Counter,
     /// Times cached authority was dropped (401/403 from the server, 410 Expired).
     pub(crate) invalidations: Counter,
+    /// From a session's `status.revocation.revokedAt` to the moment this cache applied it.
+    pub(crate) revoke_to_deny: Histogram,
+}
+
+impl Default for CacheMetrics {
+    fn default() -> Self {
+        Self {
+            sync_age: SyncAge::default(),
+            relists: Counter::default(),
+            invalidations: Counter::default(),
+            revoke_to_deny: Histogram::new(REVOKE_TO_DENY_BUCKETS),
+        }
+    }
 }
 
 impl CacheMetrics {
@@ -38,7 +59,57 @@ impl CacheMetrics {
             "Times cached session authority was dropped (401/403 from the server, 410 Expired)",
             metrics.invalidations.clone(),
         );
+        registry.register(
+            "mcp_gateway_revoke_to_deny_seconds",
+            "Time from a session's status.revocation.revokedAt to the moment this cache applied the revocation (from then on it denies); revokedAt has whole-second precision, so an observation is late by up to 1 s, and clock skew between the apiserver and this node adds to it",
+            metrics.revoke_to_deny.clone(),
+        );
         metrics
+    }
+
+    /// The cache applied a revocation the server recorded at `revoked_at`; `now` by the wall
+    /// clock. A negative gap (clock skew) counts as 0.
+    pub(crate) fn revocation_applied(&self, revoked_at: Timestamp, now: Timestamp) {
+        let seconds = now.duration_since(revoked_at).as_secs_f64().max(0.0);
+        self.revoke_to_deny.observe(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::SignedDuration;
+
+    #[test]
+    fn revoke_to_deny_is_exported_as_a_histogram_in_seconds() {
+        let mut registry = Registry::default();
+        let metrics = CacheMetrics::register(&mut registry);
+        let revoked_at = Timestamp::from_second(1_800_000_000).unwrap();
+        metrics.revocation_applied(revoked_at, revoked_at + SignedDuration::from_millis(40));
+        // Skew: the gateway's clock behind the apiserver's.
+        metrics.revocation_applied(revoked_at, revoked_at - SignedDuration::from_millis(300));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("# TYPE mcp_gateway_revoke_to_deny_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mcp_gateway_revoke_to_deny_seconds_count 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mcp_gateway_revoke_to_deny_seconds_bucket{le=\"0.005\"} 1\n"),
+            "the skewed one counts as 0: {text}"
+        );
+        assert!(
+            text.contains("mcp_gateway_revoke_to_deny_seconds_bucket{le=\"0.05\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mcp_gateway_revoke_to_deny_seconds_sum 0.04"),
+            "{text}"
+        );
     }
 }
 

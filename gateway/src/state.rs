@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apis::AccessSession;
+use apis::{AccessSession, SessionPhase};
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use crate::decision::DenyReason;
@@ -76,6 +77,21 @@ pub(crate) struct State {
     generation: u64,
 }
 
+/// `revokedAt` of `next` when it revokes a session the snapshot held unrevoked: the moment
+/// this cache applies a revocation, from which on it denies (the revoke-to-deny histogram).
+/// A session first seen already revoked was never allowed here and is not counted.
+fn newly_revoked(held: Option<&Arc<AccessSession>>, next: &AccessSession) -> Option<Timestamp> {
+    let held = held?;
+    if held.phase() == SessionPhase::Revoked || next.phase() != SessionPhase::Revoked {
+        return None;
+    }
+    next.status
+        .as_ref()?
+        .revocation
+        .as_ref()
+        .map(|r| r.revoked_at.0)
+}
+
 fn key_of(s: &AccessSession) -> Key {
     (
         s.metadata.namespace.clone().unwrap_or_default(),
@@ -118,38 +134,47 @@ impl State {
         }
     }
 
-    /// A complete list: the snapshot becomes exactly `items`.
+    /// A complete list: the snapshot becomes exactly `items`. Returns the `revokedAt` of each
+    /// session the previous snapshot held unrevoked that the list shows revoked.
     pub(crate) fn replace(
         &mut self,
         items: Vec<AccessSession>,
         resource_version: Option<String>,
         now: Instant,
-    ) {
+    ) -> Vec<Timestamp> {
         self.server_uid = ServerUid::Unknown;
+        let mut revoked = Vec::new();
+        let previous = std::mem::take(&mut self.sessions);
         self.sessions = items
             .into_iter()
             .map(|s| {
                 self.server_uid.observe(&s.spec.server.uid);
-                (key_of(&s), Arc::new(s))
+                let key = key_of(&s);
+                revoked.extend(newly_revoked(previous.get(&key), &s));
+                (key, Arc::new(s))
             })
             .collect();
         self.ready = true;
         self.fresh_at = Some(now);
         self.resource_version = resource_version;
         self.generation += 1;
+        revoked
     }
 
-    /// ADDED or MODIFIED.
-    pub(crate) fn upsert(&mut self, session: AccessSession, now: Instant) {
+    /// ADDED or MODIFIED. Returns `revokedAt` when it revokes a session held unrevoked.
+    pub(crate) fn upsert(&mut self, session: AccessSession, now: Instant) -> Option<Timestamp> {
         // Events of a watch that outlived an invalidation must not rebuild a partial snapshot.
         if !self.ready {
-            return;
+            return None;
         }
         self.server_uid.observe(&session.spec.server.uid);
         self.resource_version = session.metadata.resource_version.clone();
-        self.sessions.insert(key_of(&session), Arc::new(session));
+        let key = key_of(&session);
+        let revoked = newly_revoked(self.sessions.get(&key), &session);
+        self.sessions.insert(key, Arc::new(session));
         self.fresh_at = Some(now);
         self.generation += 1;
+        revoked
     }
 
     /// DELETED.
@@ -316,6 +341,50 @@ mod tests {
             st.lookup("ns", "a", now, WINDOW),
             Lookup::Missing { .. }
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revocation_is_reported_once_when_it_revokes_a_held_session() {
+        let mut st = State::new();
+        let now = Instant::now();
+        let revoked = mk_session("ns", "a", "u1", SessionPhase::Revoked);
+        let revoked_at = revoked
+            .status
+            .as_ref()
+            .unwrap()
+            .revocation
+            .as_ref()
+            .unwrap()
+            .revoked_at
+            .0;
+        // Before the first list nothing is held, so nothing is applied.
+        assert_eq!(st.upsert(revoked.clone(), now), None);
+        st.replace(
+            vec![
+                mk_session("ns", "a", "u1", SessionPhase::Active),
+                mk_session("ns", "b", "u1", SessionPhase::Active),
+            ],
+            Some("1".into()),
+            now,
+        );
+        assert_eq!(st.upsert(revoked.clone(), now), Some(revoked_at));
+        // Another event for the same revoked session (a label change) is not a second one.
+        assert_eq!(st.upsert(revoked, now), None);
+        // First seen revoked: never allowed here, not counted.
+        assert_eq!(
+            st.upsert(mk_session("ns", "c", "u1", SessionPhase::Revoked), now),
+            None
+        );
+        // A relist that shows a held session revoked (the event was missed) reports it.
+        let applied = st.replace(
+            vec![
+                mk_session("ns", "a", "u1", SessionPhase::Revoked),
+                mk_session("ns", "b", "u1", SessionPhase::Revoked),
+            ],
+            Some("2".into()),
+            now,
+        );
+        assert_eq!(applied, vec![revoked_at]);
     }
 
     #[tokio::test(start_paused = true)]

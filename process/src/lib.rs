@@ -13,11 +13,15 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+/// Logs to standard output in `format`, filtered by `RUST_LOG` (default `info`). Text is
+/// coloured only on a terminal: a file or a container log gets plain `key=value` fields.
 pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),

@@ -24,13 +24,13 @@ use tracing::Instrument;
 
 pub use error::{ApiError, ApiResult};
 pub use limits::{Limits, WatchSlot, MAX_BODY_BYTES, MAX_OBJECT_BYTES};
-pub use observe::HttpMetrics;
+pub use observe::{HttpMetrics, REQUEST_LOG_TARGET};
 pub use request::Rendering;
 pub use sync::SyncState;
 
 use documents::Documents;
 use limits::{read_body, InflightLimiter, RequestKind, WatchCounter};
-use observe::{request_span, RecordUser};
+use observe::{request_span, RecordUser, RequestLog};
 use route::Target;
 
 use crate::admission::{NamespaceLifecycle, NamespaceRefusal};
@@ -166,12 +166,15 @@ impl<S: Store + Clone> AppState<S> {
 
     /// Serves one request, in a span of its own.
     pub async fn handle(mut self, request: Request) -> Response {
-        let span = request_span(&request);
-        self.authenticator = Arc::new(RecordUser(self.authenticator.clone()));
-        self.handle_in_span(request).instrument(span).await
+        let (span, log) = request_span(&request);
+        self.authenticator = Arc::new(RecordUser {
+            inner: self.authenticator.clone(),
+            log: log.clone(),
+        });
+        self.handle_in_span(request, log).instrument(span).await
     }
 
-    async fn handle_in_span(self, request: Request) -> Response {
+    async fn handle_in_span(self, request: Request, log: RequestLog) -> Response {
         let started = Instant::now();
         let method = request.method().clone();
         // Watches are long-running: capped per user instead (in `serve`), never timed out.
@@ -179,7 +182,7 @@ impl<S: Store + Clone> AppState<S> {
             RequestKind::of(request.method(), request.uri()),
             RequestKind::LongRunning
         );
-        let _permit = match self.admit(&request, started) {
+        let _permit = match self.admit(&request, started, &log) {
             Ok(permit) => permit,
             Err(response) => return *response,
         };
@@ -208,7 +211,7 @@ impl<S: Store + Clone> AppState<S> {
             Err((verb, resource, e)) => (verb, resource, e.into_response()),
         };
         self.metrics
-            .count((&verb, &method), &resource, &response, started);
+            .count((&verb, &method), &resource, &response, started, &log);
         match _permit {
             Some(permit) => hold_while_streaming(response, permit),
             None => response,
@@ -220,6 +223,7 @@ impl<S: Store + Clone> AppState<S> {
         &self,
         request: &Request,
         started: Instant,
+        log: &RequestLog,
     ) -> Result<Option<InflightSlot>, Box<Response>> {
         let kind = RequestKind::of(request.method(), request.uri());
         let admitted = self.inflight.admit(kind).map(|permit| {
@@ -232,7 +236,7 @@ impl<S: Store + Clone> AppState<S> {
             self.metrics.rejected(kind);
             let response = e.into_response();
             self.metrics
-                .count(("", request.method()), "", &response, started);
+                .count(("", request.method()), "", &response, started, log);
             Box::new(response)
         })
     }

@@ -1,7 +1,8 @@
-//! What the HTTP layer tells operators: request, watch and cut-off metrics, and the span of
-//! every request (verb, resource, namespace, name, user, code).
+//! What the HTTP layer tells operators: request, watch and cut-off metrics, the span of
+//! every request, and one log line per request (verb, resource, namespace, name, user, code,
+//! latency). Nothing from the request's headers or body is logged: never a token.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use apis::resources::RESOURCES;
@@ -258,9 +259,12 @@ impl Drop for WatchGauge {
     }
 }
 
-/// Records the authenticated user on the request's span: the user is known only once the
-/// authenticator has answered, inside routing.
-pub(crate) struct RecordUser(pub(crate) Arc<dyn Authenticator>);
+/// Records the authenticated user on the request's span and in its log line: the user is
+/// known only once the authenticator has answered, inside routing.
+pub(crate) struct RecordUser {
+    pub(crate) inner: Arc<dyn Authenticator>,
+    pub(crate) log: RequestLog,
+}
 
 #[async_trait::async_trait]
 impl Authenticator for RecordUser {
@@ -269,49 +273,102 @@ impl Authenticator for RecordUser {
         request: &http::request::Parts,
         connection: &ConnectionInfo,
     ) -> Result<Option<UserInfo>, AuthenticationError> {
-        let user = self.0.authenticate(request, connection).await;
+        let user = self.inner.authenticate(request, connection).await;
         if let Ok(Some(user)) = &user {
-            tracing::Span::current().record("user", user.name.as_str());
+            self.log.set_user(&user.name);
         }
         user
     }
 }
 
-/// The span of one request: what it addresses from its path, the rest recorded as it is
-/// learned (user on authentication, verb, resource and code at the end).
-pub(crate) fn request_span(request: &Request) -> tracing::Span {
+/// The target of the request log lines: `RUST_LOG=info,mcp_access::request=off` silences them
+/// and nothing else.
+pub const REQUEST_LOG_TARGET: &str = "mcp_access::request";
+
+/// What the request's log line says, learned as the request goes: what it addresses from its
+/// path at once, the user once authenticated. Cheap to clone (one allocation per request).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequestLog(Arc<LogFields>);
+
+#[derive(Debug, Default)]
+struct LogFields {
+    namespace: String,
+    name: String,
+    user: OnceLock<String>,
+}
+
+impl RequestLog {
+    /// The authenticated user (the first one set wins; a request has one).
+    pub(crate) fn set_user(&self, user: &str) {
+        if self.0.user.set(user.to_string()).is_ok() {
+            tracing::Span::current().record("user", user);
+        }
+    }
+
+    /// The request's line: at info for answers up to 499, at warn for the server's failures.
+    /// Only these fields: never a header, a query or a body, so never a token.
+    fn emit(&self, verb: &str, resource: &str, code: u16, started: Instant) {
+        let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+        let user = self.0.user.get().map_or("", String::as_str);
+        let (namespace, name) = (self.0.namespace.as_str(), self.0.name.as_str());
+        if code >= 500 {
+            tracing::warn!(
+                target: REQUEST_LOG_TARGET,
+                verb, resource, namespace, name, user, code, latency_ms,
+                "request"
+            );
+        } else {
+            tracing::info!(
+                target: REQUEST_LOG_TARGET,
+                verb, resource, namespace, name, user, code, latency_ms,
+                "request"
+            );
+        }
+    }
+}
+
+/// The span of one request and its log line: what it addresses from its path, the rest
+/// recorded as it is learned (user on authentication, verb, resource and code at the end).
+pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
     let path = request.uri().path();
     let segments = super::route::segments(path);
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let (namespace, name) = match Target::parse(&segs) {
         Target::Resource {
             namespace, name, ..
-        } => (namespace, name),
-        _ => (None, None),
+        } => (namespace.unwrap_or_default(), name.unwrap_or_default()),
+        _ => (String::new(), String::new()),
     };
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
         method = %request.method(),
         path,
         verb = tracing::field::Empty,
         resource = tracing::field::Empty,
-        namespace = namespace.as_deref().unwrap_or_default(),
-        name = name.as_deref().unwrap_or_default(),
+        namespace = namespace.as_str(),
+        name = name.as_str(),
         user = tracing::field::Empty,
         code = tracing::field::Empty,
-    )
+    );
+    let log = RequestLog(Arc::new(LogFields {
+        namespace,
+        name,
+        user: OnceLock::new(),
+    }));
+    (span, log)
 }
 
 impl HttpMetrics {
-    /// Counts a request, times it and completes its span. Every label comes from a fixed
-    /// set: a label taken from the request would let any client grow `/metrics` without
-    /// bound.
+    /// Counts a request, times it, completes its span and writes its log line. Every label
+    /// comes from a fixed set: a label taken from the request would let any client grow
+    /// `/metrics` without bound.
     pub(crate) fn count(
         &self,
         (verb, method): (&str, &Method),
         resource: &str,
         response: &Response,
         started: Instant,
+        log: &RequestLog,
     ) {
         let (verb, resource) = (verb_label(verb, method), resource_label(resource));
         let code = response.status().as_u16();
@@ -328,5 +385,6 @@ impl HttpMetrics {
         self.latency
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
+        log.emit(verb, resource, code, started);
     }
 }

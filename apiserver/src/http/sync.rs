@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::documents::{Doc, Documents};
 use super::error::{ApiError, ApiResult};
-use super::observe::request_span;
+use super::observe::{request_span, RequestLog};
 use super::request::{Params, Rendering};
 use super::resource::{self, ResourceRequest};
 use super::route::{self, Target};
@@ -101,28 +101,36 @@ impl<S: Store + Clone> SyncState<S> {
 
     /// Serves one request, in a span of its own.
     pub async fn handle(self, request: Request) -> Response {
-        let span = request_span(&request);
-        self.handle_in_span(request).instrument(span).await
+        let (span, log) = request_span(&request);
+        self.handle_in_span(request, log).instrument(span).await
     }
 
-    async fn handle_in_span(self, request: Request) -> Response {
+    async fn handle_in_span(self, request: Request, log: RequestLog) -> Response {
         let started = Instant::now();
         let method = request.method().clone();
-        let _permit = match self.app.admit(&request, started) {
+        let _permit = match self.app.admit(&request, started, &log) {
             Ok(permit) => permit,
             Err(response) => return *response,
         };
-        let (verb, response) = match self.route(request).await {
+        let (verb, response) = match self.route(request, &log).await {
             Ok((verb, response)) => (verb, response),
             Err((verb, e)) => (verb, e.into_response()),
         };
-        self.app
-            .metrics
-            .count((&verb, &method), AccessSession::PLURAL, &response, started);
+        self.app.metrics.count(
+            (&verb, &method),
+            AccessSession::PLURAL,
+            &response,
+            started,
+            &log,
+        );
         response
     }
 
-    async fn route(&self, request: Request) -> Result<(String, Response), (String, ApiError)> {
+    async fn route(
+        &self,
+        request: Request,
+        log: &RequestLog,
+    ) -> Result<(String, Response), (String, ApiError)> {
         let (parts, _body) = request.into_parts();
         let path = parts.uri.path().to_string();
         let segments = route::segments(&path);
@@ -142,6 +150,7 @@ impl<S: Store + Clone> SyncState<S> {
             .authenticate(token, Freshness::Cached)
             .await
             .map_err(|r| fail("")(refused(r)))?;
+        log.set_user(&gateway.user);
 
         let params = Params::parse(parts.uri.query()).map_err(fail(""))?;
         let target = Target::parse(&segs);
