@@ -34,6 +34,12 @@ cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz
 export MCP_ACCESS_CONTROLLERS_BIN=$PWD/target/debug/mcp-access-controllers
+# The kubectl plugin, in a directory of its own first on PATH: `kubectl access ...` finds it.
+cargo build -p kubectl-access --bin kubectl-access
+mkdir -p target/kubectl-plugins
+ln -sf ../debug/kubectl-access target/kubectl-plugins/kubectl-access
+export MCP_ACCESS_KUBECTL_ACCESS_BIN=$PWD/target/kubectl-plugins/kubectl-access
+export PATH=$PWD/target/kubectl-plugins:$PATH
 
 work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
 cleanup() { postgres_stop "$work/pg"; rm -rf "$work"; }

@@ -4,7 +4,8 @@
 //! order so the cluster is always torn down, and reports each by name.
 //!
 //! Needs (set by `hack/test.sh`): MCP_TEST_DATABASE_URL, MCP_ACCESS_APISERVER_BIN,
-//! MCP_ACCESS_INFORMER_BIN, MCP_ACCESS_GATEWAY_INFORMER_BIN, MCP_ACCESS_CONTROLLERS_BIN.
+//! MCP_ACCESS_INFORMER_BIN, MCP_ACCESS_GATEWAY_INFORMER_BIN, MCP_ACCESS_CONTROLLERS_BIN,
+//! MCP_ACCESS_KUBECTL_ACCESS_BIN.
 //!
 //! Arguments are libtest's (`e2e::harness`): filters, `--exact`, `--skip`, `--list`; the other
 //! harness flags and their values are accepted and ignored. A selection of zero scenarios fails.
@@ -42,6 +43,8 @@ mod fences;
 mod gateway_cache;
 #[path = "cluster/gateway_isolation.rs"]
 mod gateway_isolation;
+#[path = "cluster/kubectl_access.rs"]
+mod kubectl_access;
 #[path = "cluster/netpol.rs"]
 mod netpol;
 #[path = "cluster/nginx_proxy.rs"]
@@ -255,6 +258,26 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "netpol_orphan_sweep_over_the_cap_deletes_nothing",
         netpol::orphan_sweep_over_the_cap_deletes_nothing,
+    ),
+    (
+        "kubectl_access_who_can_lists_the_sessions_that_grant_now",
+        kubectl_access::who_can_lists_the_sessions_that_grant_now,
+    ),
+    (
+        "kubectl_access_revoke_waits_and_prints_what_was_revoked",
+        kubectl_access::revoke_waits_and_prints_what_was_revoked,
+    ),
+    (
+        "kubectl_access_retire_asks_before_fencing",
+        kubectl_access::retire_asks_before_fencing,
+    ),
+    (
+        "kubectl_access_enroll_complete_and_withdraw",
+        kubectl_access::enroll_complete_and_withdraw,
+    ),
+    (
+        "kubectl_access_status_reports_every_part",
+        kubectl_access::status_reports_every_part,
     ),
 ];
 
