@@ -41,12 +41,12 @@ cleanup() { if [ -n "$added_policy" ]; then rm -f "$policy"; fi; }
 trap cleanup EXIT
 
 install() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$1" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "$1" >&2
 }
 echo "ensure-nginx.sh: nginx not found; installing Debian's nginx-light" >&2
 if ! install nginx-light && ! install nginx; then
   # The package lists may be missing or stale: refresh them once.
-  apt-get update -q >&2
+  apt-get update -q -o DPkg::Lock::Timeout=300 >&2
   install nginx-light || install nginx
 fi
 
