@@ -6,6 +6,8 @@
 #   cargo, go            not installed here (https://rustup.rs, https://go.dev/dl/): named and stop
 #   python3, openssl,    Debian packages of the same names (free ports, the local PKI, readiness
 #   curl                 probes)
+#   CA certificates      /etc/ssl/certs/ca-certificates.crt (Debian's ca-certificates): Go
+#                        fetches modules over HTTPS from the Go module proxy
 #   PostgreSQL 15        initdb, pg_ctl and postgres in $PG_BIN (default /usr/lib/postgresql/15/bin,
 #                        where the Debian package postgresql-15 puts them); as root, the postgres
 #                        system user (initdb and postgres refuse to run as root)
@@ -22,6 +24,7 @@
 
 PREREQS_PG_PACKAGE=postgresql-15
 PREREQS_PG_DEFAULT_BIN=/usr/lib/postgresql/15/bin
+PREREQS_CA_BUNDLE=${PREREQS_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 
 _prereqs_log() { printf 'prereqs: %s\n' "$*" >&2; }
 
@@ -70,6 +73,10 @@ prereqs_ensure() {
       apt+=("$c")
     fi
   done
+  if [ ! -s "$PREREQS_CA_BUNDLE" ]; then
+    missing+=("CA certificates: no $PREREQS_CA_BUNDLE (Go fetches modules from the Go module proxy over HTTPS)")
+    apt+=(ca-certificates)
+  fi
   if ! _prereqs_pg_ok "$PG_BIN"; then
     missing+=("PostgreSQL 15 server binaries: no initdb, pg_ctl and postgres in $PG_BIN (PG_BIN)")
     apt+=("$PREREQS_PG_PACKAGE")
@@ -155,6 +162,7 @@ prereqs_ensure() {
     command -v "$c" >/dev/null 2>&1 || left+=("$c")
   done
   _prereqs_pg_ok "$PG_BIN" || left+=("PostgreSQL server binaries in $PG_BIN")
+  [ -s "$PREREQS_CA_BUNDLE" ] || left+=("$PREREQS_CA_BUNDLE")
   if [ $root = 1 ]; then
     id -u postgres >/dev/null 2>&1 || left+=("the postgres user")
     command -v runuser >/dev/null 2>&1 || left+=("runuser")
