@@ -245,7 +245,17 @@ pub fn who_can_lists_the_sessions_that_grant_now(c: &mut LocalCluster) -> Result
         NS_WHO,
         "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Agent\nmetadata: {name: e2e-kx-bot}\nspec: {teams: [payments]}\n",
     )?;
-    let soon = in_seconds(2);
+    // Expires a few seconds after its creation (the time is taken right before it).
+    let soon = in_seconds(4);
+    apply(
+        c,
+        NS_WHO,
+        &Session {
+            expires: &soon,
+            ..session("soon", "github", "srv-kx-gh", Some("carol@example.com"))
+        }
+        .yaml(),
+    )?;
     let sessions = [
         Session {
             agent: Some("e2e-kx-bot"),
@@ -253,10 +263,6 @@ pub fn who_can_lists_the_sessions_that_grant_now(c: &mut LocalCluster) -> Result
         },
         session("team", "github", "srv-kx-gh", None),
         session("revoked", "github", "srv-kx-gh", Some("bob@example.com")),
-        Session {
-            expires: &soon,
-            ..session("soon", "github", "srv-kx-gh", Some("carol@example.com"))
-        },
         session(
             "elsewhere",
             "gitlab",
@@ -900,6 +906,7 @@ pub fn status_reports_every_part(c: &mut LocalCluster) -> Result<(), String> {
     let out = access(&c.kubeconfig, &["status"], None)?;
     let (_, seq_after) = head(c)?;
     succeeded(&out, "status")?;
+    eprintln!("kubectl-access status:\n{}", out.stdout);
     let text = &out.stdout;
     let line = |prefix: &str| {
         text.lines()
