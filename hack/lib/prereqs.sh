@@ -16,8 +16,11 @@
 #                        kube-apiserver as kubectl-vX.Y.Z) and its directory goes first on PATH
 #
 # As root, missing packages are installed with `apt-get install -y --no-upgrade` (nothing already
-# installed is upgraded). Not root, no apt-get, or MCP_ACCESS_NO_INSTALL=1: it prints what is
-# missing and the exact command that installs it, and fails.
+# installed is upgraded). Debian's postgresql-15 also creates the cluster 15/main (port 5432) and
+# starts it where an init system runs; nothing here uses it (each script starts its own server
+# on a free port), and `pg_dropcluster --stop 15 main` removes it.
+# Not root, no apt-get, or MCP_ACCESS_NO_INSTALL=1: it prints what is missing and the exact
+# command that installs it, and fails.
 #
 # Source it and call prereqs_ensure (it exports PG_BIN and PATH), or run it: then stdout is
 # only PG_BIN=<dir> and KUBECTL=<path>, everything else goes to stderr.
