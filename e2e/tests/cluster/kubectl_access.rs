@@ -431,6 +431,49 @@ pub fn who_can_lists_the_sessions_that_grant_now(c: &mut LocalCluster) -> Result
             && first_column(&through.stdout) == ["alice", "team"],
         "kubectl access who-can as the viewer: {through:?}"
     );
+
+    // --context picks another context of the kubeconfig, with its namespace.
+    let two = c.dir.join("kubeconfig-kx-contexts");
+    std::fs::copy(&admin, &two).map_err(|e| e.to_string())?;
+    let two_arg = two.display().to_string();
+    let current = |field: &str| {
+        ok(
+            &c.kubectl(&[
+                "--kubeconfig",
+                &two_arg,
+                "config",
+                "view",
+                "--minify",
+                "-o",
+                &format!("jsonpath={{.contexts[0].context.{field}}}"),
+            ]),
+            "config view",
+        )
+    };
+    let (cluster, user) = (current("cluster")?, current("user")?);
+    ok(
+        &c.kubectl(&[
+            "--kubeconfig",
+            &two_arg,
+            "config",
+            "set-context",
+            "kx-who",
+            &format!("--cluster={cluster}"),
+            &format!("--user={user}"),
+            &format!("--namespace={NS_WHO_OTHER}"),
+        ]),
+        "set-context",
+    )?;
+    let other = access(&two, &["who-can", "github", "--context", "kx-who"], None)?;
+    ensure!(
+        other.code == 0 && first_column(&other.stdout) == ["other-ns"],
+        "--context kx-who: {other:?}"
+    );
+    let missing = access(&two, &["who-can", "github", "--context", "nope"], None)?;
+    ensure!(
+        missing.code == 1 && missing.stdout.is_empty() && missing.stderr.starts_with("error: "),
+        "--context nope: {missing:?}"
+    );
     Ok(())
 }
 
@@ -472,6 +515,12 @@ pub fn revoke_waits_and_prints_what_was_revoked(c: &mut LocalCluster) -> Result<
                 "Error from server (Forbidden): revocations.access.mcp-runtime.dev is forbidden: User \"system:serviceaccount:e2e-kx-revoke:viewer\" cannot create resource \"revocations\" in API group \"access.mcp-runtime.dev\" in the namespace \"e2e-kx-revoke\""
             ),
         "viewer's revoke: {denied:?}; kubectl said {kubectl:?}"
+    );
+    // kubectl runs the plugin and hands back its message and exit code.
+    let through = kubectl_access(&viewer, &["revoke", "s1", "--cause", "compromised"], None)?;
+    ensure!(
+        through.code == 1 && through.stderr == denied.stderr,
+        "kubectl access revoke as the viewer: {through:?}"
     );
     ensure!(phase(c, ns, "s1")? == "Active", "the viewer revoked s1");
 
