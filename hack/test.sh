@@ -26,6 +26,9 @@ MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
 export MCP_ACCESS_GATEWAY_INFORMER_BIN
 MCP_ACCESS_NETPOL_ANALYZER_BIN=$(hack/build-netpol-analyzer.sh)
 export MCP_ACCESS_NETPOL_ANALYZER_BIN
+# promtool checks deploy/monitoring's alerting rules (e2e scenario monitoring_*).
+MCP_ACCESS_PROMTOOL_BIN=$(hack/build-promtool.sh)
+export MCP_ACCESS_PROMTOOL_BIN
 # nginx for the auth_request scenario (installed from Debian's packages when missing).
 MCP_ACCESS_NGINX_BIN=$(hack/ensure-nginx.sh)
 export MCP_ACCESS_NGINX_BIN

@@ -34,7 +34,10 @@ pub struct ConditionLabels {
     pub status: String,
 }
 
-/// The `reason` label of a failed Kubernetes API call.
+/// Every value [`kube_reason`] returns.
+pub const KUBE_REASONS: [&str; 4] = ["conflict", "forbidden", "api_error", "transport"];
+
+/// The `reason` label of a failed Kubernetes API call (one of [`KUBE_REASONS`]).
 pub fn kube_reason(error: &kube::Error) -> &'static str {
     match error {
         kube::Error::Api(s) if s.code == 409 => "conflict",
@@ -87,6 +90,21 @@ impl ReconcileMetrics {
             metrics.servers.clone(),
         );
         metrics
+    }
+
+    /// Creates `controller`'s error counters for each of `reasons` at zero, and its duration
+    /// histogram: the series exist from the start, so `rate()` and alerts on them see a 0
+    /// rather than nothing until the first failure.
+    pub fn declare(&self, controller: &str, reasons: &[&str]) {
+        for reason in reasons {
+            let _ = self.errors.get_or_create(&ErrorLabels {
+                controller: controller.into(),
+                reason: (*reason).into(),
+            });
+        }
+        let _ = self.duration.get_or_create(&ControllerLabel {
+            controller: controller.into(),
+        });
     }
 
     pub fn write(&self, controller: &str, kind: &str) {
@@ -212,4 +230,41 @@ pub async fn serve(
         );
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declared_controllers_export_zero_errors_and_an_empty_histogram() {
+        let mut registry = Registry::default();
+        let metrics = ReconcileMetrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("mcp_controllers_reconcile_errors"), "{text}");
+        metrics.declare("netpol", &KUBE_REASONS);
+        metrics.error("netpol", "conflict");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for (reason, count) in [
+            ("conflict", 1),
+            ("forbidden", 0),
+            ("api_error", 0),
+            ("transport", 0),
+        ] {
+            assert!(
+                text.contains(&format!(
+                    "mcp_controllers_reconcile_errors_total{{controller=\"netpol\",reason=\"{reason}\"}} {count}\n"
+                )),
+                "{reason}: {text}"
+            );
+        }
+        assert!(
+            text.contains(
+                "mcp_controllers_reconcile_duration_seconds_count{controller=\"netpol\"} 0\n"
+            ),
+            "{text}"
+        );
+    }
 }

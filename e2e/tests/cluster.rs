@@ -45,6 +45,8 @@ mod gateway_cache;
 mod gateway_isolation;
 #[path = "cluster/kubectl_access.rs"]
 mod kubectl_access;
+#[path = "cluster/monitoring.rs"]
+mod monitoring;
 #[path = "cluster/netpol.rs"]
 mod netpol;
 #[path = "cluster/nginx_proxy.rs"]
@@ -278,6 +280,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "kubectl_access_status_reports_every_part",
         kubectl_access::status_reports_every_part,
+    ),
+    (
+        "monitoring_rules_and_dashboard_match_the_scrapes",
+        monitoring::rules_and_dashboard_match_the_scrapes,
     ),
 ];
 

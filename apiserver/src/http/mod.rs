@@ -171,7 +171,12 @@ impl<S: Store + Clone> AppState<S> {
             inner: self.authenticator.clone(),
             log: log.clone(),
         });
-        self.handle_in_span(request, log).instrument(span).await
+        let response = self
+            .handle_in_span(request, log.clone())
+            .instrument(span)
+            .await;
+        log.emit();
+        response
     }
 
     async fn handle_in_span(self, request: Request, log: RequestLog) -> Response {

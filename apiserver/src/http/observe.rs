@@ -295,6 +295,8 @@ struct LogFields {
     namespace: String,
     name: String,
     user: OnceLock<String>,
+    /// Verb, resource, code and latency (ms), once the response head is known.
+    outcome: OnceLock<(&'static str, &'static str, u16, f64)>,
 }
 
 impl RequestLog {
@@ -305,10 +307,19 @@ impl RequestLog {
         }
     }
 
-    /// The request's line: at info for answers up to 499, at warn for the server's failures.
-    /// Only these fields: never a header, a query or a body, so never a token.
-    fn emit(&self, verb: &str, resource: &str, code: u16, started: Instant) {
+    /// The response head is known: what the line will say.
+    fn finish(&self, verb: &'static str, resource: &'static str, code: u16, started: Instant) {
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+        let _ = self.0.outcome.set((verb, resource, code, latency_ms));
+    }
+
+    /// Writes the request's line, outside the request's span (the line carries every field
+    /// itself): at info for answers up to 499, at warn for the server's failures. Only these
+    /// fields: never a header, a query or a body, so never a token.
+    pub(crate) fn emit(&self) {
+        let Some(&(verb, resource, code, latency_ms)) = self.0.outcome.get() else {
+            return;
+        };
         let user = self.0.user.get().map_or("", String::as_str);
         let (namespace, name) = (self.0.namespace.as_str(), self.0.name.as_str());
         if code >= 500 {
@@ -327,8 +338,8 @@ impl RequestLog {
     }
 }
 
-/// The span of one request and its log line: what it addresses from its path, the rest
-/// recorded as it is learned (user on authentication, verb, resource and code at the end).
+/// The span of one request and its log line: what it addresses from its path, the user
+/// recorded once authenticated (verb, resource, code and latency go to the log line).
 pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
     let path = request.uri().path();
     let segments = super::route::segments(path);
@@ -343,23 +354,20 @@ pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
         "request",
         method = %request.method(),
         path,
-        verb = tracing::field::Empty,
-        resource = tracing::field::Empty,
         namespace = namespace.as_str(),
         name = name.as_str(),
         user = tracing::field::Empty,
-        code = tracing::field::Empty,
     );
     let log = RequestLog(Arc::new(LogFields {
         namespace,
         name,
-        user: OnceLock::new(),
+        ..Default::default()
     }));
     (span, log)
 }
 
 impl HttpMetrics {
-    /// Counts a request, times it, completes its span and writes its log line. Every label
+    /// Counts a request, times it and completes its log line. Every label
     /// comes from a fixed set: a label taken from the request would let any client grow
     /// `/metrics` without bound.
     pub(crate) fn count(
@@ -372,10 +380,6 @@ impl HttpMetrics {
     ) {
         let (verb, resource) = (verb_label(verb, method), resource_label(resource));
         let code = response.status().as_u16();
-        let span = tracing::Span::current();
-        span.record("verb", verb);
-        span.record("resource", resource);
-        span.record("code", code);
         let labels = RequestLabels {
             verb: verb.to_string(),
             resource: resource.to_string(),
@@ -385,6 +389,6 @@ impl HttpMetrics {
         self.latency
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
-        log.emit(verb, resource, code, started);
+        log.finish(verb, resource, code, started);
     }
 }

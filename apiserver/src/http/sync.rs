@@ -102,7 +102,12 @@ impl<S: Store + Clone> SyncState<S> {
     /// Serves one request, in a span of its own.
     pub async fn handle(self, request: Request) -> Response {
         let (span, log) = request_span(&request);
-        self.handle_in_span(request, log).instrument(span).await
+        let response = self
+            .handle_in_span(request, log.clone())
+            .instrument(span)
+            .await;
+        log.emit();
+        response
     }
 
     async fn handle_in_span(self, request: Request, log: RequestLog) -> Response {

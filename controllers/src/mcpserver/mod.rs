@@ -164,6 +164,11 @@ pub fn controller(
     metrics: ReconcileMetrics,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     let (settings, policy) = args.settings()?;
+    let reasons = crate::metrics::KUBE_REASONS;
+    metrics.declare(
+        CONTROLLER,
+        &[reasons.as_slice(), &["incomplete_object", "encode"]].concat(),
+    );
     Ok(async move {
         let managed =
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));

@@ -184,6 +184,8 @@ pub fn controller(
     let egress_settings = egress_args.settings()?;
     let resolver: Box<dyn Resolve> = Box::new(egress_args.resolver()?);
     let metrics = Metrics::register(registry);
+    let reasons = crate::metrics::KUBE_REASONS;
+    reconcile.declare(CONTROLLER, &[reasons.as_slice(), &["encode"]].concat());
     let synced: Synced = Arc::default();
     let flag = synced.clone();
     let run = async move {

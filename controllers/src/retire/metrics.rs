@@ -11,6 +11,21 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Every reason a retirement reconcile fails with (`Error::reason`, `Unconfirmed::reason` and
+/// the finalizer's own): each counter exists at zero from the start.
+pub const REASONS: &[&str] = &[
+    "APIUnavailable",
+    "FenceRefused",
+    "NamespaceTerminating",
+    "NotFenceable",
+    "FenceNameTaken",
+    "FenceNotApplied",
+    "FenceNotClusterWide",
+    "AddFinalizer",
+    "RemoveFinalizer",
+    "Finalizer",
+];
+
 /// Counters of the retirement controller, under the `retire` prefix.
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -26,6 +41,11 @@ impl Metrics {
     /// Registers the counters in a `retire` sub-registry of `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
+        for reason in REASONS {
+            let _ = metrics.reconcile_errors.get_or_create(&ReasonLabel {
+                reason: (*reason).to_string(),
+            });
+        }
         let sub = registry.sub_registry_with_prefix("retire");
         sub.register(
             "reconcile_errors",
@@ -57,6 +77,22 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_reason_exists_at_zero_before_the_first_failure() {
+        let mut registry = Registry::default();
+        let _metrics = Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for reason in REASONS {
+            assert!(
+                text.contains(&format!(
+                    "retire_reconcile_errors_total{{reason=\"{reason}\"}} 0\n"
+                )),
+                "{reason}: {text}"
+            );
+        }
+    }
 
     #[test]
     fn counters_are_exported_by_reason() {
