@@ -1029,6 +1029,30 @@ pub fn status_reports_every_part(c: &mut LocalCluster) -> Result<(), String> {
         "head {feed} between {seq_before} and {seq_after}"
     );
 
+    // A namespace viewer sees what it may read; the rest says why not, and nothing fails.
+    let viewer = bound_account(c, ns, "viewer", "view")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let partial = loop {
+        let r = kubectl_access(&viewer, &["status", "-n", ns], None)?;
+        if r.code == 0 && r.stdout.contains(&format!("\n{ns}   2 ")) {
+            break r;
+        }
+        ensure!(Instant::now() < deadline, "status as a viewer: {r:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let viewer_user = format!("User \"system:serviceaccount:{ns}:viewer\"");
+    ensure!(
+        partial.stdout.contains(&format!(
+            "APISERVICE\nError from server (Forbidden): apiservices.apiregistration.k8s.io \"v1alpha1.access.mcp-runtime.dev\" is forbidden: {viewer_user} cannot get resource \"apiservices\""
+        )) && partial
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("controllers ") && l.contains("Error from server (Forbidden): leases.coordination.k8s.io"))
+            && partial.stdout.contains(&format!("SESSIONS BY PHASE (namespace {ns})")),
+        "status as a viewer: {}",
+        partial.stdout
+    );
+
     // A short log: restart MCP Access keeping 20 events, write more than that, and wait for
     // the trimmer. The oldest served position is then exactly where lists start to be 410.
     c.start_apiserver_with(&["--retained-events=20"])
