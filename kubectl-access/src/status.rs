@@ -788,6 +788,17 @@ mod tests {
                 retained_events: 6,
             }),
         };
+        let yaml = render::object(&report, crate::cli::ObjectOutput::Yaml).unwrap();
+        assert!(yaml.contains("  headSeq: 10\n"), "{yaml}");
+        assert!(
+            yaml.contains("sessions:\n  error: 'Error from server (Forbidden): no'\n"),
+            "{yaml}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&render::object(&report, crate::cli::ObjectOutput::Json).unwrap())
+                .unwrap();
+        assert_eq!(json["changeFeed"]["retainedEvents"], 6);
+        assert_eq!(json["apiService"]["available"], "True");
         let text = render_text(&report);
         assert!(
             text.contains(
