@@ -5,11 +5,16 @@
 
 mod support;
 
+use std::sync::Arc;
+
 use apis::{AccessSession, Agent, Revocation};
+use apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
+use apiserver::store::Store;
+use async_trait::async_trait;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Value};
 use support::kubectl::*;
-use support::server::{TestServer, ADMIN_TOKEN};
+use support::server::{TestServer, ADMIN_TOKEN, USER_TOKEN};
 
 const API_VERSION: &str = "access.mcp-runtime.dev/v1alpha1";
 
@@ -593,4 +598,111 @@ async fn updates_record_their_manager_and_client_side_fields() {
             .get("f:x")
             .is_some()
     );
+}
+
+/// Alice may patch sessions but not create them, and may create revocations only in the
+/// namespaces she is given (not cluster-wide): RBAC as a role with `patch` alone would grant.
+struct PatchOnlyAlice;
+
+#[async_trait]
+impl Authorizer for PatchOnlyAlice {
+    async fn authorize(&self, user: &UserInfo, a: &Attributes) -> Decision {
+        let alice = user.name == "alice" && a.resource_request && a.verb == "create";
+        if alice && a.resource == "accesssessions" {
+            Decision::Deny("alice patches sessions only".into())
+        } else if alice && a.namespace.is_empty() {
+            Decision::Deny("alice revokes in her namespaces only".into())
+        } else {
+            Decision::Allow
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_that_creates_is_authorized_as_a_create() {
+    let server = TestServer::start_with_authorizer(Arc::new(PatchOnlyAlice)).await;
+    let alice = server.kubeconfig_for(USER_TOKEN);
+    let session = |labels: &str| {
+        format!(
+            "apiVersion: {API_VERSION}\nkind: AccessSession\nmetadata:\n  name: minted\n  namespace: team-a\n{labels}spec:\n  server: {{name: github, uid: srv-x}}\n  subject: {{user: mallory@example.com}}\n  expiresAt: \"{}\"\n",
+            support::in_hours(1).0
+        )
+    };
+    // `patch` alone does not mint a session.
+    let out = server
+        .kubectl_with(
+            &alice,
+            &["apply", "--server-side", "-f", "-"],
+            Some(&session("")),
+        )
+        .await;
+    failed_with(
+        &out,
+        "Forbidden",
+        "cannot create resource \"accesssessions\"",
+    );
+    assert!(server
+        .store
+        .get::<AccessSession>("team-a", "minted")
+        .await
+        .is_err());
+    // Created by someone who may, it is alice's to apply to.
+    ok(&server
+        .kubectl_with(
+            &server.kubeconfig,
+            &["apply", "--server-side", "-f", "-"],
+            Some(&session("")),
+        )
+        .await);
+    let out = server
+        .kubectl_with(
+            &alice,
+            &["apply", "--server-side", "--field-manager=alice", "-f", "-"],
+            Some(&session("  labels: {reviewed: \"yes\"}\n")),
+        )
+        .await;
+    ok(&out);
+    let labelled = get_json(
+        &server,
+        &["get", "acs", "minted", "-n", "team-a", "-o", "json"],
+    )
+    .await;
+    assert_eq!(labelled["metadata"]["labels"], json!({"reviewed": "yes"}));
+
+    // A fence created by apply reaches as far as its creator's RBAC, as one created by POST.
+    let fence = |name: &str| {
+        format!("apiVersion: {API_VERSION}\nkind: Revocation\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {{target: {{server: {{name: github, uid: srv-x}}}}, cause: server_retired}}\n")
+    };
+    let out = server
+        .kubectl_with(
+            &alice,
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                "-",
+                "-o",
+                "jsonpath={.status.clusterWide}",
+            ],
+            Some(&fence("alice-fence")),
+        )
+        .await;
+    ok(&out);
+    assert_eq!(out.stdout, "", "alice's fence is not cluster-wide");
+    let out = server
+        .kubectl_with(
+            &server.kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                "-",
+                "-o",
+                "jsonpath={.status.clusterWide}",
+            ],
+            Some(&fence("admin-fence")),
+        )
+        .await;
+    ok(&out);
+    assert_eq!(out.stdout, "true", "the admin's fence is cluster-wide");
 }

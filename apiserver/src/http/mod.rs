@@ -329,6 +329,7 @@ impl<S: Store + Clone> AppState<S> {
                     user: &user,
                     namespace_terminating: false,
                     cluster_authority: false,
+                    apply_create: None,
                     scope: None,
                 };
                 // Every served kind, by its strategy: adding a kind adds it here.
@@ -351,6 +352,73 @@ impl<S: Store + Clone> AppState<S> {
             ),
             _ => false,
         }
+    }
+
+    /// What a create of `K` in the request's namespace must pass: the namespace exists and
+    /// is not terminating. Answers whether the caller may create `K` in every namespace
+    /// (asked only by kinds whose authority reaches that far, see
+    /// [`Strategy::ASKS_CLUSTER_AUTHORITY`]).
+    async fn admit_create<K: Strategy>(&self, req: &ResourceRequest<'_>) -> ApiResult<bool> {
+        if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
+            lifecycle
+                .check_create(ns)
+                .await
+                .map_err(|refusal| match refusal {
+                    NamespaceRefusal::NotFound(ns) => ApiError::namespace_not_found(&ns),
+                    NamespaceRefusal::Terminating(_) => ApiError::forbidden(refusal.to_string()),
+                    NamespaceRefusal::Unavailable(..) => {
+                        tracing::warn!(error = %refusal, "namespace check failed");
+                        ApiError::unavailable("the namespace cannot be checked; retry later")
+                    }
+                })?;
+        }
+        if !K::ASKS_CLUSTER_AUTHORITY {
+            return Ok(false);
+        }
+        // As RBAC sees "create this kind in every namespace": only a cluster-wide grant
+        // makes a revocation's fence reach beyond its namespace.
+        let everywhere = Attributes {
+            verb: "create".into(),
+            resource_request: true,
+            api_group: apis::GROUP.to_string(),
+            api_version: apis::VERSION.to_string(),
+            resource: K::INFO.plural.to_string(),
+            ..Default::default()
+        };
+        Ok(matches!(
+            self.authorizer.authorize(req.user, &everywhere).await,
+            Decision::Allow
+        ))
+    }
+
+    /// Whether a server-side apply may create its object: the caller is authorized to
+    /// `create` it (the request itself was authorized as `patch`) and [`Self::admit_create`]
+    /// admits it.
+    async fn apply_create<K: Strategy>(&self, req: &ResourceRequest<'_>) -> ApiResult<bool> {
+        let attributes = Attributes {
+            verb: "create".into(),
+            resource_request: true,
+            namespace: req.namespace.unwrap_or_default().to_string(),
+            api_group: apis::GROUP.to_string(),
+            api_version: apis::VERSION.to_string(),
+            resource: K::INFO.plural.to_string(),
+            ..Default::default()
+        };
+        match self.authorizer.authorize(req.user, &attributes).await {
+            Decision::Allow => {}
+            Decision::Deny(reason) => {
+                return Err(ApiError::forbidden(
+                    attributes.forbidden_message(req.user, &reason),
+                ))
+            }
+            Decision::Unavailable(m) => {
+                tracing::warn!(error = %m, "authorization unavailable");
+                return Err(ApiError::unavailable(
+                    "authorization is unavailable; retry later",
+                ));
+            }
+        }
+        self.admit_create::<K>(req).await
     }
 
     async fn serve<K: Strategy>(
@@ -422,44 +490,21 @@ impl<S: Store + Clone> AppState<S> {
                 if K::INFO.namespaced && req.namespace.is_none() {
                     return Err(ApiError::method_not_allowed("POST", K::INFO.plural));
                 }
-                if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
-                    lifecycle
-                        .check_create(ns)
-                        .await
-                        .map_err(|refusal| match refusal {
-                            NamespaceRefusal::NotFound(ns) => ApiError::namespace_not_found(&ns),
-                            NamespaceRefusal::Terminating(_) => {
-                                ApiError::forbidden(refusal.to_string())
-                            }
-                            NamespaceRefusal::Unavailable(..) => {
-                                tracing::warn!(error = %refusal, "namespace check failed");
-                                ApiError::unavailable(
-                                    "the namespace cannot be checked; retry later",
-                                )
-                            }
-                        })?;
-                }
                 let mut req = req;
-                if K::ASKS_CLUSTER_AUTHORITY {
-                    // As RBAC sees "create this kind in every namespace": only a
-                    // cluster-wide grant makes a revocation's fence reach beyond its namespace.
-                    let everywhere = Attributes {
-                        verb: "create".into(),
-                        resource_request: true,
-                        api_group: apis::GROUP.to_string(),
-                        api_version: apis::VERSION.to_string(),
-                        resource: K::INFO.plural.to_string(),
-                        ..Default::default()
-                    };
-                    req.cluster_authority = matches!(
-                        self.authorizer.authorize(req.user, &everywhere).await,
-                        Decision::Allow
-                    );
-                }
+                req.cluster_authority = self.admit_create::<K>(&req).await?;
                 resource::create::<K, S>(&self.store, req).await
             }
             "update" => resource::update::<K, S>(&self.store, req).await,
-            "patch" => resource::patch::<K, S>(&self.store, req).await,
+            "patch" => {
+                let mut req = req;
+                // A server-side apply creates what does not exist: as a create, it needs
+                // `create` on the resource (RBAC granting `patch` alone must not mint
+                // sessions) and a live namespace; decided now, used only if it creates.
+                if resource::is_apply(&req) {
+                    req.apply_create = Some(self.apply_create::<K>(&req).await);
+                }
+                resource::patch::<K, S>(&self.store, req).await
+            }
             "delete" => {
                 let mut req = req;
                 req.namespace_terminating = self.terminating(req.namespace).await;

@@ -56,6 +56,10 @@ pub struct ResourceRequest<'a> {
     /// The caller may create this kind in every namespace (set for creates of kinds that
     /// ask, see [`Strategy::ASKS_CLUSTER_AUTHORITY`]).
     pub cluster_authority: bool,
+    /// For a server-side apply: whether it may create its object (the create checks, and
+    /// whether the caller may create this kind everywhere), decided by the caller of
+    /// [`patch`]. None refuses every create by apply.
+    pub apply_create: Option<ApiResult<bool>>,
     /// What the caller may see at all (the gateway sync listener's server scope): objects
     /// outside it do not exist for this request. None on the API listener.
     pub scope: Option<&'a FieldSelector>,
@@ -418,6 +422,11 @@ pub async fn update<K: Strategy, S: Store>(
     }
 }
 
+/// Whether the request is a server-side apply (`application/apply-patch+yaml`).
+pub fn is_apply(req: &ResourceRequest<'_>) -> bool {
+    PatchType::from_content_type(req.content_type()) == Some(PatchType::Apply)
+}
+
 /// Who a write's changes are recorded for: `fieldManager`, required for an apply; without
 /// it, the User-Agent's product (kube-apiserver's rule).
 fn field_manager<K: Strategy>(req: &ResourceRequest<'_>, apply: bool) -> ApiResult<String> {
@@ -484,7 +493,8 @@ fn record_update<K: Strategy>(object: &mut K, live: Option<&K>, manager: &str) -
         store::now(),
     );
     object.meta_mut().managed_fields = managed_fields::encode(&managers);
-    Ok(())
+    // The request's own entries count towards the object's size like any field.
+    check_object_size(&*object)
 }
 
 pub async fn patch<K: Strategy, S: Store>(
@@ -592,6 +602,16 @@ async fn server_side_apply<K: Strategy, S: Store>(
             if pinned {
                 return Err(ApiError::from_store(StoreError::NotFound, &K::INFO, name));
             }
+            let cluster_authority = match &req.apply_create {
+                Some(Ok(everywhere)) => *everywhere,
+                Some(Err(refused)) => return Err(refused.clone()),
+                None => {
+                    return Err(ApiError::method_not_allowed(
+                        "PATCH",
+                        &format!("{} (create by apply)", K::INFO.plural),
+                    ))
+                }
+            };
             let bytes =
                 serde_json::to_vec(&config).map_err(|e| ApiError::internal(e.to_string()))?;
             let mut object: K = requested_object(
@@ -604,7 +624,12 @@ async fn server_side_apply<K: Strategy, S: Store>(
             let mut managers = managed_fields::applied_create(&config, &manager, store::now());
             managed_fields::retain_present(&mut managers, &typed);
             object.meta_mut().managed_fields = managed_fields::encode(&managers);
-            match store.create(object, &context(&req), dry_run).await {
+            check_object_size(&object)?;
+            let mut ctx = context(&req);
+            if cluster_authority {
+                ctx.authority = store::RevokerAuthority::Cluster;
+            }
+            match store.create(object, &ctx, dry_run).await {
                 Ok(written) => {
                     return written_response(StatusCode::CREATED, written, rendering, warnings)
                 }
@@ -632,6 +657,7 @@ async fn server_side_apply<K: Strategy, S: Store>(
         let mut managers = applied.managers;
         managed_fields::retain_present(&mut managers, &object_json(&object)?);
         object.meta_mut().managed_fields = managed_fields::encode(&managers);
+        check_object_size(&object)?;
         match store.update(object, &context(&req), dry_run).await {
             Ok(written) => return written_response(StatusCode::OK, written, rendering, warnings),
             Err(StoreError::Modified | StoreError::UidPrecondition { .. })

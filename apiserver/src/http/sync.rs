@@ -220,6 +220,7 @@ impl<S: Store + Clone> SyncState<S> {
             user: &user,
             namespace_terminating: false,
             cluster_authority: false,
+            apply_create: None,
             scope: Some(&scope),
         };
         let response = match verb {
