@@ -230,6 +230,17 @@ fn requested_object<K: Strategy>(
     Ok(object)
 }
 
+/// [`requested_object`] of a document the server composed (a patched or applied object).
+fn requested_document<K: Strategy>(
+    doc: &Value,
+    validation: FieldValidation,
+    identity: (Option<&str>, Option<&str>),
+    warnings: &mut Vec<String>,
+) -> ApiResult<K> {
+    let bytes = serde_json::to_vec(doc).map_err(|e| ApiError::internal(e.to_string()))?;
+    requested_object(&bytes, validation, identity, warnings)
+}
+
 /// The answer to a write: the object as written, with the request's and the write's warnings.
 fn written_response<K: Strategy>(
     code: StatusCode,
@@ -526,14 +537,9 @@ pub async fn patch<K: Strategy, S: Store>(
         patch::apply(&mut doc, patch_type, &req.body)
             .map_err(|e| ApiError::from_patch(e, &K::INFO, name))?;
         let pinned = doc.pointer("/metadata/resourceVersion").cloned() != current_rv;
-        let bytes = serde_json::to_vec(&doc).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut warnings = Vec::new();
-        let mut object: K = requested_object(
-            &bytes,
-            validation,
-            (req.namespace, Some(name)),
-            &mut warnings,
-        )?;
+        let mut object: K =
+            requested_document(&doc, validation, (req.namespace, Some(name)), &mut warnings)?;
         record_update(&mut object, Some(&current), &manager)?;
         match store.update(object, &context(&req), dry_run).await {
             Ok(written) => {
@@ -612,10 +618,8 @@ async fn server_side_apply<K: Strategy, S: Store>(
                     ))
                 }
             };
-            let bytes =
-                serde_json::to_vec(&config).map_err(|e| ApiError::internal(e.to_string()))?;
-            let mut object: K = requested_object(
-                &bytes,
+            let mut object: K = requested_document(
+                &config,
                 validation,
                 (req.namespace, Some(name)),
                 &mut warnings,
@@ -644,10 +648,8 @@ async fn server_side_apply<K: Strategy, S: Store>(
         let applied =
             managed_fields::apply(&live, &config, managers, &manager, force, store::now())
                 .map_err(|c| ApiError::apply_conflict(&c))?;
-        let bytes =
-            serde_json::to_vec(&applied.object).map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut object: K = requested_object(
-            &bytes,
+        let mut object: K = requested_document(
+            &applied.object,
             validation,
             (req.namespace, Some(name)),
             &mut warnings,
