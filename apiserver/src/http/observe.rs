@@ -338,8 +338,8 @@ impl RequestLog {
     }
 }
 
-/// The span of one request and its log line: what it addresses from its path, the user
-/// recorded once authenticated (verb, resource, code and latency go to the log line).
+/// The span of one request and its log line: what it addresses from its path, the rest
+/// recorded as it is learned (user on authentication, verb, resource and code at the end).
 pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
     let path = request.uri().path();
     let segments = super::route::segments(path);
@@ -354,9 +354,12 @@ pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
         "request",
         method = %request.method(),
         path,
+        verb = tracing::field::Empty,
+        resource = tracing::field::Empty,
         namespace = namespace.as_str(),
         name = name.as_str(),
         user = tracing::field::Empty,
+        code = tracing::field::Empty,
     );
     let log = RequestLog(Arc::new(LogFields {
         namespace,
@@ -367,7 +370,7 @@ pub(crate) fn request_span(request: &Request) -> (tracing::Span, RequestLog) {
 }
 
 impl HttpMetrics {
-    /// Counts a request, times it and completes its log line. Every label
+    /// Counts a request, times it, completes its span and its log line. Every label
     /// comes from a fixed set: a label taken from the request would let any client grow
     /// `/metrics` without bound.
     pub(crate) fn count(
@@ -380,6 +383,10 @@ impl HttpMetrics {
     ) {
         let (verb, resource) = (verb_label(verb, method), resource_label(resource));
         let code = response.status().as_u16();
+        let span = tracing::Span::current();
+        span.record("verb", verb);
+        span.record("resource", resource);
+        span.record("code", code);
         let labels = RequestLabels {
             verb: verb.to_string(),
             resource: resource.to_string(),
