@@ -55,6 +55,8 @@ mod nginx_proxy;
 mod retire;
 #[path = "cluster/roles.rs"]
 mod roles;
+#[path = "cluster/server_side_apply.rs"]
+mod server_side_apply;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
 const SCENARIOS: &[(&str, Scenario)] = &[
@@ -91,6 +93,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         crud_and_watch_through_kube_apiserver,
     ),
     ("rbac_limits_users", rbac_limits_users),
+    (
+        "server_side_apply_conflicts_and_rbac_through_kube_apiserver",
+        server_side_apply::apply_conflicts_and_rbac_through_kube_apiserver,
+    ),
     (
         "forged_headers_without_proxy_certificate_are_refused",
         forged_headers_are_refused,
