@@ -245,6 +245,14 @@ async fn a_failing_statement_fails_only_its_own_mutation() {
         )
         .await
         .unwrap();
+    // Another replica holds the sync-state lock: the first mutation waits for it in its own
+    // group and every other one queues behind it, so the poisoned one shares the next group
+    // with its neighbours however the machine schedules the tasks.
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    held.execute("SELECT 1 FROM sync_state WHERE id = 1 FOR UPDATE", &[])
+        .await
+        .unwrap();
     let mut tries = Vec::new();
     for i in 0..24 {
         let store = store.clone();
@@ -261,7 +269,12 @@ async fn a_failing_statement_fails_only_its_own_mutation() {
                     .await,
             )
         }));
+        if i == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    held.rollback().await.unwrap();
     let mut ok = BTreeSet::new();
     for t in tries {
         let (name, result) = t.await.unwrap();
