@@ -25,6 +25,12 @@ fn in_secs(secs: i64) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap()
 }
 
+/// Sleeps until `at` has passed, and a little more.
+async fn sleep_past(at: Timestamp) {
+    let left = at.as_millisecond() - Timestamp::now().as_millisecond();
+    tokio::time::sleep(Duration::from_millis(left.max(0) as u64 + 200)).await;
+}
+
 fn expiring(name: &str, at: Timestamp) -> AccessSession {
     let mut s = mk_session(NS, name, "srv-1");
     s.spec.expires_at = Some(Time(at));
@@ -174,7 +180,9 @@ async fn two_replicas_sweeping_one_database_expire_a_session_once() {
 async fn revoked_sessions_stay_revoked_and_pending_ones_expire() {
     let db = TestDb::new().await;
     let store = db.store().await;
-    let expires_at = in_secs(1);
+    // Far enough ahead that the enrollment, three writes later, is still created before it
+    // (a whole second: with one, the writes could straddle it and the create be refused).
+    let expires_at = in_secs(3);
     store
         .create_session(expiring("revoked", expires_at), false)
         .await
@@ -195,7 +203,7 @@ async fn revoked_sessions_stay_revoked_and_pending_ones_expire() {
     // Only the pending one can still expire.
     assert_eq!(store.next_session_expiry().await.unwrap(), Some(expires_at));
 
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    sleep_past(expires_at).await;
     let expired = store.expire_sessions(Timestamp::now()).await.unwrap();
     let names: Vec<_> = expired
         .iter()

@@ -17,7 +17,9 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use support::replica::{apiserver_bin, free_port, session_json, signal, Shared};
+use support::replica::{
+    apiserver_bin, free_port, readyz_answer, session_json, signal, wait_ready, Shared,
+};
 use support::server::ADMIN_TOKEN;
 use support::TestDb;
 
@@ -60,38 +62,20 @@ impl Process {
             metrics_port,
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while process.readyz().await != 200 {
-            if let Ok(Some(status)) = process.child.try_wait() {
-                panic!("the apiserver exited ({status}): {}", process.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not ready in 60 s: {}",
-                process.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_ready(
+            &mut process.child,
+            process.metrics_port,
+            name,
+            &process.log,
+            Duration::from_secs(60),
+        )
+        .await;
         process
     }
 
     /// `/readyz`: its status and body, `(0, "")` when the listener does not answer.
     async fn readyz_answer(&self) -> (u16, String) {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        match client
-            .get(format!("http://127.0.0.1:{}/readyz", self.metrics_port))
-            .send()
-            .await
-        {
-            Ok(resp) => (
-                resp.status().as_u16(),
-                resp.text().await.unwrap_or_default(),
-            ),
-            Err(_) => (0, String::new()),
-        }
+        readyz_answer(self.metrics_port).await
     }
 
     async fn readyz(&self) -> u16 {

@@ -41,20 +41,7 @@ async fn get_json(server: &TestServer, args: &[&str]) -> Value {
 
 /// The managers of an object, as (manager, operation) pairs in stored order.
 fn managers(object: &Value) -> Vec<(String, String)> {
-    object["metadata"]["managedFields"]
-        .as_array()
-        .map(|entries| {
-            entries
-                .iter()
-                .map(|e| {
-                    (
-                        e["manager"].as_str().unwrap_or("").to_string(),
-                        e["operation"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    e2e::managed_field_managers(object)
 }
 
 fn entry<'a>(object: &'a Value, manager: &str) -> &'a Value {
@@ -622,10 +609,11 @@ impl Authorizer for PatchOnlyAlice {
 async fn an_apply_that_creates_is_authorized_as_a_create() {
     let server = TestServer::start_with_authorizer(Arc::new(PatchOnlyAlice)).await;
     let alice = server.kubeconfig_for(USER_TOKEN);
+    // One expiry for every apply: a second apart, the same manifest would conflict on it.
+    let expires_at = support::in_hours(1).0;
     let session = |labels: &str| {
         format!(
-            "apiVersion: {API_VERSION}\nkind: AccessSession\nmetadata:\n  name: minted\n  namespace: team-a\n{labels}spec:\n  server: {{name: github, uid: srv-x}}\n  subject: {{user: mallory@example.com}}\n  expiresAt: \"{}\"\n",
-            support::in_hours(1).0
+            "apiVersion: {API_VERSION}\nkind: AccessSession\nmetadata:\n  name: minted\n  namespace: team-a\n{labels}spec:\n  server: {{name: github, uid: srv-x}}\n  subject: {{user: mallory@example.com}}\n  expiresAt: \"{expires_at}\"\n"
         )
     };
     // `patch` alone does not mint a session.

@@ -213,8 +213,11 @@ impl World {
         sessions.push(agent_session("n1", "doomed-1", "srv-b", "doomed"));
         sessions.push(agent_session("n2", "doomed-2", "srv-a", "doomed"));
         // Expire within seconds: counted until then, never after. Nothing is compared
-        // between the two stores until it has lapsed, so no comparison straddles it.
-        let lapse = at(0, 2);
+        // between the two stores until it has lapsed, so no comparison straddles it; and it
+        // is far enough ahead that every seed write (each store in turn, reading its own
+        // clock) is done before it: a lapse between the two halves of one write would make
+        // one store refuse what the other took.
+        let lapse = at(0, 6);
         let mut short = agent_session("n1", "quota-short", "srv-a", "quota");
         short.spec.expires_at = Some(lapse.clone());
         sessions.push(short);

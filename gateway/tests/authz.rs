@@ -405,12 +405,14 @@ async fn shutdown_ends_long_polls_and_exits_cleanly() {
     let mut sidecar = Sidecar::start(&server, &[]);
     sidecar.wait_ready().await;
     let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.base);
+    let client = reqwest::Client::new();
     let poll = tokio::spawn(async move {
-        let resp = reqwest::get(url).await.unwrap();
+        let resp = client.get(url).send().await.unwrap();
         let status = resp.status().as_u16();
         (status, resp.json::<serde_json::Value>().await.unwrap())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Time for the long-poll to reach the sidecar, on a loaded machine too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let term = Command::new("kill")
         .args(["-TERM", &sidecar.child.id().to_string()])
         .status()

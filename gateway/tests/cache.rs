@@ -185,7 +185,7 @@ async fn last_known_good_is_served_until_the_stale_window_passes() {
         .create_session("team-a", "alice", SERVER_UID, HOUR)
         .await;
     // Bookmarks come every second; the margin keeps a loaded machine from going stale early.
-    let window = Duration::from_secs(5);
+    let window = Duration::from_secs(6);
     let cache = TestCache::start(&server, GATEWAY_TOKEN, |c| c.stale_window = window);
     cache.ready().await;
     let c = &cache.cache;
@@ -207,7 +207,9 @@ async fn last_known_good_is_served_until_the_stale_window_passes() {
     )
     .await;
     assert!(
-        stopped.elapsed() + Duration::from_millis(1500) >= window,
+        // The window runs from the last proof (a bookmark), up to a second or two before
+        // the stop on a loaded machine.
+        stopped.elapsed() + Duration::from_secs(3) >= window,
         "stale only after about the window ({:?})",
         stopped.elapsed()
     );

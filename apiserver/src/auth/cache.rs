@@ -209,10 +209,11 @@ mod tests {
 
     #[test]
     fn entries_expire() {
-        let cache = TtlCache::new(Duration::from_millis(50), 2);
+        // A TTL long enough that a descheduled test thread still reads the entry live.
+        let cache = TtlCache::new(Duration::from_millis(1000), 2);
         cache.insert("a", 1);
         assert_eq!(cache.get(&"a"), Some(1));
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(1100));
         assert_eq!(cache.get(&"a"), None);
     }
 
@@ -258,10 +259,10 @@ mod tests {
 
     #[test]
     fn expired_entries_go_before_live_ones() {
-        let cache = TtlCache::new(Duration::from_millis(80), 3);
+        let cache = TtlCache::new(Duration::from_millis(1000), 3);
         cache.insert("old1", 1);
         cache.insert("old2", 2);
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(1100));
         cache.insert("live", 3);
         cache.insert("new", 4);
         // old1 and old2 expired and were dropped as soon as an insert saw them.

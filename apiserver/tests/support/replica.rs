@@ -156,40 +156,13 @@ impl Replica {
     }
 
     pub async fn wait_ready(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("{} exited ({status}): {}", self.name, self.log());
-                }
-            }
-            if self.readyz().await == 200 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} is not ready: {}",
-                self.name,
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let child = self.child.as_mut().expect("the replica runs");
+        wait_ready(child, self.metrics_port, &self.name, &self.log, within).await;
     }
 
     /// The status of `/readyz` (0 when the listener does not answer).
     pub async fn readyz(&self) -> u16 {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        match client
-            .get(format!("http://127.0.0.1:{}/readyz", self.metrics_port))
-            .send()
-            .await
-        {
-            Ok(resp) => resp.status().as_u16(),
-            Err(_) => 0,
-        }
+        readyz_answer(self.metrics_port).await.0
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -804,4 +777,46 @@ pub fn assert_follows_log(record: &Record, log: &[(String, String, u64)]) -> boo
         record.error
     );
     record.relisted()
+}
+
+/// `/readyz` on the metrics port: its status and body, `(0, "")` when nothing answers.
+pub async fn readyz_answer(metrics_port: u16) -> (u16, String) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    match client
+        .get(format!("http://127.0.0.1:{metrics_port}/readyz"))
+        .send()
+        .await
+    {
+        Ok(resp) => (
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        ),
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// Waits until the apiserver `child` (named `name`, logging to `log`) answers 200 on
+/// `/readyz`; panics with its log if it exits or is not ready `within`.
+pub async fn wait_ready(
+    child: &mut Child,
+    metrics_port: u16,
+    name: &str,
+    log: &std::path::Path,
+    within: Duration,
+) {
+    let log = || std::fs::read_to_string(log).unwrap_or_default();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name} exited ({status}): {}", log());
+        }
+        if readyz_answer(metrics_port).await.0 == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is not ready: {}", log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

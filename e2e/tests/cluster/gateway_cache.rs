@@ -5,7 +5,7 @@
 //! Needs `MCP_ACCESS_AUTHZ_BIN` (set by `hack/test.sh`).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use e2e::gateway::GatewayChain;
@@ -31,13 +31,6 @@ impl Drop for Authz {
     }
 }
 
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
-}
-
 impl Authz {
     /// Starts `mcp-access-authz` against the cluster's sync listener with `token`.
     pub(crate) fn start(
@@ -46,31 +39,12 @@ impl Authz {
         token: &str,
         extra: &[&str],
     ) -> Result<Self, String> {
-        let bin = std::env::var("MCP_ACCESS_AUTHZ_BIN")
-            .map_err(|_| "MCP_ACCESS_AUTHZ_BIN is not set: run through hack/test.sh".to_string())?;
-        let dir = c.dir.join(format!("authz-{name}"));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, token).map_err(|e| e.to_string())?;
-        let log = c.dir.join(format!("logs/authz-{name}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let port = free_port()?;
-        let child = Command::new(bin)
-            .args(["--sync-url", &c.sync_url()])
-            .arg("--ca-file")
-            .arg(c.sync_ca())
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env_remove("SESSION_SYNC_STALE_WINDOW")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| e.to_string())?;
+        let e2e::gateway::SpawnedAuthz {
+            child,
+            port,
+            token_file,
+            log,
+        } = e2e::gateway::spawn_authz(c, name, token, extra).map_err(|e| format!("{e:#}"))?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -335,8 +309,9 @@ pub fn cold_warm_stale(c: &mut LocalCluster) -> Result<(), String> {
 
     // Cold: a sidecar with a token file the kubelet has not written yet.
     // The window must exceed the listener's bookmark interval (5 s), or a healthy but quiet
-    // feed would go stale between bookmarks.
-    let mut authz = Authz::start(c, "stale", "placeholder", &["--stale-window", "8s"])?;
+    // feed would go stale between bookmarks; and by enough that the last bookmark's age at the
+    // stop plus the stop itself never use it up (the "stale too early" check below).
+    let mut authz = Authz::start(c, "stale", "placeholder", &["--stale-window", "12s"])?;
     std::thread::sleep(Duration::from_secs(1));
     ensure!(!authz.ready()?, "ready without a sync");
     let got = authz.decision(ns, "alice")?;
@@ -355,7 +330,7 @@ pub fn cold_warm_stale(c: &mut LocalCluster) -> Result<(), String> {
     let got = authz.decision(ns, "alice")?;
     let result = (|| {
         ensure!(got == "allow", "warm, right after the outage began: {got}");
-        authz.wait_decision(ns, "alice", "sync_stale", Duration::from_secs(15))?;
+        authz.wait_decision(ns, "alice", "sync_stale", Duration::from_secs(20))?;
         ensure!(
             stopped.elapsed() >= Duration::from_secs(2),
             "stale too early: {:?}",

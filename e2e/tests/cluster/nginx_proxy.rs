@@ -259,8 +259,6 @@ impl Proxy {
     fn start(c: &LocalCluster, name: &str, token: &str) -> Result<Self, String> {
         let nginx_bin = std::env::var("MCP_ACCESS_NGINX_BIN")
             .map_err(|_| "MCP_ACCESS_NGINX_BIN is not set: run through hack/test.sh".to_string())?;
-        let authz_bin = std::env::var("MCP_ACCESS_AUTHZ_BIN")
-            .map_err(|_| "MCP_ACCESS_AUTHZ_BIN is not set: run through hack/test.sh".to_string())?;
         let dir = c.dir.join(format!("nginx-{name}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -286,28 +284,10 @@ impl Proxy {
             .map_err(|e| format!("kube client: {e:#}"))?;
 
         // The sidecar, on the cluster's sync listener with the gateway Pod's token.
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, token).map_err(|e| e.to_string())?;
-        let authz_log = c.dir.join(format!("logs/authz-nginx-{name}.log"));
-        let out = std::fs::File::create(&authz_log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let authz_port = free_port()?;
-        let authz = Killed(
-            Command::new(authz_bin)
-                .args(["--sync-url", &c.sync_url()])
-                .arg("--ca-file")
-                .arg(c.sync_ca())
-                .arg("--token-file")
-                .arg(&token_file)
-                .args(["--listen", &format!("127.0.0.1:{authz_port}")])
-                .env_remove("SESSION_SYNC_STALE_WINDOW")
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .map_err(|e| format!("start mcp-access-authz: {e}"))?,
-        );
+        let spawned = e2e::gateway::spawn_authz(c, &format!("nginx-{name}"), token, &[])
+            .map_err(|e| format!("{e:#}"))?;
+        let (authz_port, authz_log) = (spawned.port, spawned.log);
+        let authz = Killed(spawned.child);
 
         let upstream = Upstream::start()?;
         let proxy_port = free_port()?;
@@ -577,11 +557,21 @@ pub fn nginx_auth_request_passes_and_denies(c: &mut LocalCluster) -> Result<(), 
         );
     }
 
-    // Revoked through kube-apiserver: 401 session_revoked, from then on.
+    let after = proxy.upstream.seen();
+    ensure!(
+        after.len() == before,
+        "denied requests reached the MCP server: {:?}",
+        &after[before..]
+    );
+
+    // Revoked through kube-apiserver: 401 session_revoked, from then on. The polls until the
+    // sidecar has seen the revocation are still allowed (and reach the MCP server): only
+    // what comes after counts.
     proxy.revoke(ns, "alice")?;
     let took = proxy.wait_for(&alice, "denied", Duration::from_secs(10), |a| {
         a.status != 200
     })?;
+    let before = proxy.upstream.seen().len();
     for _ in 0..10 {
         let answer = proxy.call(Some(&alice))?;
         ensure!(

@@ -25,20 +25,7 @@ fn managers(c: &LocalCluster, name: &str) -> Result<Vec<(String, String)>, Strin
         "get session",
     )?;
     let object: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    Ok(object["metadata"]["managedFields"]
-        .as_array()
-        .map(|entries| {
-            entries
-                .iter()
-                .map(|e| {
-                    (
-                        e["manager"].as_str().unwrap_or("").to_string(),
-                        e["operation"].as_str().unwrap_or("").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(e2e::managed_field_managers(&object))
 }
 
 pub fn apply_conflicts_and_rbac_through_kube_apiserver(c: &mut LocalCluster) -> Result<(), String> {
