@@ -11,4 +11,4 @@ pub mod http;
 pub mod server;
 pub mod store;
 pub mod tasks;
-pub mod tls;
+pub use process::tls;

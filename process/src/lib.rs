@@ -1,6 +1,9 @@
 //! What every MCP Access binary does at start: set up logging in the format its flag asks
-//! for, and reach kube-apiserver from a kubeconfig or the in-cluster service account.
+//! for, reach kube-apiserver from a kubeconfig or the in-cluster service account, and serve
+//! TLS with a certificate that reloads when its files change ([`tls`]).
 #![forbid(unsafe_code)]
+
+pub mod tls;
 
 use std::path::Path;
 
