@@ -51,6 +51,22 @@ pub struct MCPServerSpec {
     /// hosts of the Contexts that grant the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<ServerNetwork>,
+    /// The credential hosts obtain for this server through the Host API, after their
+    /// Context's grant is checked: one key of a Secret in the server's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_credential: Option<SecretKeyRef>,
+}
+
+/// One key of a Secret in the referring object's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key whose value is the credential.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 /// One external destination of an MCP server.
@@ -195,7 +211,8 @@ pub struct ContextSpec {
     /// The MCPServers granted to the hosts.
     #[serde(default)]
     pub mcp_servers: Vec<ServerRef>,
-    /// The host pods, in the Context's namespace. An empty selector selects every pod there.
+    /// The host pods, in the Context's namespace (never an MCPServer's pods). An empty selector
+    /// selects every other pod there.
     pub host_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
 }
 
@@ -258,6 +275,65 @@ pub enum Transport {
     Sse,
 }
 
+/// An MCP host: the runtime an agent runs in. The Host operator provisions it (Deployment,
+/// Service, workspace PVC, ServiceAccount and Role, NetworkPolicies) and the Host API tells it,
+/// from this object's live Context, which servers it may use.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "mcp-runtime.dev",
+    version = "v1alpha1",
+    kind = "Host",
+    plural = "hosts",
+    singular = "host",
+    shortname = "mch",
+    namespaced,
+    status = "HostStatus",
+    doc = "An MCP host (the runtime agents run in), bound to one Context of its namespace. Host tokens name it by namespace, name and UID: a Host deleted and re-created is another host.",
+    printcolumn = r#"{"name":"Context","type":"string","jsonPath":".spec.contextRef.name"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.image"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HostSpec {
+    /// The Context (in the Host's namespace) whose servers the host may use.
+    pub context_ref: LocalRef,
+    /// Container image of the host runtime.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// Compute resources of the host container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// A Secret of the Host's namespace mounted into the host (read-only). The workload is
+    /// not deployed until it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<LocalRef>,
+    /// Size of the workspace volume (a PersistentVolumeClaim); 1Gi when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_size: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+}
+
+/// The name of an object in the referring object's namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// What the Host operator observed and did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `SecretResolved`, `ContextResolved`, by Kubernetes condition conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
 /// Every CRD this project defines, with the file it is kept in under `deploy/crds/`.
 pub fn crds() -> Vec<(
     &'static str,
@@ -267,6 +343,7 @@ pub fn crds() -> Vec<(
     vec![
         ("mcpservers.yaml", MCPServer::crd()),
         ("contexts.yaml", Context::crd()),
+        ("hosts.yaml", Host::crd()),
     ]
 }
 

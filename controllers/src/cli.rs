@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 
 use crate::metrics::Health;
 use crate::metrics::ReconcileMetrics;
-use crate::{leader, mcpserver, metrics, netpol, retire};
+use crate::{host, hostapi, leader, mcpserver, metrics, netpol, retire};
 
 /// The MCP Access controllers.
 #[derive(Debug, Parser)]
@@ -23,6 +23,10 @@ pub struct Cli {
     pub netpol: netpol::settings::Args,
     #[command(flatten)]
     pub egress: netpol::egress::EgressArgs,
+    #[command(flatten)]
+    pub host: host::Args,
+    #[command(flatten)]
+    pub host_api: hostapi::Args,
     #[command(flatten)]
     pub leader: leader::Args,
     /// Port of `/metrics`, `/livez` and `/readyz` (all addresses).
@@ -60,12 +64,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     // stops startup naming the value, whether or not the cluster is reachable.
     cli.netpol.settings(cli.mcpserver.gateway_port)?;
     cli.egress.resolver()?;
+    let host_api = hostapi::check(&cli.host_api)?;
+    let (netpol_settings, orphan_caps) = cli.netpol.settings(cli.mcpserver.gateway_port)?;
     let client = process::kube_client(cli.kubeconfig.as_deref()).await?;
     let mut registry = Registry::default();
     let health = Health::register(&mut registry);
     let reconcile = ReconcileMetrics::register(&mut registry);
     // Built now (flags checked before campaigning), polled only by the leader.
     let gateway_port = cli.mcpserver.gateway_port;
+    let image_policy = cli.mcpserver.image_policy();
     let workloads = mcpserver::controller(client.clone(), cli.mcpserver, reconcile.clone())?;
     let retirement = retire::controller(client.clone(), cli.retire, &mut registry)?;
     let (policies, synced) = netpol::controller(
@@ -74,9 +81,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.egress,
         gateway_port,
         netpol::lease_reference(&cli.leader.lease_namespace, &cli.leader.lease_name),
-        reconcile,
+        reconcile.clone(),
         &mut registry,
     )?;
+    let hosts = host::controller(
+        client.clone(),
+        cli.host,
+        netpol_settings,
+        image_policy,
+        orphan_caps,
+        reconcile.clone(),
+        &mut registry,
+    )?;
+    let host_api = hostapi::server(client.clone(), host_api, gateway_port, &mut registry).await?;
     let health = health.requiring(synced);
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], cli.metrics_port));
     let listener = tokio::net::TcpListener::bind(addr)
@@ -87,11 +104,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         client,
         &cli.leader,
         health,
-        supervise(workloads, retirement, policies),
+        supervise(workloads, retirement, policies, hosts),
         shutdown_signal(),
     );
+    let host_api = async move {
+        match host_api {
+            Some(serving) => serving.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         ended = serving => ended.context("the metrics listener ended"),
+        ended = host_api => ended.context("the Host API listener ended"),
         ended = leading => ended,
     }
 }
@@ -115,8 +139,10 @@ async fn supervise(
     workloads: impl Future<Output = anyhow::Result<()>>,
     retirement: impl Future<Output = anyhow::Result<()>>,
     policies: impl Future<Output = anyhow::Result<()>>,
+    hosts: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     tokio::select! {
+        ended = hosts => ended.context("the Host operator ended"),
         ended = workloads => ended.context("the MCPServer workload controller ended"),
         ended = retirement => ended.context("the retirement controller ended"),
         ended = policies => ended.context("the NetworkPolicy controller ended"),

@@ -3,11 +3,17 @@
 //!
 //! - [`mcpserver`]: an MCPServer's workload (Deployment + Service with the `mcp-access-authz`
 //!   gateway container), secret validation, the image allow-list, status and Events;
+//! - [`host`]: a Host's runtime (Deployment, Service, workspace PVC, ServiceAccount and Role,
+//!   NetworkPolicy) and the startup sweep of deleted Hosts' objects;
+//! - [`hostapi`]: the host-scoped HTTPS API (inventory and credentials, RS256 host tokens);
 //! - [`retire`]: the finalizer that fences a deleted MCPServer through the aggregated API (a
 //!   `server_retired` Revocation) before its objects may go.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod cli;
+pub mod host;
+pub mod hostapi;
 pub mod leader;
 pub mod mcpserver;
 pub mod metrics;

@@ -94,6 +94,7 @@ fn mk_server(ns: &str, name: &str, port: i32, bindings: Vec<EgressBinding>) -> M
             port,
             transport: Transport::StreamableHttp,
             env_secret: None,
+            host_credential: None,
             egress_bindings: bindings,
             network: None,
         },
@@ -206,7 +207,17 @@ fn contexts() -> Vec<Context> {
             "ops-host",
             &[("tools-b", "jira"), ("tools-b", "ghost")],
         ),
+        everyone_in_tools_c(),
     ]
+}
+
+/// A Context in a runtime namespace whose empty selector picks every pod there: the `operator`
+/// pod becomes a host of jira, the `secret` server's pods do not (a server is never a host).
+fn everyone_in_tools_c() -> Context {
+    let mut c = mk_context("everyone", "unused", &[("tools-b", "jira")]);
+    c.spec.host_selector = LabelSelector::default();
+    c.metadata.namespace = Some("tools-c".into());
+    c
 }
 
 /// The host of jira's binding, and the private address the fixture's resolver answers for it.
@@ -454,6 +465,8 @@ fn expected() -> BTreeMap<(String, String), &'static str> {
     allow(OPS_HOST, JIRA, "TCP 8443");
     allow(OPS_HOST, COREDNS, DNS);
     allow(OPS_HOST, NODE_LOCAL_DNS, DNS);
+    // `everyone` (tools-c, an empty selector): its non-server pod only; never SECRET.
+    allow(OPERATOR, JIRA, "TCP 8443");
     // spec.network.ingressFrom of search.
     allow(PROBE, SEARCH, "TCP 9000");
 

@@ -311,6 +311,7 @@ mod tests {
                 port: 8080,
                 transport: Transport::StreamableHttp,
                 env_secret,
+                host_credential: None,
                 egress_bindings: Vec::new(),
                 network: None,
             },

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::metrics::{ConditionLabels, ReconcileMetrics};
 use desired::{ChildKind, WorkloadSettings, MANAGED_BY, MANAGED_BY_LABEL};
-use status::{EgressGate, ImageCheck, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
+use status::{EgressGate, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
 
 /// The field manager of everything this controller applies (children and its conditions).
 /// Distinct from the retirement controller's, so applying our conditions never removes its
@@ -61,15 +61,16 @@ pub struct Args {
         default_value_t = 600
     )]
     pub gateway_token_expiration_seconds: i64,
-    /// Allowed image prefixes (repeat or comma-separate). None: every image is allowed.
+    /// Allowed image prefixes of MCPServers and Hosts (repeat or comma-separate). None: every
+    /// image is allowed.
     #[arg(
         long = "image-allow-prefix",
         env = "MCP_ACCESS_IMAGE_ALLOW_PREFIXES",
         value_delimiter = ','
     )]
     pub image_allow_prefixes: Vec<String>,
-    /// What a disallowed image gets: `audit` (Warning Event and condition, deployed) or
-    /// `enforce` (not deployed).
+    /// What a disallowed MCPServer or Host image gets: `audit` (Warning Event and condition,
+    /// deployed) or `enforce` (not deployed).
     #[arg(long, env = "MCP_ACCESS_IMAGE_POLICY", value_enum, default_value_t = ImagePolicyMode::Enforce)]
     pub image_policy: ImagePolicyMode,
 }
@@ -114,16 +115,21 @@ impl Args {
                 gateway_port: i32::from(self.gateway_port),
                 token_expiration_seconds: self.gateway_token_expiration_seconds,
             },
-            ImagePolicy {
-                prefixes: self
-                    .image_allow_prefixes
-                    .iter()
-                    .map(|p| p.trim().to_string())
-                    .filter(|p| !p.is_empty())
-                    .collect(),
-                mode: self.image_policy,
-            },
+            self.image_policy(),
         ))
+    }
+
+    /// The image allow-list, which holds for MCPServers and Hosts alike.
+    pub fn image_policy(&self) -> ImagePolicy {
+        ImagePolicy {
+            prefixes: self
+                .image_allow_prefixes
+                .iter()
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            mode: self.image_policy,
+        }
     }
 }
 
@@ -279,36 +285,46 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
     let mut applied_deployment = false;
     let workload = if secrets.resolved() && image.deployable() && egress.open() {
         let mut deployment = Value::Null;
+        // Children whose names are held by objects that are not this server's: left alone,
+        // and no Deployment (its pods would run as, or be reached through, someone else's).
+        let mut conflicts = Vec::new();
         for child in desired::children(server, &ctx.settings)? {
-            let (written, live) = match child.kind {
+            if child.kind == ChildKind::Deployment && !conflicts.is_empty() {
+                continue;
+            }
+            let applied = match child.kind {
                 ChildKind::ServiceAccount => {
                     apply(
                         Api::<ServiceAccount>::namespaced(client.clone(), namespace),
                         &child,
                     )
-                    .await?
+                    .await
                 }
                 ChildKind::ConfigMap => {
                     apply(
                         Api::<ConfigMap>::namespaced(client.clone(), namespace),
                         &child,
                     )
-                    .await?
+                    .await
                 }
                 ChildKind::Service => {
                     apply(
                         Api::<Service>::namespaced(client.clone(), namespace),
                         &child,
                     )
-                    .await?
+                    .await
                 }
                 ChildKind::Deployment => {
                     apply(
                         Api::<Deployment>::namespaced(client.clone(), namespace),
                         &child,
                     )
-                    .await?
+                    .await
                 }
+            };
+            let Some((written, live)) = applied? else {
+                conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
+                continue;
             };
             if written {
                 ctx.metrics.write(CONTROLLER, child.kind.as_str());
@@ -321,6 +337,7 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
         let generation = deployment["metadata"]["generation"].as_i64();
         let observed = deployment["status"]["observedGeneration"].as_i64();
         match (generation, observed) {
+            _ if !conflicts.is_empty() => WorkloadState::NameConflict(conflicts),
             (Some(g), Some(o)) if o >= g => WorkloadState::Observed,
             _ => WorkloadState::Pending,
         }
@@ -329,6 +346,20 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
     };
 
     // Events on transitions only, so a no-op reconcile publishes nothing.
+    if let WorkloadState::NameConflict(conflicts) = &workload {
+        let before = previous.and_then(|p| status::reason_of(&p.conditions, status::READY));
+        if before != Some(status::NAME_CONFLICT) {
+            publish(
+                ctx,
+                server,
+                EventType::Warning,
+                status::NAME_CONFLICT,
+                "Apply",
+                crate::apply::conflict_message("MCPServer", conflicts),
+            )
+            .await?;
+        }
+    }
     if applied_deployment {
         publish(
             ctx,
@@ -365,20 +396,8 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
         )
         .await?;
     }
-    if let ImageCheck::NotAllowed {
-        image: refused,
-        mode,
-    } = &image
-    {
+    if let Some(note) = image.refusal() {
         if status::condition_status(previous, status::IMAGE_ALLOWED) != Some("False") {
-            let note = match mode {
-                ImagePolicyMode::Audit => {
-                    format!("image {refused} matches no allowed prefix (audit: deployed)")
-                }
-                ImagePolicyMode::Enforce => {
-                    format!("image {refused} matches no allowed prefix: not deployed")
-                }
-            };
             publish(
                 ctx,
                 server,
@@ -411,27 +430,26 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
             .await?;
         ctx.metrics.write(CONTROLLER, "MCPServerStatus");
     }
-    Ok(Action::requeue(Duration::from_secs(600)))
+    Ok(Action::requeue(match workload {
+        // Their removal wakes nothing: look again soon.
+        WorkloadState::NameConflict(_) => crate::apply::NAME_CONFLICT_RETRY,
+        _ => Duration::from_secs(600),
+    }))
 }
 
 /// Applies `child` unless the live object is already up to date; returns whether it wrote
-/// and the live object (as JSON) afterwards.
-async fn apply<K>(api: Api<K>, child: &desired::Child) -> Result<(bool, Value), Error>
+/// and the live object (as JSON) afterwards, or `None` when its name is held by an object that
+/// is not this owner's (left alone).
+async fn apply<K>(api: Api<K>, child: &desired::Child) -> Result<Option<(bool, Value)>, Error>
 where
     K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    let live = api.get_opt(&child.name).await?;
-    let live = serde_json::to_value(&live).map_err(|e| Error::Encode(child.kind.as_str(), e))?;
-    if desired::up_to_date(&child.body, &live) {
-        return Ok((false, live));
-    }
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = api
-        .patch(&child.name, &params, &Patch::Apply(&child.body))
-        .await?;
-    let applied =
-        serde_json::to_value(&applied).map_err(|e| Error::Encode(child.kind.as_str(), e))?;
-    Ok((true, applied))
+    crate::apply::apply_if_changed(api, FIELD_MANAGER, &child.name, &child.body)
+        .await
+        .map_err(|e| match e {
+            crate::apply::ApplyError::Kube(e) => Error::Kube(e),
+            crate::apply::ApplyError::Encode(e) => Error::Encode(child.kind.as_str(), e),
+        })
 }
 
 async fn publish(

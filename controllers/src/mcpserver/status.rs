@@ -10,6 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 pub const SECRETS_RESOLVED: &str = "SecretsResolved";
 pub const IMAGE_ALLOWED: &str = "ImageAllowed";
+/// `Ready`'s reason (and the Warning Event's) when a child's name is held by another object.
+pub const NAME_CONFLICT: &str = "NameConflict";
 pub const OWNED: [&str; 3] = [READY, SECRETS_RESOLVED, IMAGE_ALLOWED];
 /// Owned by the NetworkPolicy controller; read here as a gate.
 pub const EXTERNAL_EGRESS_READY: &str = "ExternalEgressReady";
@@ -155,7 +157,23 @@ impl ImageCheck {
         )
     }
 
-    fn condition(&self) -> (bool, &'static str, String) {
+    /// The Warning Event's note for a disallowed image (`None` when the image is allowed).
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            ImageCheck::NotAllowed { image, mode } => Some(match mode {
+                ImagePolicyMode::Audit => {
+                    format!("image {image} matches no allowed prefix (audit: deployed)")
+                }
+                ImagePolicyMode::Enforce => {
+                    format!("image {image} matches no allowed prefix: not deployed")
+                }
+            }),
+            _ => None,
+        }
+    }
+
+    /// The `ImageAllowed` condition: status, reason and message.
+    pub(crate) fn condition(&self) -> (bool, &'static str, String) {
         match self {
             ImageCheck::NoAllowList => (
                 true,
@@ -231,6 +249,9 @@ pub enum WorkloadState {
     Pending,
     /// Applied and its current generation observed by the deployment controller.
     Observed,
+    /// Not applied: these children's names (`Kind name`) are held by objects that are not
+    /// this MCPServer's.
+    NameConflict(Vec<String>),
 }
 
 /// The conditions of this controller, each keeping its `lastTransitionTime` from
@@ -245,6 +266,11 @@ pub fn conditions(
     now: Time,
 ) -> Vec<Condition> {
     let ready = match workload {
+        WorkloadState::NameConflict(conflicts) => (
+            false,
+            NAME_CONFLICT,
+            crate::apply::conflict_message("MCPServer", conflicts),
+        ),
         WorkloadState::Observed => (
             true,
             "DeploymentObserved",
@@ -318,11 +344,21 @@ pub fn status_current(
 
 /// The status of `type_` in `previous`, if any.
 pub fn condition_status<'a>(previous: Option<&'a MCPServerStatus>, type_: &str) -> Option<&'a str> {
-    previous?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.as_str())
+    status_of(&previous?.conditions, type_)
+}
+
+/// The status of the condition `type_` among `conditions`, if there is one.
+pub fn status_of<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
+    find(conditions, type_).map(|c| c.status.as_str())
+}
+
+/// The reason of the condition `type_` among `conditions`, if there is one.
+pub fn reason_of<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
+    find(conditions, type_).map(|c| c.reason.as_str())
+}
+
+fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
 }
 
 #[cfg(test)]
@@ -338,6 +374,31 @@ mod tests {
             name: "env".into(),
             keys: keys.iter().map(|k| k.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_name_held_by_another_object_is_not_ready_and_named() {
+        let c = conditions(
+            None,
+            Some(1),
+            &SecretCheck::Resolved,
+            &ImageCheck::NoAllowList,
+            &EgressGate::NotRequired,
+            &WorkloadState::NameConflict(vec!["Service web".into()]),
+            t(100),
+        );
+        let ready = c.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", NAME_CONFLICT)
+        );
+        assert_eq!(
+            ready.message,
+            "Service web: not this MCPServer's, left alone; not deployed until removed (or the \
+             MCPServer renamed)"
+        );
+        assert_eq!(reason_of(&c, READY), Some(NAME_CONFLICT));
+        assert_eq!(reason_of(&c, "Missing"), None);
     }
 
     #[test]

@@ -355,7 +355,7 @@ fn context_pair(
     settings: &NetpolSettings,
     out: &mut Vec<Policy>,
 ) {
-    let hosts = selector(&context.spec.host_selector);
+    let hosts = host_pods(&context.spec.host_selector);
     let server_port = json!([{"protocol": "TCP", "port": server.spec.port}]);
 
     let mut labels = base_labels(PolicyType::ContextIngress);
@@ -438,6 +438,19 @@ fn pod_peer(peer: &PodPeer, own_ns: &str) -> Value {
 }
 
 /// A label selector as the API writes it (absent parts left out).
+/// A Context's host pods: its selector, and never an MCP server's pods (whatever the selector,
+/// an empty one included, says). A server pod selected as a host would be let into the other
+/// servers of the Context and have its own egress widened to them.
+fn host_pods(s: &LabelSelector) -> Value {
+    let mut out = selector(s);
+    let not_a_server = json!({"key": SERVER_LABEL, "operator": "DoesNotExist"});
+    match out["matchExpressions"].as_array_mut() {
+        Some(exprs) => exprs.push(not_a_server),
+        None => out["matchExpressions"] = json!([not_a_server]),
+    }
+    out
+}
+
 fn selector(s: &LabelSelector) -> Value {
     let mut out = json!({});
     if let Some(labels) = s.match_labels.as_ref().filter(|m| !m.is_empty()) {
@@ -593,6 +606,7 @@ mod tests {
                 port,
                 transport: Transport::StreamableHttp,
                 env_secret: None,
+                host_credential: None,
                 egress_bindings: Vec::new(),
                 network: None,
             },
@@ -734,7 +748,10 @@ mod tests {
             ingress["spec"]["ingress"][0]["from"][1],
             json!({
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "hosts"}},
-                "podSelector": {"matchLabels": {"host": "dev"}},
+                "podSelector": {
+                    "matchLabels": {"host": "dev"},
+                    "matchExpressions": [{"key": SERVER_LABEL, "operator": "DoesNotExist"}],
+                },
             })
         );
         assert_eq!(
@@ -743,9 +760,13 @@ mod tests {
         );
         assert_eq!(ingress["metadata"]["labels"][CONTEXT_LABEL], "dev");
         let egress = &find(&ps, "hosts", "mcp-l2-egress.dev.team-b.jira").body;
+        // Never a server's pods, whatever the selector says.
         assert_eq!(
             egress["spec"]["podSelector"],
-            json!({"matchLabels": {"host": "dev"}})
+            json!({
+                "matchLabels": {"host": "dev"},
+                "matchExpressions": [{"key": SERVER_LABEL, "operator": "DoesNotExist"}],
+            })
         );
         assert_eq!(egress["metadata"]["ownerReferences"][0]["kind"], "Context");
         assert_eq!(
