@@ -10,26 +10,5 @@
 # checksum database); the default -mod=readonly build checks every download against go.sum.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-mod=github.com/np-guard/netpol-analyzer
-version=$(awk -v m="$mod" '($1 == "require" && $2 == m) { print $3 } (NF >= 2 && $1 == m) { print $2 }' "$here/netpol-analyzer/go.mod" | head -n1)
-if [[ ! $version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-  echo "build-netpol-analyzer.sh: no exact 'require $mod' version in hack/netpol-analyzer/go.mod" >&2
-  exit 1
-fi
-cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
-mkdir -p "$cache/bin"
-bin=$(cd "$cache/bin" && pwd -P)
-out="$bin/netpolicy-$version"
-if [[ ! -x $out ]]; then
-  if ! command -v go >/dev/null 2>&1; then
-    echo "build-netpol-analyzer.sh: go is not on PATH (Go >= 1.23 is needed)" >&2
-    exit 1
-  fi
-  echo "building netpol-analyzer $version..." >&2
-  tmp=$(mktemp "$bin/.netpolicy.XXXXXX")
-  trap 'rm -f "$tmp"' EXIT
-  (cd "$here/netpol-analyzer" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp" "$mod/cmd/netpolicy") >&2
-  chmod 755 "$tmp"
-  mv -f "$tmp" "$out"
-fi
-echo "$out"
+. "$here/lib/go-tool.sh"
+go_tool_build build-netpol-analyzer.sh "$here/netpol-analyzer" github.com/np-guard/netpol-analyzer cmd/netpolicy netpolicy 1.23

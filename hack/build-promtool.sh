@@ -11,26 +11,5 @@
 # against it.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
-mod=github.com/prometheus/prometheus
-version=$(awk -v m="$mod" '($1 == "require" && $2 == m) { print $3 } (NF >= 2 && $1 == m) { print $2 }' "$here/promtool/go.mod" | head -n1)
-if [[ ! $version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-  echo "build-promtool.sh: no exact 'require $mod' version in hack/promtool/go.mod" >&2
-  exit 1
-fi
-cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
-mkdir -p "$cache/bin"
-bin=$(cd "$cache/bin" && pwd -P)
-out="$bin/promtool-$version"
-if [[ ! -x $out ]]; then
-  if ! command -v go >/dev/null 2>&1; then
-    echo "build-promtool.sh: go is not on PATH (Go >= 1.25 is needed)" >&2
-    exit 1
-  fi
-  echo "building promtool $version..." >&2
-  tmp=$(mktemp "$bin/.promtool.XXXXXX")
-  trap 'rm -f "$tmp"' EXIT
-  (cd "$here/promtool" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp" "$mod/cmd/promtool") >&2
-  chmod 755 "$tmp"
-  mv -f "$tmp" "$out"
-fi
-echo "$out"
+. "$here/lib/go-tool.sh"
+go_tool_build build-promtool.sh "$here/promtool" github.com/prometheus/prometheus cmd/promtool promtool 1.25

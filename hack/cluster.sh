@@ -21,12 +21,15 @@
 #            aggregated-ca.{crt,key}         CA for our aggregated server (the APIService caBundle)
 #            mcp-access-apiserver.{crt,key}  our server's serving cert (SAN
 #                                            mcp-access-apiserver.mcp-access.svc, localhost, 127.0.0.1)
+#            host-api-ca.{crt,key}, host-api.{crt,key}  the controllers' Host API CA and serving cert
+#            host-token.{key,pub}            the local host token issuer (RS256; hack/host-token.sh)
 #            Existing files are reused, so a restart keeps trust (delete pki/ to start over).
 #   etcd/    etcd data;  logs/  one log per process;  run/  pid files;  ports  the ports in use
 #            (reused on restart when still free, so the kubeconfig and the service-account issuer
 #            stay the same).
 #   admin.kubeconfig, env (shell-sourceable: KUBECONFIG, KUBE_APISERVER_URL, ETCD_URL, CLUSTER_DIR,
-#            *_PID, MCP_ACCESS_TLS_CERT_FILE, MCP_ACCESS_TLS_PRIVATE_KEY_FILE, AGGREGATED_CA_FILE, ...)
+#            *_PID, MCP_ACCESS_TLS_CERT_FILE, MCP_ACCESS_TLS_PRIVATE_KEY_FILE, AGGREGATED_CA_FILE,
+#            HOST_API_*, HOST_TOKEN_*, ...)
 #
 # Environment: CLUSTER_START_TIMEOUT (seconds per component, default 180),
 # KUBE_APISERVER/KUBE_CONTROLLER_MANAGER/ETCD (binaries; default: hack/build-kube.sh).
@@ -141,8 +144,20 @@ gen_pki() {
   [[ -z $fresh ]] && have mcp-access-apiserver ||
     new_leaf mcp-access-apiserver aggregated-ca "/CN=mcp-access-apiserver.mcp-access.svc" serverAuth \
       "DNS:mcp-access-apiserver.mcp-access.svc,DNS:mcp-access-apiserver.mcp-access.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
-  # Certificates and the public key are not secret; keys stay 0600 in a 0700 directory.
-  chmod 644 "$pki"/*.crt "$pki"/sa.pub
+  # The controllers' Host API: its own CA and serving cert, and the key pair of the local host
+  # token issuer (hack/host-token.sh signs with host-token.key; the API verifies with .pub).
+  fresh=
+  have host-api-ca || { new_ca host-api-ca mcp-access-host-api-ca; fresh=1; }
+  [[ -z $fresh ]] && have host-api ||
+    new_leaf host-api host-api-ca "/CN=mcp-access-controllers.mcp-access.svc" serverAuth \
+      "DNS:mcp-access-controllers.mcp-access.svc,DNS:mcp-access-controllers.mcp-access.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+  if [[ ! -s $pki/host-token.key || ! -s $pki/host-token.pub ]]; then
+    log "pki: generating the local host token issuer's key pair"
+    new_key "$pki/host-token.key"
+    openssl pkey -in "$pki/host-token.key" -pubout -out "$pki/host-token.pub" 2>/dev/null
+  fi
+  # Certificates and the public keys are not secret; keys stay 0600 in a 0700 directory.
+  chmod 644 "$pki"/*.crt "$pki"/sa.pub "$pki"/host-token.pub
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +350,8 @@ cmd_start() {
   # --- kube-apiserver
   write_kubeconfig "$kubeconfig" "$api_url"
   mkdir -p "$dir/kube-apiserver"
+  # Service IPs: the e2e suite alone creates some 250 Services in one cluster (200 MCPServers
+  # in one scenario); a /24 ran out ("range is full"), a /16 will not.
   launch kube-apiserver "$KUBE_APISERVER" \
     --etcd-servers="$etcd_url" \
     --bind-address=127.0.0.1 \
@@ -343,7 +360,7 @@ cmd_start() {
     --tls-cert-file="$pki/apiserver.crt" \
     --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
-    --service-cluster-ip-range=10.0.0.0/24 \
+    --service-cluster-ip-range=10.0.0.0/16 \
     --authorization-mode=RBAC \
     --allow-privileged=true \
     --disable-admission-plugins=ServiceAccount \
@@ -401,6 +418,14 @@ cmd_start() {
     printf 'MCP_ACCESS_TLS_CERT_FILE=%q\n' "$pki/mcp-access-apiserver.crt"
     printf 'MCP_ACCESS_TLS_PRIVATE_KEY_FILE=%q\n' "$pki/mcp-access-apiserver.key"
     printf 'AGGREGATED_CA_FILE=%q\n' "$pki/aggregated-ca.crt"
+    printf 'HOST_API_CA_FILE=%q\n' "$pki/host-api-ca.crt"
+    printf 'HOST_API_TLS_CERT_FILE=%q\n' "$pki/host-api.crt"
+    printf 'HOST_API_TLS_KEY_FILE=%q\n' "$pki/host-api.key"
+    printf 'HOST_TOKEN_PUBLIC_KEY_FILE=%q\n' "$pki/host-token.pub"
+    printf 'HOST_TOKEN_SIGNING_KEY_FILE=%q\n' "$pki/host-token.key"
+    # The local issuer's name and the Host API's audience (hack/host-token.sh signs for them).
+    printf 'HOST_TOKEN_ISSUER=%q\n' "mcp-access-local-issuer"
+    printf 'HOST_TOKEN_AUDIENCE=%q\n' "mcp-access-host-api"
   } >"$dir/env.tmp"
   mv -f "$dir/env.tmp" "$dir/env"
 

@@ -210,3 +210,56 @@ fn uid(object: &Value) -> Result<String> {
         .map(str::to_string)
         .context("object without a uid")
 }
+
+/// A started `mcp-access-authz` sidecar (binary `MCP_ACCESS_AUTHZ_BIN`) on the cluster's sync
+/// listener: the process, its port on 127.0.0.1, its token file and its log.
+pub struct SpawnedAuthz {
+    pub child: std::process::Child,
+    pub port: u16,
+    pub token_file: std::path::PathBuf,
+    pub log: std::path::PathBuf,
+}
+
+/// Starts `mcp-access-authz` as gateway `name` with the Pod-bound `token` (written to
+/// `DIR/authz-<name>/token`), listening on a free port of 127.0.0.1, logging to
+/// `logs/authz-<name>.log`, with `extra` flags. Readiness is the caller's to wait for.
+pub fn spawn_authz(
+    c: &LocalCluster,
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Result<SpawnedAuthz> {
+    use std::process::{Command, Stdio};
+    let bin = std::env::var("MCP_ACCESS_AUTHZ_BIN")
+        .context("MCP_ACCESS_AUTHZ_BIN is not set: run through hack/test.sh")?;
+    let dir = c.dir.join(format!("authz-{name}"));
+    std::fs::create_dir_all(&dir)?;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, token)?;
+    std::fs::create_dir_all(c.dir.join("logs"))?;
+    let log = c.dir.join(format!("logs/authz-{name}.log"));
+    let out = std::fs::File::create(&log)?;
+    let err = out.try_clone()?;
+    let port = crate::free_port()?;
+    let child = Command::new(&bin)
+        .args(["--sync-url", &c.sync_url()])
+        .arg("--ca-file")
+        .arg(c.sync_ca())
+        .arg("--token-file")
+        .arg(&token_file)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env_remove("SESSION_SYNC_STALE_WINDOW")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("cannot start {bin}"))?;
+    Ok(SpawnedAuthz {
+        child,
+        port,
+        token_file,
+        log,
+    })
+}

@@ -80,7 +80,7 @@ pub struct Output {
     pub stderr: String,
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -250,6 +250,35 @@ impl LocalCluster {
     /// The gateway sync listener's URL.
     pub fn sync_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.sync_port)
+    }
+
+    /// Flags that turn on the controllers' Host API on a free port of 127.0.0.1, serving the
+    /// local PKI's certificate and trusting the local host token issuer (`hack/host-token.sh`),
+    /// with the port they chose.
+    pub fn host_api_args(&self) -> Result<(u16, Vec<String>)> {
+        let port = free_port()?;
+        let env = |k: &str| {
+            self.env.get(k).cloned().with_context(|| {
+                format!("{} has no {k}: re-run hack/cluster.sh", self.dir.display())
+            })
+        };
+        Ok((
+            port,
+            vec![
+                format!("--host-api-port={port}"),
+                format!(
+                    "--host-api-tls-cert-file={}",
+                    env("HOST_API_TLS_CERT_FILE")?
+                ),
+                format!("--host-api-tls-key-file={}", env("HOST_API_TLS_KEY_FILE")?),
+                format!(
+                    "--host-token-public-key-file={}",
+                    env("HOST_TOKEN_PUBLIC_KEY_FILE")?
+                ),
+                format!("--host-token-issuer={}", env("HOST_TOKEN_ISSUER")?),
+                format!("--host-token-audience={}", env("HOST_TOKEN_AUDIENCE")?),
+            ],
+        ))
     }
 
     /// The CA that signed the serving certificate of the API and sync listeners.
@@ -727,4 +756,22 @@ impl Drop for Controllers {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `(manager, operation)` of each `metadata.managedFields` entry of an object, in order.
+pub fn managed_field_managers(object: &serde_json::Value) -> Vec<(String, String)> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|e| {
+                    (
+                        e["manager"].as_str().unwrap_or("").to_string(),
+                        e["operation"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -43,6 +43,12 @@ mod fences;
 mod gateway_cache;
 #[path = "cluster/gateway_isolation.rs"]
 mod gateway_isolation;
+#[path = "cluster/host_api.rs"]
+mod host_api;
+#[path = "cluster/host_local.rs"]
+mod host_local;
+#[path = "cluster/hosts.rs"]
+mod hosts;
 #[path = "cluster/kubectl_access.rs"]
 mod kubectl_access;
 #[path = "cluster/monitoring.rs"]
@@ -268,6 +274,34 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         netpol::orphan_sweep_over_the_cap_deletes_nothing,
     ),
     (
+        "hosts_missing_secret_blocks_until_it_appears",
+        hosts::missing_secret_blocks_until_it_appears,
+    ),
+    (
+        "hosts_image_allow_list_holds_back_a_disallowed_image",
+        hosts::image_allow_list_holds_back_a_disallowed_image,
+    ),
+    (
+        "hosts_a_name_held_by_another_object_is_left_alone",
+        hosts::a_name_held_by_another_object_is_left_alone,
+    ),
+    (
+        "hosts_workspace_grows_and_never_shrinks",
+        hosts::workspace_grows_and_never_shrinks,
+    ),
+    (
+        "hosts_egress_follows_the_context",
+        hosts::egress_follows_the_context,
+    ),
+    (
+        "hosts_deleting_a_host_removes_its_runtime",
+        hosts::deleting_a_host_removes_its_runtime,
+    ),
+    (
+        "hosts_orphan_sweep_respects_the_caps",
+        hosts::orphan_sweep_respects_the_caps,
+    ),
+    (
         "kubectl_access_who_can_lists_the_sessions_that_grant_now",
         kubectl_access::who_can_lists_the_sessions_that_grant_now,
     ),
@@ -290,6 +324,26 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "monitoring_rules_and_dashboard_match_the_scrapes",
         monitoring::rules_and_dashboard_match_the_scrapes,
+    ),
+    (
+        "host_api_token_matrix_each_refused_with_the_same_401",
+        host_api::token_matrix,
+    ),
+    (
+        "host_api_configuration_failures_exit_nonzero",
+        host_api::configuration_failures_exit_nonzero,
+    ),
+    (
+        "host_api_cross_context_isolation",
+        host_api::cross_context_isolation,
+    ),
+    (
+        "host_api_rate_limit_recovers_in_the_next_window",
+        host_api::rate_limit_recovers_in_the_next_window,
+    ),
+    (
+        "host_token_sh_signs_what_the_local_host_api_accepts",
+        host_local::host_token_sh_signs_what_the_local_host_api_accepts,
     ),
 ];
 

@@ -69,14 +69,15 @@ fn lines(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
 }
 
 impl DevScript {
-    fn start(port: u16, metrics_port: u16, apiserver_bin: &str) -> Self {
+    /// `ready_timeout`: seconds dev.sh waits for its apiserver to answer.
+    fn start(port: u16, metrics_port: u16, apiserver_bin: &str, ready_timeout: u32) -> Self {
         let dir = temp_dir("dev");
         let mut child = Command::new("bash")
             .arg(e2e::repo_root().join("hack/dev.sh"))
             .env("MCP_ACCESS_DEV_DIR", &dir)
             .env("MCP_ACCESS_DEV_PORT", port.to_string())
             .env("MCP_ACCESS_DEV_METRICS_PORT", metrics_port.to_string())
-            .env("MCP_ACCESS_DEV_READY_TIMEOUT", "10")
+            .env("MCP_ACCESS_DEV_READY_TIMEOUT", ready_timeout.to_string())
             .env("MCP_ACCESS_APISERVER_BIN", apiserver_bin)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -199,7 +200,12 @@ fn dev_sh_refuses_a_taken_port(api: bool, what: &str) {
     } else {
         (free_port(), port)
     };
-    let mut dev = DevScript::start(api_port, metrics_port, &need("MCP_ACCESS_APISERVER_BIN"));
+    let mut dev = DevScript::start(
+        api_port,
+        metrics_port,
+        &need("MCP_ACCESS_APISERVER_BIN"),
+        10,
+    );
     assert!(
         dev.exit_or_ready(Duration::from_secs(60)),
         "hack/dev.sh reported ready while another server held its {what}: {}",
@@ -236,7 +242,8 @@ fn dev_sh_does_not_take_another_servers_answer_for_its_own() {
     std::fs::write(&fake, "#!/bin/sh\nexec sleep 120\n").expect("write fake apiserver");
     let _ = Command::new("chmod").arg("755").arg(&fake).status();
     let metrics_port = free_port();
-    let mut dev = DevScript::start(free_port(), metrics_port, &fake.display().to_string());
+    // The fake never answers: the wait must run out, so it is short.
+    let mut dev = DevScript::start(free_port(), metrics_port, &fake.display().to_string(), 10);
     // Printed after the port checks and before the apiserver starts.
     dev.wait_stderr("PostgreSQL on", Duration::from_secs(60));
     impostor(TcpListener::bind(("127.0.0.1", metrics_port)).expect("bind the metrics port"));
@@ -259,7 +266,14 @@ fn dev_sh_does_not_take_another_servers_answer_for_its_own() {
 
 #[test]
 fn dev_sh_reports_ready_from_its_own_apiserver_and_stops_it() {
-    let mut dev = DevScript::start(free_port(), free_port(), &need("MCP_ACCESS_APISERVER_BIN"));
+    // A real apiserver on a loaded machine (a cluster or an image build alongside): dev.sh's
+    // own default.
+    let mut dev = DevScript::start(
+        free_port(),
+        free_port(),
+        &need("MCP_ACCESS_APISERVER_BIN"),
+        60,
+    );
     assert!(
         !dev.exit_or_ready(Duration::from_secs(120)),
         "hack/dev.sh exited instead of reporting ready: {}",
@@ -378,6 +392,8 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         .arg(&dir)
         .arg("--apiserver-bin")
         .arg(need("MCP_ACCESS_APISERVER_BIN"))
+        .arg("--controllers-bin")
+        .arg(need("MCP_ACCESS_CONTROLLERS_BIN"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -438,6 +454,18 @@ fn up_prints_kubeconfig_only_when_explain_works() {
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         });
+    // So do the Host API's: it answers 401 to a request without a host token.
+    let host_api = value("HOST_API_URL=")
+        .zip(value("HOST_API_CA="))
+        .map(|(url, ca)| {
+            Command::new("curl")
+                .args(["-sS", "--max-time", "10", "-w", "%{http_code}"])
+                .arg("--cacert")
+                .arg(&ca)
+                .arg(format!("{url}/api/v2/hosts/self/mcpservers"))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        });
     let pids: Vec<String> = std::fs::read_dir(dir.join("run"))
         .map(|entries| {
             entries
@@ -460,6 +488,11 @@ fn up_prints_kubeconfig_only_when_explain_works() {
         matches!(&sync, Some(Ok(code)) if code == "401"),
         "GATEWAY_SYNC_URL= and GATEWAY_SYNC_CA= before KUBECONFIG=, the listener answering 401 \
          without a token: printed {printed:?}, got {sync:?}\n{log}"
+    );
+    assert!(
+        matches!(&host_api, Some(Ok(answer)) if answer == r#"{"error":"unauthorized"}401"#),
+        "HOST_API_URL= and HOST_API_CA= before KUBECONFIG=, the Host API answering 401 \
+         without a token: printed {printed:?}, got {host_api:?}\n{log}"
     );
     assert!(
         status.success(),

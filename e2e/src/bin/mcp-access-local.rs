@@ -1,6 +1,7 @@
 //! `mcp-access-local`: the product on this machine (what `hack/up.sh` runs). Starts etcd,
 //! kube-apiserver, kube-controller-manager, PostgreSQL and MCP Access behind its APIService,
-//! prints `GATEWAY_SYNC_URL=<url>`, `GATEWAY_SYNC_CA=<path>` (the gateway sync listener) and
+//! prints `GATEWAY_SYNC_URL=<url>`, `GATEWAY_SYNC_CA=<path>` (the gateway sync listener),
+//! `HOST_API_URL=<url>` and `HOST_API_CA=<path>` (the controllers' Host API, when they run) and
 //! `KUBECONFIG=<path>` when ready and runs until interrupted.
 #![forbid(unsafe_code)]
 
@@ -50,8 +51,12 @@ fn main() -> anyhow::Result<()> {
         database: Database::Local,
         apiserver_args: Vec::new(),
     })?;
+    let (host_api_port, host_api) = cluster.host_api_args()?;
+    let host_api: Vec<&str> = host_api.iter().map(String::as_str).collect();
     let controllers = match &cli.controllers_bin {
-        Some(bin) => Some(cluster.start_controllers(&std::path::absolute(bin)?, "local", &[])?),
+        Some(bin) => {
+            Some(cluster.start_controllers(&std::path::absolute(bin)?, "local", &host_api)?)
+        }
         None => None,
     };
     eprintln!(
@@ -67,6 +72,13 @@ fn main() -> anyhow::Result<()> {
     // KUBECONFIG= so that a reader waiting for KUBECONFIG= has all three.
     println!("GATEWAY_SYNC_URL={}", cluster.sync_url());
     println!("GATEWAY_SYNC_CA={}", cluster.sync_ca().display());
+    if controllers.is_some() {
+        // The controllers' Host API; hack/host-token.sh signs a host's token for it.
+        println!("HOST_API_URL=https://127.0.0.1:{host_api_port}");
+        if let Some(ca) = cluster.env.get("HOST_API_CA_FILE") {
+            println!("HOST_API_CA={ca}");
+        }
+    }
     println!("KUBECONFIG={}", cluster.kubeconfig.display());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

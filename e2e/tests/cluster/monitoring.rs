@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use e2e::LocalCluster;
@@ -273,11 +273,31 @@ fn curl(url: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+/// The status code of a GET of `url` by curl with `extra` arguments (headers, a CA).
+fn status_of(extra: &[&str], url: &str) -> Result<u16, String> {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .map_err(|e| e.to_string())?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| {
+            format!(
+                "GET {url}: no status ({e}): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
 }
 
 /// A running `mcp-access-authz` sidecar, killed on drop.
@@ -296,28 +316,9 @@ impl Drop for Sidecar {
 
 impl Sidecar {
     fn start(c: &LocalCluster, token: &str) -> Result<Self, String> {
-        let dir = c.dir.join("monitoring-authz");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, token).map_err(|e| e.to_string())?;
-        let log = c.dir.join("logs/authz-monitoring.log");
-        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let port = free_port()?;
-        let child = Command::new(env_path("MCP_ACCESS_AUTHZ_BIN")?)
-            .args(["--sync-url", &c.sync_url()])
-            .arg("--ca-file")
-            .arg(c.sync_ca())
-            .arg("--token-file")
-            .arg(&token_file)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env_remove("SESSION_SYNC_STALE_WINDOW")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| e.to_string())?;
+        let e2e::gateway::SpawnedAuthz {
+            child, port, log, ..
+        } = e2e::gateway::spawn_authz(c, "monitoring", token, &[]).map_err(|e| format!("{e:#}"))?;
         let sidecar = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
@@ -350,24 +351,10 @@ impl Sidecar {
 
     /// The check's status for `ns/name`.
     fn check(&self, ns: &str, name: &str) -> Result<u16, String> {
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "5",
-            ])
-            .args(["-H", &format!("X-MCP-Session: {ns}/{name}")])
-            .arg(format!("{}/mcp", self.base))
-            .output()
-            .map_err(|e| e.to_string())?;
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .map_err(|e| format!("check status: {e}"))
+        status_of(
+            &["-H", &format!("X-MCP-Session: {ns}/{name}")],
+            &format!("{}/mcp", self.base),
+        )
     }
 }
 
@@ -509,14 +496,27 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
     );
     eprintln!("    revoke-to-deny observed by the sidecar: {observed_sum:.3} s (revokedAt has whole-second precision)");
 
-    // The controllers (after the sidecar: as leader they would reconcile its MCPServer).
+    // The controllers (after the sidecar: as leader they would reconcile its MCPServer), with
+    // the Host API on; one request without a token gives its request counter a series.
+    let (host_api_port, host_api) = c.host_api_args().map_err(|e| format!("{e:#}"))?;
+    let mut args = vec!["--lease-name=mcp-access-monitoring"];
+    args.extend(host_api.iter().map(String::as_str));
     let controllers = c
         .start_controllers(
             &env_path("MCP_ACCESS_CONTROLLERS_BIN")?,
             "monitoring",
-            &["--lease-name=mcp-access-monitoring"],
+            &args,
         )
         .map_err(|e| format!("{e:#}"))?;
+    let host_ca = c
+        .env
+        .get("HOST_API_CA_FILE")
+        .ok_or("the cluster env has no HOST_API_CA_FILE")?;
+    let refused = status_of(
+        &["--cacert", host_ca],
+        &format!("https://127.0.0.1:{host_api_port}/api/v2/hosts/self/mcpservers"),
+    )?;
+    ensure!(refused == 401, "the Host API without a token: {refused}");
     let controllers_text = controllers.get("/metrics").map_err(|e| format!("{e:#}"))?;
     drop(controllers);
     let apiserver_text = curl(&format!("http://127.0.0.1:{}/metrics", c.metrics_port))?;

@@ -372,7 +372,11 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
             ingress["spec"]["ingress"][0]["from"][1]
                 == json!({
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hosts}},
-                    "podSelector": {"matchLabels": {"host": "dev"}},
+                    // The Context's selector, and never a server's pods.
+                    "podSelector": {
+                        "matchLabels": {"host": "dev"},
+                        "matchExpressions": [{"key": "mcp-runtime.dev/mcpserver", "operator": "DoesNotExist"}],
+                    },
                 })
                 && ingress["spec"]["ingress"][0]["ports"]
                     == json!([{"protocol": "TCP", "port": 8080}]),

@@ -1,0 +1,166 @@
+//! The Host API as `hack/up.sh` runs it: the controllers started with the local cluster's
+//! Host API flags (`LocalCluster::host_api_args`: the PKI and issuer `hack/cluster.sh` makes),
+//! and a host calling it with curl and a token from `hack/host-token.sh`, as the README shows.
+
+use std::process::Command;
+
+use e2e::LocalCluster;
+use serde_json::{json, Value};
+
+use super::controllers::{apply, start};
+use super::{create_namespace, ok};
+
+const NS: &str = "host-local";
+
+/// `curl -s` against the Host API, trusting the local Host API CA: (status, body).
+fn call(
+    c: &LocalCluster,
+    url: &str,
+    token: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), String> {
+    let ca = c
+        .env
+        .get("HOST_API_CA_FILE")
+        .ok_or("the cluster env has no HOST_API_CA_FILE")?;
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "10", "--cacert", ca])
+        .args(["-w", "\n%{http_code}"])
+        .args(["-H", &format!("Authorization: Bearer {token}")]);
+    if let Some(body) = body {
+        cmd.args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            body,
+        ]);
+    }
+    let out = cmd.arg(url).output().map_err(|e| format!("curl: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "curl {url} failed: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let (body, code) = text.rsplit_once('\n').ok_or("curl printed no status")?;
+    let code = code
+        .trim()
+        .parse()
+        .map_err(|_| format!("status {code:?}"))?;
+    Ok((code, body.to_string()))
+}
+
+fn host_token(c: &LocalCluster, host: &str) -> Result<String, String> {
+    let out = Command::new(e2e::repo_root().join("hack/host-token.sh"))
+        .args([NS, host])
+        .env("MCP_ACCESS_LOCAL_DIR", &c.dir)
+        .output()
+        .map_err(|e| format!("hack/host-token.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "hack/host-token.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
+    c: &mut LocalCluster,
+) -> Result<(), String> {
+    create_namespace(c, NS)?;
+    let (port, args) = c.host_api_args().map_err(|e| format!("{e:#}"))?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut controllers = start(c, "host-local", "host-local", &args)?;
+    let base = format!("https://127.0.0.1:{port}/api/v2/hosts/self/mcpservers");
+    let result = (|| {
+        ok(
+            &c.kubectl(&[
+                "create",
+                "secret",
+                "generic",
+                "github-token",
+                "-n",
+                NS,
+                "--from-literal=token=ghp-local",
+            ]),
+            "create secret",
+        )?;
+        for manifest in [
+            json!({
+                "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "MCPServer",
+                "metadata": {"name": "github", "namespace": NS},
+                "spec": {"image": "ghcr.io/example/github-mcp:1", "port": 8080,
+                         "hostCredential": {"name": "github-token", "key": "token"}},
+            }),
+            json!({
+                "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Context",
+                "metadata": {"name": "dev", "namespace": NS},
+                "spec": {"mcpServers": [{"name": "github"}],
+                         "hostSelector": {"matchLabels": {"mcp-runtime.dev/host": "dev-host"}}},
+            }),
+            json!({
+                "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Host",
+                "metadata": {"name": "dev-host", "namespace": NS},
+                "spec": {"contextRef": {"name": "dev"}, "image": "ghcr.io/example/agent-host:1"},
+            }),
+        ] {
+            apply(c, &manifest)?;
+        }
+        let token = host_token(c, "dev-host")?;
+
+        let (code, body) = call(c, &base, &token, None)?;
+        ensure!(code == 200, "inventory: {code} {body}");
+        let inventory: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        let names: Vec<&str> = inventory["items"]
+            .as_array()
+            .ok_or(format!("no items: {body}"))?
+            .iter()
+            .filter_map(|i| i["name"].as_str())
+            .collect();
+        ensure!(names == ["github"], "inventory lists {names:?}: {body}");
+        ensure!(
+            !body.contains("github-token"),
+            "the inventory names the Secret: {body}"
+        );
+
+        let credential = format!("{base}/credential");
+        let (code, body) = call(c, &credential, &token, Some(r#"{"serverName":"github"}"#))?;
+        ensure!(code == 200, "credential: {code} {body}");
+        let answer: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        ensure!(
+            answer["credential"] == "ghp-local",
+            "credential answer: {body}"
+        );
+
+        // One flipped character of the signature: the same token is refused.
+        let mut forged = token.clone().into_bytes();
+        let last = forged.len() - 2;
+        forged[last] = if forged[last] == b'A' { b'B' } else { b'A' };
+        let forged = String::from_utf8(forged).map_err(|e| e.to_string())?;
+        let (code, body) = call(c, &base, &forged, None)?;
+        ensure!(code == 401, "a forged signature got {code} {body}");
+
+        // A client that completes the TLS handshake and then sends nothing does not keep its
+        // connection (and one of the API's connection slots): it is closed within seconds.
+        let started = std::time::Instant::now();
+        let idle = Command::new("timeout")
+            .args(["60", "openssl", "s_client", "-quiet"])
+            .args(["-connect", &format!("127.0.0.1:{port}")])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("openssl s_client: {e}"))?;
+        let held = started.elapsed();
+        ensure!(
+            idle.status.code() != Some(124) && held < std::time::Duration::from_secs(20),
+            "an idle TLS connection was held {held:?} ({})",
+            idle.status
+        );
+        eprintln!("    an idle TLS connection was closed after {held:.1?}");
+        Ok(())
+    })();
+    controllers.stop();
+    let _ = c.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+    result
+}

@@ -1,0 +1,34 @@
+# shellcheck shell=bash
+# go_tool_build SCRIPT DIR MODULE PACKAGE NAME GO_MIN: builds the Go command MODULE/PACKAGE at
+# the exact version DIR/go.mod requires of MODULE (a small tools module of its own, with a
+# committed go.sum that the default -mod=readonly build checks every download against) into
+# ${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}/bin/NAME-<version>, reused when present. Prints
+# only the binary's absolute path on stdout; everything else goes to stderr, errors named after
+# SCRIPT. The module proxy serves exact versions only, never @latest.
+go_tool_build() {
+  local script=$1 dir=$2 mod=$3 pkg=$4 name=$5 go_min=$6
+  local version cache bin out tmp
+  version=$(awk -v m="$mod" '($1 == "require" && $2 == m) { print $3 } (NF >= 2 && $1 == m) { print $2 }' "$dir/go.mod" | head -n1)
+  if [[ ! $version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+    echo "$script: no exact 'require $mod' version in $dir/go.mod" >&2
+    return 1
+  fi
+  cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
+  mkdir -p "$cache/bin"
+  bin=$(cd "$cache/bin" && pwd -P)
+  out="$bin/$name-$version"
+  if [[ ! -x $out ]]; then
+    if ! command -v go >/dev/null 2>&1; then
+      echo "$script: go is not on PATH (Go >= $go_min is needed)" >&2
+      return 1
+    fi
+    echo "building $name $version..." >&2
+    tmp=$(mktemp "$bin/.$name.XXXXXX")
+    # shellcheck disable=SC2064 # the path is fixed now, on purpose
+    trap "rm -f '$tmp'" EXIT
+    (cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp" "$mod/$pkg") >&2
+    chmod 755 "$tmp"
+    mv -f "$tmp" "$out"
+  fi
+  echo "$out"
+}
