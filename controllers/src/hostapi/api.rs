@@ -1,7 +1,7 @@
-//! The two endpoints and every answer. Each request: authenticate (token, then the live Host
-//! and its UID), rate limit per Host UID, then live GETs (Host, Context, granted MCPServers,
-//! Secrets) through the kube client; nothing is cached, so a revoked grant holds on the next
-//! request. Every negative answer of one kind is byte-identical.
+//! The two endpoints and every answer. Each request: authenticate (the token, the rate limit
+//! of the Host UID it names, then the live Host with that UID), then live GETs (Context,
+//! granted MCPServers, Secrets) through the kube client; nothing is cached, so a revoked grant
+//! holds on the next request. Every negative answer of one kind is byte-identical.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -299,7 +299,9 @@ impl HostApi {
             .unwrap_or_else(|_| Err(Failure::Unavailable("request timed out".into())))
     }
 
-    /// The token's Host, live, with the UID the token names; then the rate limit.
+    /// A valid token, then the rate limit of the UID it names, then that Host, live, with that
+    /// UID. The limit comes before any Kubernetes read: a token of a deleted Host, or a host
+    /// over its limit, costs kube-apiserver nothing.
     async fn authenticate(
         &self,
         headers: &http::HeaderMap,
@@ -313,13 +315,13 @@ impl HostApi {
             .verifier
             .verify(token, now)
             .map_err(Failure::Unauthorized)?;
+        self.limiter
+            .check(&id.uid, Instant::now())
+            .map_err(Failure::RateLimited)?;
         let host = self
             .host(&id)
             .await?
             .ok_or(Failure::Unauthorized(Refusal::Host))?;
-        self.limiter
-            .check(&id.uid, Instant::now())
-            .map_err(Failure::RateLimited)?;
         Ok((id, host))
     }
 
@@ -1114,12 +1116,26 @@ mod kube_tests {
     }
 
     #[tokio::test]
-    async fn the_rate_limit_counts_authenticated_requests_only() {
+    async fn the_rate_limit_counts_valid_tokens_per_uid_before_any_read() {
         let w = world();
-        let api = api(w, 2);
+        let api = api(w.clone(), 2);
+        // Invalid tokens are refused before the limiter: they spend no host's window.
         for _ in 0..5 {
+            assert_eq!(get(&api, "not-a-token").await.0, 401);
+        }
+        // A signed token of a UID no Host has: refused after a Host read while its window
+        // lasts, then limited without any read of kube-apiserver.
+        for _ in 0..2 {
             assert_eq!(get(&api, &token("uid-wrong")).await.0, 401);
         }
+        let reads = w.lock().unwrap().log.len();
+        assert_eq!(get(&api, &token("uid-wrong")).await.0, 429);
+        assert_eq!(
+            w.lock().unwrap().log.len(),
+            reads,
+            "a limited request read nothing"
+        );
+        // Another UID's window is its own.
         assert_eq!(get(&api, &token("uid-agent")).await.0, 200);
         assert_eq!(
             post(&api, &token("uid-agent"), json!({"serverName": "github"}))

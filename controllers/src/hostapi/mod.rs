@@ -33,6 +33,10 @@ const CERT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Open connections at most; further ones wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
+/// Open connections from one address at most; further ones are closed at once. A host pod
+/// has its own address, so one pod (or one client that connects and says little) cannot take
+/// the slots above from the others.
+const MAX_CONNECTIONS_PER_PEER: usize = 32;
 /// A connection with no request in flight for this long is closed (the client reconnects):
 /// idle connections must not hold the slots above.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -79,6 +83,46 @@ impl Drop for InFlight {
             .in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.0.touch();
+    }
+}
+
+/// Connections open per peer address, each held by a [`PeerSlot`].
+#[derive(Default)]
+struct PeerSlots {
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One connection of a peer, counted until dropped.
+struct PeerSlot {
+    slots: Arc<PeerSlots>,
+    peer: std::net::IpAddr,
+}
+
+impl PeerSlots {
+    /// A slot for `peer`, or `None` when it already has [`MAX_CONNECTIONS_PER_PEER`].
+    fn take(self: &Arc<Self>, peer: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(peer).or_default();
+        if *n >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            slots: self.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -136,6 +180,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let acceptor = TlsAcceptor::from(tls_config);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers = Arc::new(PeerSlots::default());
     loop {
         let slot = slots.clone().acquire_owned().await?;
         let (tcp, peer) = match listener.accept().await {
@@ -146,11 +191,15 @@ async fn serve(
                 continue;
             }
         };
+        let Some(peer_slot) = peers.take(peer.ip()) else {
+            tracing::debug!(%peer, "Host API: over the connections of one address, closed");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let api = api.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, peer_slot);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
@@ -228,6 +277,25 @@ mod tests {
             last_activity: AtomicU64::new(last),
             in_flight: AtomicUsize::new(in_flight),
         }
+    }
+
+    #[test]
+    fn one_address_holds_a_bounded_share_of_the_connections() {
+        let peers = Arc::new(PeerSlots::default());
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let b: std::net::IpAddr = [10, 0, 0, 2].into();
+        let held: Vec<_> = (0..MAX_CONNECTIONS_PER_PEER)
+            .map(|_| peers.take(a).expect("under the cap"))
+            .collect();
+        assert!(peers.take(a).is_none(), "one over the cap is refused");
+        let other = peers.take(b).expect("another address has its own share");
+        drop(held);
+        drop(other);
+        assert!(
+            peers.open.lock().unwrap().is_empty(),
+            "closed connections free their slots"
+        );
+        assert!(peers.take(a).is_some());
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub const DEFAULT_RATE_LIMIT: u32 = 120;
 pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(60);
 /// The smallest RSA modulus accepted for the host token issuer's key.
 pub const MIN_RSA_BITS: usize = 2048;
+/// The largest, as ring (which verifies the signatures) allows.
+pub const MAX_RSA_BITS: usize = 8192;
 
 /// Flags of the Host API. It is on only when `--host-api-port` is set; any other of these
 /// flags without it is a startup error.
@@ -32,8 +34,8 @@ pub struct Args {
     /// Private key (PEM) of the Host API's serving certificate.
     #[arg(long, env = "MCP_ACCESS_HOST_API_TLS_KEY_FILE")]
     pub host_api_tls_key_file: Option<PathBuf>,
-    /// The host token issuer's RSA public key (PEM `PUBLIC KEY` or `RSA PUBLIC KEY`, at least
-    /// 2048 bits). Host tokens are RS256 JWTs signed with its private key.
+    /// The host token issuer's RSA public key (PEM `PUBLIC KEY` or `RSA PUBLIC KEY`, 2048 to
+    /// 8192 bits). Host tokens are RS256 JWTs signed with its private key.
     #[arg(long, env = "MCP_ACCESS_HOST_TOKEN_PUBLIC_KEY_FILE")]
     pub host_token_public_key_file: Option<PathBuf>,
     /// The `iss` host tokens must carry.
@@ -143,8 +145,9 @@ impl Args {
             ));
         }
         let max_ttl = self.host_token_max_ttl.map_or(DEFAULT_MAX_TTL, |d| d.std());
-        if max_ttl.is_zero() {
-            return Err(err("--host-token-max-ttl", "must be greater than 0"));
+        // Lifetimes are whole seconds: a maximum under one would refuse every token.
+        if max_ttl < Duration::from_secs(1) {
+            return Err(err("--host-token-max-ttl", "must be at least 1s"));
         }
         let rate_limit = self.host_api_rate_limit.unwrap_or(DEFAULT_RATE_LIMIT);
         if rate_limit == 0 {
@@ -213,7 +216,8 @@ const PLACEHOLDER_WORDS: [&str; 6] = [
 
 /// An issuer or audience: non-empty, no whitespace, not a placeholder (`changeme`,
 /// `placeholder`, `todo`, `replace-me`, `<...>`, `example` and the example.com/.org/.net
-/// hosts). Words are compared whole (split on punctuation), so `https://todoist.com` passes.
+/// hosts, an unexpanded `$(VAR)` or `${VAR}`). Words are compared whole (split on
+/// punctuation), so `https://todoist.com` passes.
 pub fn check_claim_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err("must not be empty".into());
@@ -221,10 +225,20 @@ pub fn check_claim_value(value: &str) -> Result<(), String> {
     if value.chars().any(char::is_whitespace) {
         return Err(format!("{value:?} contains whitespace"));
     }
-    if value.contains('<') || value.contains('>') {
+    // `$(VAR)` is what Kubernetes leaves of a reference to an undefined variable.
+    if value.contains('<') || value.contains('>') || value.contains("$(") || value.contains("${") {
         return Err(format!("{value:?} is a placeholder"));
     }
-    let lower = value.to_ascii_lowercase();
+    if has_placeholder_word(value) {
+        return Err(format!("{value:?} is a placeholder"));
+    }
+    Ok(())
+}
+
+/// Whether `text` holds one of [`PLACEHOLDER_WORDS`] as a whole word, also with `-` and `_`
+/// taken out (`replace-me`, `change_me`).
+fn has_placeholder_word(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
     // `replace-me`, `change_me`: the joined form is a placeholder word too.
     let joined: String = lower
         .split(['-', '_'])
@@ -233,17 +247,13 @@ pub fn check_claim_value(value: &str) -> Result<(), String> {
         .to_string();
     let words = lower.split(|c: char| !c.is_ascii_alphanumeric());
     let joined_words = joined.split(|c: char| !c.is_ascii_alphanumeric());
-    if words
+    words
         .chain(joined_words)
         .any(|w| PLACEHOLDER_WORDS.contains(&w))
-    {
-        return Err(format!("{value:?} is a placeholder"));
-    }
-    Ok(())
 }
 
 /// Reads the host token issuer's public key: PEM `PUBLIC KEY` (SPKI, rsaEncryption) or
-/// `RSA PUBLIC KEY` (PKCS#1), at least [`MIN_RSA_BITS`]. Returns it as PKCS#1 DER. Messages
+/// `RSA PUBLIC KEY` (PKCS#1), [`MIN_RSA_BITS`] to [`MAX_RSA_BITS`]. Returns it as PKCS#1 DER. Messages
 /// name the problem, never the key.
 pub fn load_public_key(path: &Path) -> Result<Vec<u8>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -278,17 +288,17 @@ pub fn load_public_key(path: &Path) -> Result<Vec<u8>, String> {
     };
     let bits =
         rsa_modulus_bits(&pkcs1).ok_or_else(|| format!("{shown}: malformed RSA public key"))?;
-    if bits < MIN_RSA_BITS {
+    if !(MIN_RSA_BITS..=MAX_RSA_BITS).contains(&bits) {
         return Err(format!(
-            "{shown}: the RSA key has {bits} bits; at least {MIN_RSA_BITS} are required"
+            "{shown}: the RSA key has {bits} bits; {MIN_RSA_BITS} to {MAX_RSA_BITS} are accepted"
         ));
     }
     Ok(pkcs1)
 }
 
-/// Whether the file's text outside PEM base64 bodies holds a placeholder word
-/// (REPLACE, CHANGEME, PLACEHOLDER, TODO; case-insensitive). Base64 bodies are skipped: a
-/// real key's body can spell any four letters.
+/// Whether the file's text outside PEM base64 bodies holds a placeholder: one of
+/// [`PLACEHOLDER_WORDS`] as a whole word, a bare `replace` (`REPLACE with the key`), `<` or
+/// `>`. Base64 bodies are skipped: a real key's body can spell any word.
 fn is_placeholder_text(text: &str) -> bool {
     let mut inside = false;
     let mut outside = String::new();
@@ -307,10 +317,13 @@ fn is_placeholder_text(text: &str) -> bool {
         outside.push_str(l);
         outside.push('\n');
     }
-    let upper = outside.to_ascii_uppercase();
-    ["REPLACE", "CHANGEME", "PLACEHOLDER", "TODO"]
-        .iter()
-        .any(|w| upper.contains(w))
+    outside.contains('<')
+        || outside.contains('>')
+        || has_placeholder_word(&outside)
+        || outside
+            .to_ascii_lowercase()
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == "replace")
 }
 
 /// The PEM blocks of `text`: label and decoded body.
@@ -394,23 +407,39 @@ fn spki_rsa(der: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// The size in bits of the modulus of a PKCS#1 RSAPublicKey.
+/// The size in bits of the modulus of a PKCS#1 RSAPublicKey that ring can verify with: the
+/// modulus and exponent only, positive and minimally encoded, nothing after them, an odd
+/// exponent from 3 to 2^33 - 1. `None` for anything else.
 fn rsa_modulus_bits(pkcs1: &[u8]) -> Option<usize> {
-    let (0x30, seq, _) = der_element(pkcs1)? else {
+    let (0x30, seq, []) = der_element(pkcs1)? else {
         return None;
     };
     let (0x02, n, rest) = der_element(seq)? else {
         return None;
     };
-    let (0x02, e, _) = der_element(rest)? else {
+    let (0x02, e, []) = der_element(rest)? else {
         return None;
     };
-    if e.is_empty() {
+    let n = positive_integer(n)?;
+    let e = positive_integer(e)?;
+    // ring verifies with exponents from 3 to 2^33 - 1, odd: anything else would refuse every
+    // token at request time rather than stop startup.
+    let exponent = (e.len() <= 5).then(|| e.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))?;
+    if exponent < 3 || exponent % 2 == 0 || exponent >= 1 << 33 {
         return None;
     }
-    let n: Vec<u8> = n.iter().copied().skip_while(|&b| b == 0).collect();
     let (&top, _) = n.split_first()?;
     Some((n.len() - 1) * 8 + (8 - top.leading_zeros() as usize))
+}
+
+/// The magnitude of a DER INTEGER's content that is positive and minimally encoded.
+fn positive_integer(content: &[u8]) -> Option<&[u8]> {
+    match content {
+        [] => None,
+        [0, next, ..] if *next >= 0x80 => Some(&content[1..]),
+        [first, ..] if *first == 0 || *first >= 0x80 => None,
+        _ => Some(content),
+    }
 }
 
 #[cfg(test)]
@@ -605,6 +634,8 @@ pub(crate) mod tests {
             "todo",
             "placeholder",
             "https://host issuer",
+            "$(HOST_TOKEN_ISSUER)",
+            "https://${ISSUER_HOST}/",
         ] {
             let issuer = Args {
                 host_token_issuer: Some(bad.into()),
@@ -647,6 +678,57 @@ pub(crate) mod tests {
         assert!(failure(&missing_cert).starts_with("--host-api-tls-cert-file: required"));
     }
 
+    /// A PKCS#1 RSAPublicKey of a modulus of `bits` bits and `exponent`, then `trailing`.
+    fn pkcs1(bits: usize, exponent: &[u8], trailing: &[u8]) -> Vec<u8> {
+        fn element(tag: u8, content: &[u8]) -> Vec<u8> {
+            let mut out = vec![tag];
+            match content.len() {
+                n if n < 0x80 => out.push(n as u8),
+                n if n < 0x100 => out.extend([0x81, n as u8]),
+                n => out.extend([0x82, (n >> 8) as u8, n as u8]),
+            }
+            out.extend_from_slice(content);
+            out
+        }
+        // A leading zero keeps the top bit (set) from making the modulus negative.
+        let mut n = vec![0u8, 0x80];
+        n.extend(std::iter::repeat_n(0x5a, bits / 8 - 1));
+        let mut body = element(0x02, &n);
+        body.extend(element(0x02, exponent));
+        let mut out = element(0x30, &body);
+        out.extend_from_slice(trailing);
+        out
+    }
+
+    #[test]
+    fn rsa_keys_ring_cannot_verify_with_are_refused() {
+        assert_eq!(rsa_modulus_bits(&pkcs1(2048, &[1, 0, 1], &[])), Some(2048));
+        assert_eq!(rsa_modulus_bits(&pkcs1(4096, &[3], &[])), Some(4096));
+        for (what, der) in [
+            ("bytes after the key", pkcs1(2048, &[1, 0, 1], &[0])),
+            ("an even exponent", pkcs1(2048, &[1, 0, 0], &[])),
+            ("an exponent of 1", pkcs1(2048, &[1], &[])),
+            (
+                "an exponent of 2^33 + 1",
+                pkcs1(2048, &[2, 0, 0, 0, 1], &[]),
+            ),
+            ("a negative exponent", pkcs1(2048, &[0x81], &[])),
+            ("a non-minimal exponent", pkcs1(2048, &[0, 1, 0, 1], &[])),
+        ] {
+            assert_eq!(rsa_modulus_bits(&der), None, "{what}");
+        }
+        // Well formed but over ring's 8192 bits: refused by size, at startup.
+        let big = write(
+            "big.pem",
+            &format!(
+                "-----BEGIN RSA PUBLIC KEY-----\n{}\n-----END RSA PUBLIC KEY-----\n",
+                base64::engine::general_purpose::STANDARD.encode(pkcs1(8200, &[1, 0, 1], &[]))
+            ),
+        );
+        let message = load_public_key(&big).unwrap_err();
+        assert!(message.contains("8200 bits; 2048 to 8192"), "{message}");
+    }
+
     #[test]
     fn zero_ttl_limit_and_window_fail() {
         for (args, flag) in [
@@ -656,6 +738,13 @@ pub(crate) mod tests {
                     ..valid_args()
                 },
                 "--host-token-max-ttl",
+            ),
+            (
+                Args {
+                    host_token_max_ttl: Some("500ms".parse().unwrap()),
+                    ..valid_args()
+                },
+                "--host-token-max-ttl: must be at least 1s",
             ),
             (
                 Args {

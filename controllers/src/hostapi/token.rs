@@ -26,11 +26,18 @@ enum Audience {
     Many(Vec<String>),
 }
 
+/// The claims, typed strictly: a claim of another shape (an `iss` array, a negative or
+/// fractional time, an `nbf` string) fails to decode and the token is refused, where
+/// jsonwebtoken alone would accept any matching `iss` element or skip an `nbf` it cannot read.
 #[derive(Deserialize)]
 struct Claims {
+    #[allow(dead_code)] // decoded for its type; the value is checked by `Validation`
+    iss: String,
     aud: Audience,
-    iat: i64,
-    exp: i64,
+    iat: u64,
+    exp: u64,
+    #[allow(dead_code)] // decoded for its type; the value is checked by `Validation`
+    nbf: Option<u64>,
     #[serde(rename = "hostRefs")]
     host_refs: Vec<HostRef>,
     host_uid: String,
@@ -136,13 +143,15 @@ impl Verifier {
         if aud != self.audience {
             return Err(Refusal::Audience);
         }
-        let leeway = LEEWAY_SECONDS as i64;
-        let max_ttl = i64::try_from(self.max_ttl.as_secs()).unwrap_or(i64::MAX);
-        if claims.exp <= claims.iat
-            || claims.exp - claims.iat > max_ttl
-            || claims.iat > now + leeway
-            || claims.exp < now - leeway
-        {
+        // Wide integers: no claim value can overflow a comparison into an acceptance.
+        let (iat, exp, now) = (
+            i128::from(claims.iat),
+            i128::from(claims.exp),
+            i128::from(now),
+        );
+        let leeway = i128::from(LEEWAY_SECONDS);
+        let max_ttl = i128::from(self.max_ttl.as_secs());
+        if exp <= iat || exp - iat > max_ttl || iat > now + leeway || exp < now - leeway {
             return Err(Refusal::Lifetime);
         }
         let [host] = <[HostRef; 1]>::try_from(claims.host_refs).map_err(|_| Refusal::HostRefs)?;
@@ -369,6 +378,39 @@ mod tests {
                 "other capability",
                 with(|c| c["capabilities"] = json!(["mcp:credential:write"])),
                 Refusal::Capabilities,
+            ),
+            (
+                "an issuer array holding the issuer",
+                with(|c| c["iss"] = json!(["https://issuer.mcp.internal", "https://evil"])),
+                Refusal::Invalid,
+            ),
+            (
+                "an iat so far back that exp - iat overflows 64 bits",
+                with(|c| c["iat"] = json!(i64::MIN)),
+                Refusal::Invalid,
+            ),
+            (
+                "an iat at the epoch with exp decades ahead",
+                with(|c| {
+                    c["iat"] = json!(0);
+                    c["exp"] = json!(t + 86_400 * 365 * 30);
+                }),
+                Refusal::Lifetime,
+            ),
+            (
+                "a fractional exp",
+                with(|c| c["exp"] = json!(t as f64 + 100.5)),
+                Refusal::Invalid,
+            ),
+            (
+                "an nbf that is not a number",
+                with(|c| c["nbf"] = json!("later")),
+                Refusal::Invalid,
+            ),
+            (
+                "not valid before a time still ahead",
+                with(|c| c["nbf"] = json!(t + 200)),
+                Refusal::Invalid,
             ),
         ];
         for (name, token, refusal) in cases {
