@@ -340,11 +340,57 @@ pub fn crds() -> Vec<(
     k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 )> {
     use kube::CustomResourceExt;
+    let mut host = Host::crd();
+    let mut server = MCPServer::crd();
+    for (crd, kind) in [(&mut host, "a Host"), (&mut server, "an MCPServer")] {
+        name_starts_with_a_letter(crd, kind);
+    }
+    if let Some(size) = root_schema(&mut host)
+        .and_then(|root| root.properties.as_mut()?.get_mut("spec"))
+        .and_then(|spec| spec.properties.as_mut()?.get_mut("workspaceSize"))
+    {
+        // kube-apiserver's own Quantity syntax: a malformed size is refused at the door, not
+        // by every apply of the claim.
+        size.pattern = Some(QUANTITY_PATTERN.into());
+    }
     vec![
-        ("mcpservers.yaml", MCPServer::crd()),
+        ("mcpservers.yaml", server),
         ("contexts.yaml", Context::crd()),
-        ("hosts.yaml", Host::crd()),
+        ("hosts.yaml", host),
     ]
+}
+
+/// The syntax of a `resource.Quantity` as a string (what controller-gen puts in CRDs).
+const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+type Crd =
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+type Schema = k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
+
+fn root_schema(crd: &mut Crd) -> Option<&mut Schema> {
+    crd.spec
+        .versions
+        .first_mut()?
+        .schema
+        .as_mut()?
+        .open_api_v3_schema
+        .as_mut()
+}
+
+/// A Host's or MCPServer's Service is named after it, and a Service name (DNS-1035) starts
+/// with a letter: the CRD refuses other names with a 422 saying why, rather than the
+/// controllers failing every apply of the Service.
+fn name_starts_with_a_letter(crd: &mut Crd, kind: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ValidationRule;
+    if let Some(root) = root_schema(crd) {
+        root.x_kubernetes_validations = Some(vec![ValidationRule {
+            rule: "self.metadata.name.matches('^[a-z]')".into(),
+            message: Some(format!(
+                "{kind}'s name must start with a letter: its Service is named after it"
+            )),
+            ..ValidationRule::default()
+        }]);
+    }
 }
 
 #[cfg(test)]

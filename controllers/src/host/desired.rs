@@ -113,13 +113,16 @@ pub fn fit_label(base: &str, suffix: &str) -> String {
     format!("{}-{}", start.trim_end_matches('-'), &digest[..16])
 }
 
-/// The value of [`HOST_LABEL`] for Host `name` (a label value is at most 63 characters).
+/// The value of [`HOST_LABEL`] for Host `name` (a label value is at most 63 characters):
+/// the name, or for a longer one its start, `_` and a digest of the whole. A Host name never
+/// holds `_`, so no other Host's name is that value and no two Hosts select each other's pods.
 pub fn host_label(name: &str) -> String {
     if name.len() <= MAX_LABEL {
-        name.to_string()
-    } else {
-        fit_label(name, "")
+        return name.to_string();
     }
+    let digest = crate::mcpserver::desired::digest(&json!([name, ""]));
+    let start = name[..MAX_LABEL - 17].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{start}_{}", &digest[..16])
 }
 
 /// Names of a Host's children.
@@ -433,30 +436,7 @@ pub fn workspace_size(wanted: &str, live: Option<&str>) -> String {
 
 /// Bytes of a Kubernetes quantity (`1Gi`, `500M`, `1.5Ti`, `2e9`), if it parses.
 pub fn quantity_bytes(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let n: f64 = number.parse().ok()?;
-    let scale = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        _ => return None,
-    };
-    (n.is_finite() && n >= 0.0).then_some(n * scale)
+    crate::mcpserver::desired::quantity(q.trim()).filter(|n| n.is_finite() && *n >= 0.0)
 }
 
 #[cfg(test)]
@@ -812,6 +792,15 @@ mod tests {
         );
         let label = host_label(&"b".repeat(100));
         assert!(label.len() <= 63);
+        assert_ne!(label, host_label(&"b".repeat(101)));
+        // A fitted value is no Host's name: `_` is not allowed in one.
+        assert!(label.contains('_') && !apis::validation::is_dns1123_subdomain(&label));
+        let dotted = host_label(&format!("{}.{}", "c".repeat(45), "d".repeat(30)));
+        assert!(
+            dotted.len() <= 63 && dotted.starts_with(&"c".repeat(45)),
+            "{dotted}"
+        );
+        assert!(dotted.chars().nth(45) == Some('_'), "{dotted}");
         for c in children(&host(&"x.".repeat(60), None, None), &settings(), &none()).unwrap() {
             assert!(c.name.len() <= 63 && !c.name.contains('.'), "{}", c.name);
             assert!(

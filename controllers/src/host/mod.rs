@@ -440,6 +440,16 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
             }
             continue;
         }
+        // The binding names its ServiceAccount and Role by name: while either name is held by
+        // another object, a binding would hand that Role to, or this Host's Secret to, someone
+        // else's object. None is written, and one this Host wrote before goes.
+        if child.kind == ChildKind::RoleBinding && !conflicts.is_empty() {
+            let api = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+            if delete_owned(&api, &child.name, host.uid().as_deref()).await? {
+                ctx.metrics.write(CONTROLLER, "RoleBindingDelete");
+            }
+            continue;
+        }
         let applied = match child.kind {
             ChildKind::ServiceAccount => {
                 apply(

@@ -262,9 +262,12 @@ pub fn up_to_date(desired: &Value, live: &Value) -> bool {
 /// `live` holds every field of `desired` with the same value. Maps may have more keys
 /// (server defaults); lists must match element by element; an empty list or map matches an
 /// absent one (the API server drops them).
+/// Resource quantities (the values of `limits` and `requests` maps) compare by value:
+/// kube-apiserver stores them canonical (`0.5` as `500m`, `1024Mi` as `1Gi`).
 pub fn contains(desired: &Value, live: &Value) -> bool {
     match (desired, live) {
         (Value::Object(want), Value::Object(have)) => want.iter().all(|(k, w)| match have.get(k) {
+            Some(h) if k == "limits" || k == "requests" => same_quantities(w, h),
             Some(h) => contains(w, h),
             None => is_empty(w),
         }),
@@ -277,6 +280,51 @@ pub fn contains(desired: &Value, live: &Value) -> bool {
         (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
         (w, h) => w == h,
     }
+}
+
+/// A map of quantities holds the same values as another (extra keys allowed, as for any map).
+fn same_quantities(want: &Value, have: &Value) -> bool {
+    let (Value::Object(want), Value::Object(have)) = (want, have) else {
+        return contains(want, have);
+    };
+    want.iter().all(|(k, w)| match (have.get(k), w) {
+        (Some(Value::String(h)), Value::String(w)) => {
+            h == w || matches!((quantity(w), quantity(h)), (Some(a), Some(b)) if a == b)
+        }
+        (Some(h), w) => contains(w, h),
+        (None, w) => is_empty(w),
+    })
+}
+
+/// The value of a Kubernetes quantity (`500m`, `1.5Gi`, `2e3`), approximately: close enough
+/// to tell a canonicalized quantity from a changed one.
+pub fn quantity(text: &str) -> Option<f64> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * scale)
 }
 
 fn is_empty(v: &Value) -> bool {
@@ -387,6 +435,31 @@ mod tests {
           }
         });
         assert_eq!(deployment, want, "{deployment:#}");
+    }
+
+    #[test]
+    fn quantities_compare_by_value_where_kubernetes_canonicalizes_them() {
+        let want = json!({"resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"},
+                                        "limits": {"memory": "2e9"}},
+                          "env": [{"name": "N", "value": "1000"}]});
+        let live = json!({"resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                        "limits": {"memory": "2G"}},
+                          "env": [{"name": "N", "value": "1000"}]});
+        assert!(contains(&want, &live));
+        let more = json!({"resources": {"requests": {"cpu": "600m", "memory": "1Gi"},
+                                        "limits": {"memory": "2G"}},
+                          "env": [{"name": "N", "value": "1000"}]});
+        assert!(!contains(&want, &more), "a changed quantity is a change");
+        // Elsewhere a string is a string: `1k` is not `1000` in an environment variable.
+        let env = json!({"env": [{"name": "N", "value": "1k"}]});
+        assert!(!contains(
+            &json!({"env": [{"name": "N", "value": "1000"}]}),
+            &env
+        ));
+        assert_eq!(quantity("1.5Gi"), Some(1.5 * 1024f64.powi(3)));
+        assert_eq!(quantity("1e-3"), Some(1e-3));
+        assert_eq!(quantity("12x"), None);
+        assert_eq!(quantity(""), None);
     }
 
     #[test]
