@@ -16,7 +16,9 @@ if [[ $# -lt 2 || $# -gt 3 ]]; then
   exit 2
 fi
 namespace=$1 name=$2 ttl=${3:-300}
-[[ $ttl =~ ^[0-9]+$ ]] || { echo "$0: TTL_SECONDS must be a number of seconds" >&2; exit 2; }
+# 1 to 600: the local Host API's --host-token-max-ttl (the default) refuses longer ones.
+[[ $ttl =~ ^[0-9]+$ ]] && (( 10#$ttl >= 1 && 10#$ttl <= 600 )) ||
+  { echo "$0: TTL_SECONDS must be 1 to 600 seconds" >&2; exit 2; }
 
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 [[ -s $dir/env ]] || { echo "$0: $dir/env not found: start the cluster with hack/up.sh" >&2; exit 1; }

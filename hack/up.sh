@@ -3,7 +3,8 @@
 # the Go module proxy and cached), PostgreSQL, and mcp-access-apiserver behind its APIService
 # with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). Prints
 # GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
-# listener, see the README) and KUBECONFIG=<path> when ready; runs until interrupted.
+# listener, see the README), HOST_API_URL=<url> and HOST_API_CA=<path> (the Host API,
+# docs/hosts.md) and KUBECONFIG=<path> when ready; runs until interrupted.
 # The release build (target/release; the first build takes a while); hack/test.sh tests the
 # debug build.
 # State lives in .local/ (MCP_ACCESS_LOCAL_DIR to change); running it again reuses it.
