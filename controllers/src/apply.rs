@@ -2,6 +2,7 @@
 //! field of the desired one (a resync with nothing changed writes nothing).
 
 use kube::api::{Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind, TypeMeta};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -86,6 +87,31 @@ where
     Ok(Some((true, applied)))
 }
 
+/// [`apply_if_changed`] for a namespaced child of any kind: its API is the one of the body's
+/// `apiVersion` and `kind`.
+pub async fn apply_child(
+    client: &kube::Client,
+    namespace: &str,
+    field_manager: &str,
+    name: &str,
+    body: &Value,
+) -> Result<Option<(bool, Value)>, ApplyError> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &api_resource(body)?);
+    apply_if_changed(api, field_manager, name, body).await
+}
+
+/// The API of `body`'s `apiVersion` and `kind` (every child kind's plural is the regular one).
+fn api_resource(body: &Value) -> Result<ApiResource, ApplyError> {
+    let types: TypeMeta = serde_json::from_value(
+        serde_json::json!({"apiVersion": body["apiVersion"], "kind": body["kind"]}),
+    )
+    .map_err(ApplyError::Encode)?;
+    let gvk = GroupVersionKind::try_from(&types)
+        .map_err(|e| ApplyError::Encode(serde::de::Error::custom(e)))?;
+    Ok(ApiResource::from_gvk(&gvk))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +124,48 @@ mod tests {
                        "mcp-runtime.dev/host": "agent", "app": "agent"},
             "ownerReferences": [{"kind": "Host", "name": "agent", "uid": uid, "controller": true}],
         }})
+    }
+
+    #[test]
+    fn every_child_kind_finds_its_api() {
+        for (api_version, kind, path) in [
+            (
+                "v1",
+                "ServiceAccount",
+                "/api/v1/namespaces/n/serviceaccounts",
+            ),
+            ("v1", "ConfigMap", "/api/v1/namespaces/n/configmaps"),
+            ("v1", "Service", "/api/v1/namespaces/n/services"),
+            (
+                "v1",
+                "PersistentVolumeClaim",
+                "/api/v1/namespaces/n/persistentvolumeclaims",
+            ),
+            (
+                "apps/v1",
+                "Deployment",
+                "/apis/apps/v1/namespaces/n/deployments",
+            ),
+            (
+                "rbac.authorization.k8s.io/v1",
+                "Role",
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/n/roles",
+            ),
+            (
+                "rbac.authorization.k8s.io/v1",
+                "RoleBinding",
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/n/rolebindings",
+            ),
+            (
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                "/apis/networking.k8s.io/v1/namespaces/n/networkpolicies",
+            ),
+        ] {
+            let resource = api_resource(&json!({"apiVersion": api_version, "kind": kind})).unwrap();
+            assert_eq!(DynamicObject::url_path(&resource, Some("n")), path);
+        }
+        assert!(api_resource(&json!({"kind": "Service"})).is_err());
     }
 
     #[test]

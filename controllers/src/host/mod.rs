@@ -450,53 +450,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
             }
             continue;
         }
-        let applied = match child.kind {
-            ChildKind::ServiceAccount => {
-                apply(
-                    Api::<ServiceAccount>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-            ChildKind::Role => {
-                apply(Api::<Role>::namespaced(client.clone(), namespace), &child).await
-            }
-            ChildKind::RoleBinding => {
-                apply(
-                    Api::<RoleBinding>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-            ChildKind::PersistentVolumeClaim => {
-                apply(
-                    Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-            ChildKind::NetworkPolicy => {
-                apply(
-                    Api::<NetworkPolicy>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-            ChildKind::Service => {
-                apply(
-                    Api::<Service>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-            ChildKind::Deployment => {
-                apply(
-                    Api::<Deployment>::namespaced(client.clone(), namespace),
-                    &child,
-                )
-                .await
-            }
-        };
+        let applied = apply(&client, namespace, &child).await;
         let Some((written, live)) = applied? else {
             conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
             continue;
@@ -609,11 +563,12 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
 /// Applies `child` unless the live object is already up to date; returns whether it wrote
 /// and the live object (as JSON) afterwards, or `None` when its name is held by an object that
 /// is not this owner's (left alone).
-async fn apply<K>(api: Api<K>, child: &desired::Child) -> Result<Option<(bool, Value)>, Error>
-where
-    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    crate::apply::apply_if_changed(api, FIELD_MANAGER, &child.name, &child.body)
+async fn apply(
+    client: &kube::Client,
+    namespace: &str,
+    child: &desired::Child,
+) -> Result<Option<(bool, Value)>, Error> {
+    crate::apply::apply_child(client, namespace, FIELD_MANAGER, &child.name, &child.body)
         .await
         .map_err(|e| match e {
             crate::apply::ApplyError::Kube(e) => Error::Kube(e),

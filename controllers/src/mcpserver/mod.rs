@@ -25,7 +25,6 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::metrics::{ConditionLabels, ReconcileMetrics};
@@ -292,36 +291,7 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
             if child.kind == ChildKind::Deployment && !conflicts.is_empty() {
                 continue;
             }
-            let applied = match child.kind {
-                ChildKind::ServiceAccount => {
-                    apply(
-                        Api::<ServiceAccount>::namespaced(client.clone(), namespace),
-                        &child,
-                    )
-                    .await
-                }
-                ChildKind::ConfigMap => {
-                    apply(
-                        Api::<ConfigMap>::namespaced(client.clone(), namespace),
-                        &child,
-                    )
-                    .await
-                }
-                ChildKind::Service => {
-                    apply(
-                        Api::<Service>::namespaced(client.clone(), namespace),
-                        &child,
-                    )
-                    .await
-                }
-                ChildKind::Deployment => {
-                    apply(
-                        Api::<Deployment>::namespaced(client.clone(), namespace),
-                        &child,
-                    )
-                    .await
-                }
-            };
+            let applied = apply(&client, namespace, &child).await;
             let Some((written, live)) = applied? else {
                 conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
                 continue;
@@ -440,11 +410,12 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
 /// Applies `child` unless the live object is already up to date; returns whether it wrote
 /// and the live object (as JSON) afterwards, or `None` when its name is held by an object that
 /// is not this owner's (left alone).
-async fn apply<K>(api: Api<K>, child: &desired::Child) -> Result<Option<(bool, Value)>, Error>
-where
-    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    crate::apply::apply_if_changed(api, FIELD_MANAGER, &child.name, &child.body)
+async fn apply(
+    client: &kube::Client,
+    namespace: &str,
+    child: &desired::Child,
+) -> Result<Option<(bool, Value)>, Error> {
+    crate::apply::apply_child(client, namespace, FIELD_MANAGER, &child.name, &child.body)
         .await
         .map_err(|e| match e {
             crate::apply::ApplyError::Kube(e) => Error::Kube(e),
