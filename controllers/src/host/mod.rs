@@ -431,6 +431,9 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
     // Children whose names are held by objects that are not this Host's: left alone, and the
     // host is not deployed (its pods would run as, or be reached through, someone else's).
     let mut conflicts = Vec::new();
+    // Children kube-apiserver refused (invalid, forbidden): said in `Ready`, retried, and no
+    // reason to stop applying the others.
+    let mut refused = Vec::new();
     for child in desired::children(host, &ctx.settings, &inputs)? {
         let deployable = secret_resolved && image.deployable() && conflicts.is_empty();
         if child.kind == ChildKind::Deployment && !deployable {
@@ -450,7 +453,19 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
             }
             continue;
         }
-        let applied = apply(&client, namespace, &child).await;
+        let applied = match apply(&client, namespace, &child).await {
+            Err(Error::Kube(kube::Error::Api(status))) if refusal(status.code) => {
+                ctx.metrics.error(CONTROLLER, "refused");
+                refused.push(format!(
+                    "{} {}: {}",
+                    child.kind.as_str(),
+                    child.name,
+                    status.message
+                ));
+                continue;
+            }
+            applied => applied,
+        };
         let Some((written, live)) = applied? else {
             conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
             continue;
@@ -518,11 +533,25 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
         .await?;
     }
 
+    if !refused.is_empty() && status::ready_reason(previous) != Some(status::APPLY_REFUSED) {
+        publish(
+            ctx,
+            host,
+            EventType::Warning,
+            status::APPLY_REFUSED,
+            "Apply",
+            status::refused_message(&refused),
+        )
+        .await?;
+    }
+
     let name_conflict = !conflicts.is_empty();
+    let any_refused = !refused.is_empty();
     let observed = status::Observed {
         secret,
         image,
         conflicts,
+        refused,
         context: (context_name.clone(), context.is_some()),
         servers: granted.len(),
         workload_observed,
@@ -553,6 +582,8 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
     // observed yet: soon (the Deployment's status change also wakes us).
     Ok(Action::requeue(if name_conflict {
         crate::apply::NAME_CONFLICT_RETRY
+    } else if any_refused {
+        REFUSED_RETRY
     } else if workload_observed {
         Duration::from_secs(300)
     } else {
@@ -574,6 +605,17 @@ async fn apply(
             crate::apply::ApplyError::Kube(e) => Error::Kube(e),
             crate::apply::ApplyError::Encode(e) => Error::Encode(child.kind.as_str(), e),
         })
+}
+
+/// How often a Host with a refused child tries again (what made kube-apiserver refuse, a
+/// StorageClass or an admission policy, may change without waking the Host).
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
+/// Answers of kube-apiserver that refuse the object itself (bad request, forbidden, invalid),
+/// rather than a moment's trouble (conflicts, throttling, server errors: those fail the
+/// reconcile and are retried sooner).
+fn refusal(code: u16) -> bool {
+    matches!(code, 400 | 403 | 422)
 }
 
 /// Deletes `name` if it exists and is owned by the Host of uid `owner`; whether it did.

@@ -9,6 +9,8 @@ pub use crate::mcpserver::status::{IMAGE_ALLOWED, NAME_CONFLICT};
 pub const READY: &str = "Ready";
 pub const SECRET_RESOLVED: &str = "SecretResolved";
 pub const CONTEXT_RESOLVED: &str = "ContextResolved";
+/// `Ready=False` reason: kube-apiserver refused a child (invalid, forbidden).
+pub const APPLY_REFUSED: &str = "ApplyRefused";
 pub const OWNED: [&str; 4] = [READY, SECRET_RESOLVED, IMAGE_ALLOWED, CONTEXT_RESOLVED];
 
 /// What a reconcile observed.
@@ -20,6 +22,8 @@ pub struct Observed {
     pub image: ImageCheck,
     /// Children (`Kind name`) whose names are held by objects that are not this Host's.
     pub conflicts: Vec<String>,
+    /// Children kube-apiserver refused (`Kind name: its message`).
+    pub refused: Vec<String>,
     /// The Context's name and whether it exists.
     pub context: (String, bool),
     /// Servers the Context grants that exist and are enabled (routes opened).
@@ -81,6 +85,8 @@ pub fn conditions(
             NAME_CONFLICT,
             crate::apply::conflict_message("Host", &observed.conflicts),
         )
+    } else if !observed.refused.is_empty() {
+        (false, APPLY_REFUSED, refused_message(&observed.refused))
     } else if !secret.0 {
         (false, "SecretNotFound", secret.2.clone())
     } else if !observed.image.deployable() {
@@ -122,6 +128,14 @@ pub fn conditions(
     .collect()
 }
 
+/// The message of `Ready=False ApplyRefused`.
+pub fn refused_message(refused: &[String]) -> String {
+    format!(
+        "kube-apiserver refused {}; retried every 30s",
+        refused.join("; ")
+    )
+}
+
 /// Whether `previous` already holds `wanted` for `generation` (then no status write).
 pub fn current(
     previous: Option<&HostStatus>,
@@ -157,6 +171,7 @@ mod tests {
             secret: secret.map(|f| ("env".to_string(), f)),
             image: ImageCheck::NoAllowList,
             conflicts: Vec::new(),
+            refused: Vec::new(),
             context: ("dev".into(), context),
             servers: 2,
             workload_observed: deployed,
@@ -227,6 +242,30 @@ mod tests {
         };
         assert_eq!(ready_reason(Some(&previous)), Some(NAME_CONFLICT));
         assert_eq!(ready_reason(None), None);
+    }
+
+    #[test]
+    fn a_refused_child_is_not_ready_and_named() {
+        let mut o = observed(Some(true), true, true);
+        o.refused =
+            vec!["PersistentVolumeClaim agent-workspace: only dynamically provisioned pvc can be resized".into()];
+        let c = conditions(None, Some(1), &o, t(10));
+        let ready = get(&c, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", APPLY_REFUSED)
+        );
+        assert!(
+            ready
+                .message
+                .starts_with("kube-apiserver refused PersistentVolumeClaim agent-workspace: only"),
+            "{}",
+            ready.message
+        );
+        // A name conflict is said first: it is the one to fix before anything applies.
+        o.conflicts = vec!["Service agent".into()];
+        let c = conditions(None, Some(1), &o, t(10));
+        assert_eq!(get(&c, READY).reason, NAME_CONFLICT);
     }
 
     #[test]

@@ -760,7 +760,8 @@ pub fn workspace_grows_and_never_shrinks(c: &mut LocalCluster) -> Result<(), Str
 }
 
 /// The claim of Host `agent` bound at 1Gi, grown to 2Gi, then kept at 2Gi when the Host asks
-/// for 1Gi again, with no reconcile error.
+/// for 1Gi again, with no reconcile error; a growth the class no longer allows is refused and
+/// said in the Host's status.
 fn grow_then_ask_less(
     c: &LocalCluster,
     ns: &str,
@@ -817,6 +818,44 @@ fn grow_then_ask_less(
         )
         .map_err(|e| e.to_string())?;
     ensure!(errors == 0.0, "{errors} host reconcile errors");
+
+    // The class stops allowing expansion and the Host asks for more: kube-apiserver refuses
+    // the claim, and the Host says so (Ready=False ApplyRefused naming the claim, a Warning)
+    // while its other objects stay applied. Asking for what the claim has clears it.
+    ok(
+        &c.kubectl(&[
+            "patch",
+            "storageclass",
+            class,
+            "--type=merge",
+            "-p",
+            r#"{"allowVolumeExpansion":false}"#,
+        ]),
+        "patch storageclass",
+    )?;
+    h["spec"]["workspaceSize"] = json!("3Gi");
+    apply(c, &h)?;
+    let ready = until(Duration::from_secs(30), "Ready=False ApplyRefused", || {
+        let ready = wait_host_condition(c, ns, "agent", "Ready", "False")?;
+        Ok((ready["reason"] == "ApplyRefused").then_some(ready))
+    })?;
+    ensure!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("PersistentVolumeClaim agent-workspace: ")),
+        "{ready}"
+    );
+    wait_event(c, ns, "agent", "Warning", "ApplyRefused")?;
+    let refused = controllers
+        .metric(
+            "mcp_controllers_reconcile_errors_total",
+            &["controller=\"host\"", "reason=\"refused\""],
+        )
+        .map_err(|e| e.to_string())?;
+    ensure!(refused.ge(&1.0), "refusals counted: {refused}");
+    h["spec"]["workspaceSize"] = json!("2Gi");
+    apply(c, &h)?;
+    wait_host_condition(c, ns, "agent", "Ready", "True")?;
     Ok(())
 }
 
