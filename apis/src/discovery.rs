@@ -8,6 +8,9 @@
 use serde_json::{json, Map, Value};
 
 use crate::resources::{ResourceInfo, RESOURCES};
+use crate::session_token::{
+    TOKEN_REQUEST_GROUP, TOKEN_REQUEST_KIND, TOKEN_REQUEST_VERSION, TOKEN_SUBRESOURCE,
+};
 use crate::types::{API_VERSION, GROUP, VERSION};
 
 /// `apiVersion` of the aggregated discovery documents.
@@ -18,12 +21,29 @@ pub const AGGREGATED_DISCOVERY_KIND: &str = "APIGroupDiscoveryList";
 /// Verbs served on the `status` subresource (as kube-apiserver serves them).
 pub const STATUS_SUBRESOURCE_VERBS: &[&str] = &["get", "patch", "update"];
 
-/// Verbs served on a subresource: `get`, `patch` and `update` for `status`; only `get` for any
-/// other subresource until it is modelled here.
+/// Verbs served on the `token` subresource (as on ServiceAccounts' `token`).
+pub const TOKEN_SUBRESOURCE_VERBS: &[&str] = &["create"];
+
+/// Verbs served on a subresource: `get`, `patch` and `update` for `status`; `create` for
+/// `token`; only `get` for any other subresource until it is modelled here.
 pub fn subresource_verbs(subresource: &str) -> &'static [&'static str] {
     match subresource {
         "status" => STATUS_SUBRESOURCE_VERBS,
+        TOKEN_SUBRESOURCE => TOKEN_SUBRESOURCE_VERBS,
         _ => &["get"],
+    }
+}
+
+/// The group, version and kind a subresource takes and answers when it is not the
+/// resource's own kind: `token` speaks `authentication.k8s.io/v1` `TokenRequest`.
+pub fn subresource_kind(subresource: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    match subresource {
+        TOKEN_SUBRESOURCE => Some((
+            TOKEN_REQUEST_GROUP,
+            TOKEN_REQUEST_VERSION,
+            TOKEN_REQUEST_KIND,
+        )),
+        _ => None,
     }
 }
 
@@ -86,13 +106,24 @@ fn api_resource(resource: &ResourceInfo) -> Value {
 
 /// One `APIResource` of an `APIResourceList` for a subresource (`<plural>/<sub>`).
 fn api_subresource(resource: &ResourceInfo, subresource: &str) -> Value {
-    json!({
-        "name": format!("{}/{}", resource.plural, subresource),
-        "singularName": "",
-        "namespaced": resource.namespaced,
-        "kind": resource.kind,
-        "verbs": strings(subresource_verbs(subresource)),
-    })
+    match subresource_kind(subresource) {
+        Some((group, version, kind)) => json!({
+            "name": format!("{}/{}", resource.plural, subresource),
+            "singularName": "",
+            "namespaced": resource.namespaced,
+            "group": group,
+            "version": version,
+            "kind": kind,
+            "verbs": strings(subresource_verbs(subresource)),
+        }),
+        None => json!({
+            "name": format!("{}/{}", resource.plural, subresource),
+            "singularName": "",
+            "namespaced": resource.namespaced,
+            "kind": resource.kind,
+            "verbs": strings(subresource_verbs(subresource)),
+        }),
+    }
 }
 
 /// `/apis/access.mcp-runtime.dev/v1alpha1` as an `APIResourceList` (`v1`): every resource of
@@ -151,9 +182,15 @@ fn resource_discovery(resource: &ResourceInfo) -> Value {
             .subresources
             .iter()
             .map(|sub| {
+                let response = match subresource_kind(sub) {
+                    Some((group, version, kind)) => {
+                        json!({ "group": group, "version": version, "kind": kind })
+                    }
+                    None => response_kind(resource.kind),
+                };
                 json!({
                     "subresource": sub,
-                    "responseKind": response_kind(resource.kind),
+                    "responseKind": response,
                     "verbs": strings(subresource_verbs(sub)),
                 })
             })
@@ -304,9 +341,29 @@ mod tests {
                 "verbs": ["get", "patch", "update"],
             }])
         );
-        assert!(resource_discovery(&ACCESS_SESSIONS)
-            .get("subresources")
-            .is_none());
+        let plain = ResourceInfo {
+            subresources: &[],
+            ..ACCESS_SESSIONS
+        };
+        assert!(resource_discovery(&plain).get("subresources").is_none());
+    }
+
+    #[test]
+    fn the_token_subresource_speaks_token_requests() {
+        let entry = api_subresource(&ACCESS_SESSIONS, "token");
+        assert_eq!(entry["name"], "accesssessions/token");
+        assert_eq!(entry["group"], "authentication.k8s.io");
+        assert_eq!(entry["version"], "v1");
+        assert_eq!(entry["kind"], "TokenRequest");
+        assert_eq!(verbs(&entry["verbs"]), ["create"]);
+        assert_eq!(
+            resource_discovery(&ACCESS_SESSIONS)["subresources"],
+            json!([{
+                "subresource": "token",
+                "responseKind": {"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"},
+                "verbs": ["create"],
+            }])
+        );
     }
 
     #[test]

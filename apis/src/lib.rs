@@ -13,6 +13,7 @@ pub mod resources;
 pub mod rules;
 pub mod runtime;
 pub mod selector;
+pub mod session_token;
 pub mod strategy;
 pub mod table;
 pub mod types;

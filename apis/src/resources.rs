@@ -43,7 +43,8 @@ pub const ACCESS_SESSIONS: ResourceInfo = ResourceInfo {
     short_names: &["acs"],
     categories: &[CATEGORY],
     verbs: ALL_VERBS,
-    subresources: &[],
+    // `token`: POST a TokenRequest, get a session token (docs/session-tokens.md).
+    subresources: &[crate::session_token::TOKEN_SUBRESOURCE],
 };
 
 pub const AGENTS: ResourceInfo = ResourceInfo {
@@ -94,5 +95,6 @@ pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS, ENROLLMENTS, R
 /// What the gateway sync listener serves: access sessions, read-only (DESIGN §4).
 pub const GATEWAY_SYNC_RESOURCES: &[ResourceInfo] = &[ResourceInfo {
     verbs: &["get", "list", "watch"],
+    subresources: &[],
     ..ACCESS_SESSIONS
 }];

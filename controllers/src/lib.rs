@@ -1,7 +1,7 @@
 //! The MCP Access controllers (DESIGN §6): one kube-runtime `Controller` per concern, each a
 //! pure "desired state" builder with the I/O at the edge.
 //!
-//! - [`mcpserver`]: an MCPServer's workload (Deployment + Service with the `mcp-access-authz`
+//! - [`mcpserver`]: an MCPServer's workload (Deployment + Service with the `mcp-access-gateway`
 //!   gateway container), secret validation, the image allow-list, status and Events;
 //! - [`host`]: a Host's runtime (Deployment, Service, workspace PVC, ServiceAccount and Role,
 //!   NetworkPolicy) and the startup sweep of deleted Hosts' objects;

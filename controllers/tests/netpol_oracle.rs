@@ -64,7 +64,7 @@ fn netpol_settings() -> NetpolSettings {
 
 fn workload_settings() -> WorkloadSettings {
     WorkloadSettings {
-        gateway_image: "ghcr.io/mcp-access/authz:1".into(),
+        gateway_image: "ghcr.io/mcp-access/gateway:1".into(),
         sync_url: "https://mcp-access-apiserver.mcp-access.svc:8085".into(),
         sync_ca_pem: "-----BEGIN CERTIFICATE-----\n...\n".into(),
         gateway_port: 8086,
@@ -425,6 +425,8 @@ const OPEN_INGRESS: [&str; 6] = [DEV_HOST, OPS_HOST, BATCH, PROBE, COREDNS, APIS
 const OPEN_EGRESS: [&str; 4] = [BATCH, PROBE, COREDNS, APISERVER];
 
 const DNS: &str = "TCP 53,UDP 53";
+/// Every server pod's gateway port (`--gateway-port`): the only port of it any policy opens.
+const GATEWAY: &str = "TCP 8086";
 const ALL: &str = "all";
 
 /// `(source, destination) → connections`; every pair not listed has none.
@@ -453,22 +455,22 @@ fn expected() -> BTreeMap<(String, String), &'static str> {
         }
     }
 
-    // L2: the Contexts' hosts reach exactly their granted servers' ports, and resolve names
-    // (the cluster DNS and the NodeLocal cache) — nothing else: the host-side egress policy
-    // makes them egress-isolated.
-    // The port opened is the MCPServer's `spec.port` (the `mcp` container), not the gateway
-    // port 8086 that the Service targets: an open design question, kept visible here.
-    allow(DEV_HOST, GITHUB, "TCP 8080");
-    allow(DEV_HOST, SEARCH, "TCP 9000");
+    // L2: the Contexts' hosts reach exactly their granted servers' gateway port, and resolve
+    // names (the cluster DNS and the NodeLocal cache) — nothing else: the host-side egress
+    // policy makes them egress-isolated. Never a server's `spec.port` (github 8080, search
+    // 9000, jira 8443): the MCP container is reached only by its gateway, on loopback, so a
+    // host cannot go around the session check.
+    allow(DEV_HOST, GITHUB, GATEWAY);
+    allow(DEV_HOST, SEARCH, GATEWAY);
     allow(DEV_HOST, COREDNS, DNS);
     allow(DEV_HOST, NODE_LOCAL_DNS, DNS);
-    allow(OPS_HOST, JIRA, "TCP 8443");
+    allow(OPS_HOST, JIRA, GATEWAY);
     allow(OPS_HOST, COREDNS, DNS);
     allow(OPS_HOST, NODE_LOCAL_DNS, DNS);
     // `everyone` (tools-c, an empty selector): its non-server pod only; never SECRET.
-    allow(OPERATOR, JIRA, "TCP 8443");
-    // spec.network.ingressFrom of search.
-    allow(PROBE, SEARCH, "TCP 9000");
+    allow(OPERATOR, JIRA, GATEWAY);
+    // spec.network.ingressFrom of search: more clients of the gateway, not of spec.port.
+    allow(PROBE, SEARCH, GATEWAY);
 
     // L1 in the runtime namespaces: DNS for every pod, the sync path for server pods, the
     // Kubernetes API for the pod that opts in.

@@ -56,6 +56,14 @@ pub fn definition_name(kind: &str) -> String {
     format!("{}{}", definition_prefix(), kind)
 }
 
+/// The schema name of a Kubernetes API kind (`authentication.k8s.io`, `v1`, `TokenRequest` →
+/// `io.k8s.api.authentication.v1.TokenRequest`), as k8s-openapi and kube-apiserver name it.
+pub fn foreign_definition_name(group: &str, version: &str, kind: &str) -> String {
+    let group = group.strip_suffix(".k8s.io").unwrap_or(group);
+    let group = if group.is_empty() { "core" } else { group };
+    format!("{K8S_PREFIX}api.{group}.{version}.{kind}")
+}
+
 /// The path of the OpenAPI v3 group document, relative to the server root, without the
 /// leading slash (the key of the v3 root document).
 pub fn openapi_v3_group_path() -> String {
@@ -360,6 +368,7 @@ mod test_support {
             "/apis/access.mcp-runtime.dev/v1alpha1/accesssessions",
             "/apis/access.mcp-runtime.dev/v1alpha1/agents",
             "/apis/access.mcp-runtime.dev/v1alpha1/agents/{name}",
+            "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{namespace}/accesssessions/{name}/token",
         ] {
             assert!(paths.contains_key(path), "{path} published");
         }
@@ -439,6 +448,12 @@ mod test_support {
             }
             assert!(operation["x-kubernetes-action"].is_string());
             let gvk = &operation["x-kubernetes-group-version-kind"];
+            if path.ends_with("/{name}/token") {
+                assert_eq!(gvk["group"], "authentication.k8s.io", "{method} {path}");
+                assert_eq!(gvk["kind"], "TokenRequest");
+                assert_eq!(operation["x-kubernetes-action"], "post");
+                continue;
+            }
             assert_eq!(gvk["group"], GROUP, "{method} {path}");
             assert_eq!(gvk["version"], VERSION);
             assert!(gvk["kind"].is_string());

@@ -4,8 +4,8 @@ use std::borrow::Cow;
 
 use serde_json::{json, Map, Value};
 
-use super::{definition_name, gvk, v3_ref, META_V1, V2_REF_PREFIX};
-use crate::discovery::subresource_verbs;
+use super::{definition_name, foreign_definition_name, gvk, v3_ref, META_V1, V2_REF_PREFIX};
+use crate::discovery::{subresource_kind, subresource_verbs};
 use crate::resources::{ResourceInfo, RESOURCES};
 use crate::types::{API_VERSION, GROUP, VERSION};
 
@@ -243,8 +243,9 @@ struct Operation {
     params: Vec<Param>,
     body: Option<Body>,
     responses: Vec<Response>,
-    /// `kind` of `x-kubernetes-group-version-kind`; `None` for operations on no kind.
-    kind: Option<&'static str>,
+    /// `x-kubernetes-group-version-kind` (group, version, kind); `None` for operations on no
+    /// kind.
+    gvk: Option<(&'static str, &'static str, &'static str)>,
 }
 
 /// A path with its path-level parameters and operations.
@@ -311,7 +312,7 @@ fn paths() -> Vec<PathItem> {
                 Response::json("200", "OK", format!("{META_V1}APIResourceList")),
                 Response::unauthorized(),
             ],
-            kind: None,
+            gvk: None,
         }],
     }];
     for resource in RESOURCES {
@@ -361,7 +362,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
             },
             Response::unauthorized(),
         ],
-        kind: Some(kind),
+        gvk: Some((GROUP, VERSION, kind)),
     };
 
     let mut paths = Vec::new();
@@ -385,7 +386,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
                 Response::json("202", "Accepted", object.clone()),
                 Response::unauthorized(),
             ],
-            kind: Some(kind),
+            gvk: Some((GROUP, VERSION, kind)),
         });
     }
     if has("deletecollection") {
@@ -400,7 +401,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
                 Response::json("200", "OK", status.clone()),
                 Response::unauthorized(),
             ],
-            kind: Some(kind),
+            gvk: Some((GROUP, VERSION, kind)),
         });
     }
     if !operations.is_empty() {
@@ -437,7 +438,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
             Response::json("201", "Created", object.clone()),
             Response::unauthorized(),
         ],
-        kind: Some(kind),
+        gvk: Some((GROUP, VERSION, kind)),
     };
     let patch_operation = |operation_id: String, description: String, content_types| {
         let body = Body {
@@ -462,7 +463,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
             Response::json("200", "OK", object.clone()),
             Response::unauthorized(),
         ],
-        kind: Some(kind),
+        gvk: Some((GROUP, VERSION, kind)),
     };
 
     let mut operations = Vec::new();
@@ -491,7 +492,7 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
                 Response::json("202", "Accepted", status.clone()),
                 Response::unauthorized(),
             ],
-            kind: Some(kind),
+            gvk: Some((GROUP, VERSION, kind)),
         });
     }
     if has("patch") {
@@ -528,6 +529,32 @@ fn resource_paths(resource: &ResourceInfo, gv: &str, base: &str) -> Vec<PathItem
                     format!("partially update {sub} of the specified {kind}"),
                     STATUS_PATCH_CONTENT_TYPES,
                 )),
+                "create" => {
+                    // A subresource taking and answering another kind (`token`:
+                    // TokenRequest), as kube-apiserver publishes ServiceAccounts' `token`.
+                    let (group, version, sub_kind) =
+                        subresource_kind(sub).unwrap_or((GROUP, VERSION, kind));
+                    let schema = if group == GROUP {
+                        object.clone()
+                    } else {
+                        foreign_definition_name(group, version, sub_kind)
+                    };
+                    operations.push(Operation {
+                        method: "post",
+                        action: "post",
+                        operation_id: format!("create{gv}{scope}{kind}{suffix}"),
+                        description: format!("create {sub} of {} {kind}", article(kind)),
+                        params: write_params(),
+                        body: Some(Body::json(schema.clone(), true)),
+                        responses: vec![
+                            Response::json("200", "OK", schema.clone()),
+                            Response::json("201", "Created", schema.clone()),
+                            Response::json("202", "Accepted", schema),
+                            Response::unauthorized(),
+                        ],
+                        gvk: Some((group, version, sub_kind)),
+                    });
+                }
                 _ => {}
             }
         }
@@ -663,10 +690,10 @@ fn render_operation(operation: &Operation, dialect: Dialect) -> Value {
     if !operation.action.is_empty() {
         out.insert("x-kubernetes-action".into(), operation.action.into());
     }
-    if let Some(kind) = operation.kind {
+    if let Some((group, version, kind)) = operation.gvk {
         out.insert(
             "x-kubernetes-group-version-kind".into(),
-            gvk(GROUP, VERSION, kind),
+            gvk(group, version, kind),
         );
     }
     Value::Object(out)
@@ -696,5 +723,39 @@ mod tests {
             "patchAccessMcpRuntimeDevV1alpha1NamespacedAccessSessionStatus"
         );
         assert!(param_names(&patch["parameters"]).contains(&"fieldValidation".to_string()));
+    }
+
+    #[test]
+    fn token_subresource_posts_token_requests() {
+        let items = resource_paths(
+            &crate::resources::ACCESS_SESSIONS,
+            &operation_group_version(),
+            "/apis/g/v",
+        );
+        let token = items
+            .iter()
+            .find(|item| item.path.ends_with("/{name}/token"))
+            .expect("token path");
+        let methods: Vec<&str> = token.operations.iter().map(|o| o.method).collect();
+        assert_eq!(methods, ["post"]);
+        let post = render_operation(&token.operations[0], Dialect::V3);
+        assert_eq!(
+            post["operationId"],
+            "createAccessMcpRuntimeDevV1alpha1NamespacedAccessSessionToken"
+        );
+        assert_eq!(post["x-kubernetes-action"], "post");
+        assert_eq!(
+            post["x-kubernetes-group-version-kind"],
+            json!({"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"})
+        );
+        assert_eq!(
+            post["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/io.k8s.api.authentication.v1.TokenRequest"
+        );
+        assert_eq!(
+            post["responses"]["201"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/io.k8s.api.authentication.v1.TokenRequest"
+        );
+        assert!(param_names(&post["parameters"]).contains(&"dryRun".to_string()));
     }
 }

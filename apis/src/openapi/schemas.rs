@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIResourceList, DeleteOptions, ListMeta, ObjectMeta, Patch, Status, WatchEvent,
 };
@@ -12,8 +13,12 @@ use schemars::transform::transform_subschemas;
 use schemars::Schema;
 use serde_json::{json, Map, Value};
 
-use super::{definition_name, definition_prefix, gvk, v3_ref, K8S_PREFIX, META_V1, V3_REF_PREFIX};
+use super::{
+    definition_name, definition_prefix, foreign_definition_name, gvk, v3_ref, K8S_PREFIX, META_V1,
+    V3_REF_PREFIX,
+};
 use crate::resources::{ResourceInfo, RESOURCES};
+use crate::session_token::{TOKEN_REQUEST_GROUP, TOKEN_REQUEST_KIND, TOKEN_REQUEST_VERSION};
 use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation, GROUP, VERSION};
 
 /// Adds the schema of one kind (and every schema it uses) to the generator's definitions and
@@ -98,6 +103,8 @@ pub(super) fn v3_schemas() -> Map<String, Value> {
         generator.subschema_for::<WatchEvent<Value>>(),
         generator.subschema_for::<Patch>(),
         generator.subschema_for::<APIResourceList>(),
+        // What the `token` subresource of AccessSession takes and answers.
+        generator.subschema_for::<TokenRequest>(),
     ] {
         debug_assert!(ref_name(&schema).is_some(), "k8s-openapi schemas are named");
     }
@@ -160,6 +167,21 @@ pub(super) fn v3_schemas() -> Map<String, Value> {
         if let Some(Value::Object(schema)) = schemas.get_mut(&format!("{META_V1}{kind}")) {
             schema.insert("x-kubernetes-group-version-kind".into(), gvks);
         }
+    }
+    let token_request = foreign_definition_name(
+        TOKEN_REQUEST_GROUP,
+        TOKEN_REQUEST_VERSION,
+        TOKEN_REQUEST_KIND,
+    );
+    if let Some(Value::Object(schema)) = schemas.get_mut(&token_request) {
+        schema.insert(
+            "x-kubernetes-group-version-kind".into(),
+            json!([gvk(
+                TOKEN_REQUEST_GROUP,
+                TOKEN_REQUEST_VERSION,
+                TOKEN_REQUEST_KIND
+            )]),
+        );
     }
     schemas
 }

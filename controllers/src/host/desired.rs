@@ -371,12 +371,14 @@ pub fn children(
     .collect())
 }
 
-/// The egress of the host pods: each granted server on its port, the cluster DNS, the Host
-/// API, and the Kubernetes API when its addresses are configured. Nothing else.
+/// The egress of the host pods: each granted server's pods on the gateway port (never the
+/// MCP container's `spec.port`), the cluster DNS, the Host API, and the Kubernetes API when
+/// its addresses are configured. Nothing else.
 pub fn egress_rules(servers: &[&MCPServer], settings: &HostSettings) -> Vec<Value> {
+    let gateway_port = i32::from(settings.netpol.gateway_port);
     let mut routes: Vec<(String, String, i32)> = servers
         .iter()
-        .filter_map(|s| Some((s.namespace()?, s.metadata.name.clone()?, s.spec.port)))
+        .filter_map(|s| Some((s.namespace()?, s.metadata.name.clone()?, gateway_port)))
         .collect();
     routes.sort();
     routes.dedup();
@@ -655,7 +657,7 @@ mod tests {
     }
 
     #[test]
-    fn egress_opens_exactly_the_granted_servers_dns_and_the_host_api() {
+    fn egress_opens_exactly_the_granted_servers_gateways_dns_and_the_host_api() {
         let a = server("tools", "github", 8080);
         let b = server("team", "jira", 9000);
         let servers = [&b, &a, &a];
@@ -674,10 +676,10 @@ mod tests {
             json!([
                 {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team"}},
                          "podSelector": {"matchLabels": {"mcp-runtime.dev/managed-by": "mcp-access-controllers", "mcp-runtime.dev/mcpserver": "jira"}}}],
-                 "ports": [{"protocol": "TCP", "port": 9000}]},
+                 "ports": [{"protocol": "TCP", "port": 8086}]},
                 {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tools"}},
                          "podSelector": {"matchLabels": {"mcp-runtime.dev/managed-by": "mcp-access-controllers", "mcp-runtime.dev/mcpserver": "github"}}}],
-                 "ports": [{"protocol": "TCP", "port": 8080}]},
+                 "ports": [{"protocol": "TCP", "port": 8086}]},
                 {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
                  "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
@@ -685,6 +687,19 @@ mod tests {
                          "podSelector": {"matchLabels": {"app": "mcp-access-controllers"}}}],
                  "ports": [{"protocol": "TCP", "port": 8443}]}
             ])
+        );
+        // The gateway port (--gateway-port), whatever spec.port says: never the MCP container.
+        let mut other_port = settings();
+        other_port.netpol.gateway_port = 9443;
+        let children = super::children(&host("agent", None, None), &other_port, &inputs).unwrap();
+        let egress = &find(&children, ChildKind::NetworkPolicy)["spec"]["egress"];
+        assert_eq!(
+            egress[0]["ports"],
+            json!([{"protocol": "TCP", "port": 9443}])
+        );
+        assert_eq!(
+            egress[1]["ports"],
+            json!([{"protocol": "TCP", "port": 9443}])
         );
         // No Context (or nothing granted): DNS and the Host API only.
         let children = super::children(&host("agent", None, None), &settings(), &none()).unwrap();

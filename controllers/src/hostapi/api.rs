@@ -154,17 +154,20 @@ pub struct CredentialRequest {
     pub server_namespace: Option<String>,
 }
 
-/// The gateway URL hosts reach a server at: the Service the mcpserver controller creates.
+/// The gateway URL hosts reach a server at: the gateway's resource URI (its Service on the
+/// gateway port, the `--public-url` the gateway runs with and the audience of session tokens)
+/// with the transport's path. That port is the one the host egress and L2 policies open.
 pub fn server_url(server: &MCPServer, gateway_port: u16) -> String {
     let path = match server.spec.transport {
         Transport::StreamableHttp => "mcp",
         Transport::Sse => "sse",
     };
-    format!(
-        "http://{}.{}.svc:{gateway_port}/{path}",
-        server.name_any(),
-        server.namespace().unwrap_or_default()
-    )
+    let base = crate::mcpserver::desired::public_url(
+        &server.name_any(),
+        &server.namespace().unwrap_or_default(),
+        i32::from(gateway_port),
+    );
+    format!("{base}/{path}")
 }
 
 fn transport_name(t: Transport) -> &'static str {
@@ -665,7 +668,13 @@ mod tests {
             },
         );
         s.metadata.namespace = Some("team-a".into());
-        assert_eq!(server_url(&s, 8080), "http://github.team-a.svc:8080/mcp");
+        // The gateway port, never spec.port (8080): the URL a token's audience names.
+        assert_eq!(server_url(&s, 8086), "http://github.team-a.svc:8086/mcp");
+        assert!(
+            server_url(&s, 8086).starts_with(&crate::mcpserver::desired::public_url(
+                "github", "team-a", 8086
+            ))
+        );
         s.spec.transport = Transport::Sse;
         assert_eq!(server_url(&s, 9000), "http://github.team-a.svc:9000/sse");
 

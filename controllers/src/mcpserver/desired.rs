@@ -17,8 +17,13 @@ pub const SERVER_LABEL: &str = "mcp-runtime.dev/mcpserver";
 pub const DESIRED_DIGEST: &str = "mcp-runtime.dev/desired-digest";
 /// Audience of the gateway's projected token: what the 8085 sync listener accepts.
 pub const GATEWAY_AUDIENCE: &str = "mcp-runtime-gateway";
-/// Name of the gateway container (the `mcp-access-authz` sidecar).
+/// Name of the gateway container (`mcp-access-gateway`, the enforcing proxy).
 pub const GATEWAY_CONTAINER: &str = "gateway";
+/// Name of the gateway container's port: the Service targets it, the probes ask it, and it is
+/// the only port of the Pod that any policy opens.
+pub const GATEWAY_PORT_NAME: &str = "gateway";
+/// The gateway's readiness path (ready after its first complete sync of sessions).
+pub const GATEWAY_READY_PATH: &str = "/readyz";
 /// Name of the MCP server container.
 pub const SERVER_CONTAINER: &str = "mcp";
 /// Where the gateway container finds its token and the sync CA (one projected volume).
@@ -29,14 +34,15 @@ pub const GATEWAY_VOLUME: &str = "mcp-access";
 /// What the controller was configured with (flags), as the builder needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadSettings {
-    /// Image of the `mcp-access-authz` sidecar.
+    /// Image of the `mcp-access-gateway` proxy.
     pub gateway_image: String,
     /// The apiserver's gateway sync URL (its 8085 Service), `https://` only.
     pub sync_url: String,
     /// PEM bundle of the CA that signed the sync listener's certificate: copied into a
     /// ConfigMap per server (pods can only mount ConfigMaps of their own namespace).
     pub sync_ca_pem: String,
-    /// Port the sidecar listens on (all Pod addresses; the Service targets it).
+    /// Port the gateway listens on (all Pod addresses): the Service targets it and it is the
+    /// Pod's only exposed port.
     pub gateway_port: i32,
     /// Lifetime asked for the projected token (the kubelet rotates it at 80 %).
     pub token_expiration_seconds: i64,
@@ -76,6 +82,14 @@ pub fn service_account_name(server: &str) -> String {
 }
 pub fn ca_config_map_name(server: &str) -> String {
     format!("{server}-gateway-ca")
+}
+
+/// The resource URI of a server's gateway: its Service URL on the gateway port. The gateway
+/// takes it as `--public-url`, so session tokens must name it in `aud`; the apiserver's default
+/// `--session-token-audience-template` (`http://{server}.{namespace}.svc:8086`) is this URL
+/// for the default `--gateway-port`.
+pub fn public_url(server: &str, namespace: &str, gateway_port: i32) -> String {
+    format!("http://{server}.{namespace}.svc:{gateway_port}")
 }
 
 /// The labels every child (and the Pods) carry.
@@ -128,6 +142,11 @@ pub fn children(
         .name
         .as_deref()
         .ok_or(DesiredError::Missing("name"))?;
+    let namespace = server
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(DesiredError::Missing("namespace"))?;
     let spec = &server.spec;
     let sa = service_account_name(name);
     let ca = ca_config_map_name(name);
@@ -154,7 +173,7 @@ pub fn children(
             "ports": [{
                 "name": "gateway",
                 "port": settings.gateway_port,
-                "targetPort": "gateway",
+                "targetPort": GATEWAY_PORT_NAME,
                 "protocol": "TCP",
             }],
         },
@@ -172,10 +191,11 @@ pub fn children(
             })
         })
         .collect();
+    // No declared port: nothing outside the Pod is meant to reach `spec.port`. The gateway
+    // reaches it on loopback, and no NetworkPolicy the controllers write opens it.
     let mut server_container = json!({
         "name": SERVER_CONTAINER,
         "image": spec.image,
-        "ports": [{"name": "mcp", "containerPort": spec.port, "protocol": "TCP"}],
     });
     if !env.is_empty() {
         server_container["env"] = Value::Array(env);
@@ -188,8 +208,24 @@ pub fn children(
             format!("--ca-file={GATEWAY_MOUNT}/ca.crt"),
             format!("--token-file={GATEWAY_MOUNT}/token"),
             format!("--listen=0.0.0.0:{}", settings.gateway_port),
+            format!("--upstream=http://127.0.0.1:{}", spec.port),
+            format!("--public-url={}", public_url(name, namespace, settings.gateway_port)),
         ],
-        "ports": [{"name": "gateway", "containerPort": settings.gateway_port, "protocol": "TCP"}],
+        "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway_port, "protocol": "TCP"}],
+        // Out of the Service until its first sync (it would deny everyone anyway) and while
+        // its sessions are stale.
+        "readinessProbe": {
+            "httpGet": {"path": GATEWAY_READY_PATH, "port": GATEWAY_PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        // Alive is "answers": a sync outage makes it unready, and a restart would only throw
+        // away its last-known-good sessions.
+        "livenessProbe": {
+            "tcpSocket": {"port": GATEWAY_PORT_NAME},
+            "periodSeconds": 20,
+            "failureThreshold": 6,
+        },
         // The token is mounted here and nowhere else.
         "volumeMounts": [{"name": GATEWAY_VOLUME, "mountPath": GATEWAY_MOUNT, "readOnly": true}],
     });
@@ -343,7 +379,7 @@ mod tests {
 
     fn settings() -> WorkloadSettings {
         WorkloadSettings {
-            gateway_image: "ghcr.io/mcp-access/authz:1".into(),
+            gateway_image: "ghcr.io/mcp-access/gateway:1".into(),
             sync_url: "https://mcp-access-apiserver.mcp-access.svc:8085".into(),
             sync_ca_pem: "-----BEGIN CERTIFICATE-----\n...\n".into(),
             gateway_port: 8086,
@@ -416,14 +452,19 @@ mod tests {
                 "automountServiceAccountToken": false,
                 "containers": [
                   {"name": "mcp", "image": "ghcr.io/acme/github-mcp:2",
-                   "ports": [{"name": "mcp", "containerPort": 8080, "protocol": "TCP"}],
                    "env": [{"name": "GITHUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "github-env", "key": "GITHUB_TOKEN"}}}]},
-                  {"name": "gateway", "image": "ghcr.io/mcp-access/authz:1",
+                  {"name": "gateway", "image": "ghcr.io/mcp-access/gateway:1",
                    "args": ["--sync-url=https://mcp-access-apiserver.mcp-access.svc:8085",
                             "--ca-file=/var/run/secrets/mcp-access/ca.crt",
                             "--token-file=/var/run/secrets/mcp-access/token",
-                            "--listen=0.0.0.0:8086"],
+                            "--listen=0.0.0.0:8086",
+                            "--upstream=http://127.0.0.1:8080",
+                            "--public-url=http://github.team-a.svc:8086"],
                    "ports": [{"name": "gateway", "containerPort": 8086, "protocol": "TCP"}],
+                   "readinessProbe": {"httpGet": {"path": "/readyz", "port": "gateway"},
+                                      "periodSeconds": 5, "failureThreshold": 3},
+                   "livenessProbe": {"tcpSocket": {"port": "gateway"},
+                                     "periodSeconds": 20, "failureThreshold": 6},
                    "volumeMounts": [{"name": "mcp-access", "mountPath": "/var/run/secrets/mcp-access", "readOnly": true}]}
                 ],
                 "volumes": [{"name": "mcp-access", "projected": {"sources": [
@@ -488,6 +529,43 @@ mod tests {
         assert_eq!(sa["automountServiceAccountToken"], false);
         let cm = find(&children, ChildKind::ConfigMap);
         assert_eq!(cm["data"]["ca.crt"], settings().sync_ca_pem);
+    }
+
+    #[test]
+    fn the_gateway_port_is_the_only_port_of_the_pod() {
+        let children = children(&server(None), &settings()).unwrap();
+        let pod = &find(&children, ChildKind::Deployment)["spec"]["template"]["spec"];
+        let ports: Vec<(&Value, &Value)> = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .map(|p| (&p["name"], &p["containerPort"]))
+            .collect();
+        assert_eq!(ports, [(&json!("gateway"), &json!(8086))]);
+        // The gateway forwards to the MCP container on loopback, and the audience tokens are
+        // minted for is the Service URL the Host API hands out (apiserver default template).
+        let gateway = &pod["containers"][1];
+        let args: Vec<&str> = gateway["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            args.contains(&"--upstream=http://127.0.0.1:8080"),
+            "{args:?}"
+        );
+        assert!(
+            args.contains(&"--public-url=http://github.team-a.svc:8086"),
+            "{args:?}"
+        );
+        assert_eq!(
+            public_url("github", "team-a", 8086),
+            "http://{server}.{namespace}.svc:8086"
+                .replace("{server}", "github")
+                .replace("{namespace}", "team-a")
+        );
     }
 
     #[test]

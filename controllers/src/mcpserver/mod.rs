@@ -1,6 +1,6 @@
 //! MCPServer → its workload (DESIGN §6): a ServiceAccount for the gateway's token, a
 //! ConfigMap with the sync CA, the Service on the gateway port and the Deployment running the
-//! MCP server with the `mcp-access-authz` sidecar. The Secret and the image allow-list are
+//! MCP server behind the `mcp-access-gateway` proxy. The Secret and the image allow-list are
 //! checked first; status conditions and Events say what happened.
 //!
 //! [`desired`] and [`status`] are pure; this file is the I/O: read, compare, apply only what
@@ -41,16 +41,18 @@ const CONTROLLER: &str = "mcpserver";
 #[derive(Debug, clap::Args)]
 #[group(id = "mcpserver")]
 pub struct Args {
-    /// Image of the `mcp-access-authz` gateway sidecar put in every MCPServer's Pod.
+    /// Image of the `mcp-access-gateway` proxy put in every MCPServer's Pod (its only exposed
+    /// port).
     #[arg(long, env = "MCP_ACCESS_GATEWAY_IMAGE")]
     pub gateway_image: String,
-    /// The gateway sync URL the sidecars use (the apiserver's 8085 Service), `https://` only.
+    /// The gateway sync URL the gateways use (the apiserver's 8085 Service), `https://` only.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_SYNC_URL")]
     pub gateway_sync_url: String,
     /// PEM CA bundle that verifies the sync listener; copied into a ConfigMap per server.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_SYNC_CA_FILE")]
     pub gateway_sync_ca_file: PathBuf,
-    /// Port the sidecar listens on in the Pod (the Service's port).
+    /// Port the gateway listens on in the Pod: the Service's port, the one port policies open,
+    /// and part of every server's resource URI (`http://<name>.<namespace>.svc:<port>`).
     #[arg(long, env = "MCP_ACCESS_GATEWAY_PORT", default_value_t = 8086)]
     pub gateway_port: u16,
     /// Lifetime of the gateway's projected token (Kubernetes' minimum is 600).

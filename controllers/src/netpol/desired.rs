@@ -57,7 +57,7 @@ pub enum PolicyType {
     KubeApi,
     /// L1: MCP server pods (their gateway container) may reach the apiserver's sync listener.
     GatewaySync,
-    /// L2: a Context's hosts (and the server's own pods) may reach a server's port.
+    /// L2: a Context's hosts may reach a server's gateway port.
     ContextIngress,
     /// L2: the paired egress, on the hosts' side (with the cluster DNS: it isolates them).
     ContextEgress,
@@ -289,7 +289,7 @@ fn server_layers(
     }
 
     let network = server.spec.network.clone().unwrap_or_default();
-    let server_port = json!([{"protocol": "TCP", "port": server.spec.port}]);
+    let gateway_port = gateway_port(settings);
     if !network.ingress_from.is_empty() {
         labels.insert(
             POLICY_TYPE_LABEL.into(),
@@ -309,7 +309,7 @@ fn server_layers(
             json!({
                 "podSelector": server_pods(name),
                 "policyTypes": ["Ingress"],
-                "ingress": [{"from": from, "ports": server_port}],
+                "ingress": [{"from": from, "ports": gateway_port}],
             }),
         ));
     }
@@ -356,7 +356,7 @@ fn context_pair(
     out: &mut Vec<Policy>,
 ) {
     let hosts = host_pods(&context.spec.host_selector);
-    let server_port = json!([{"protocol": "TCP", "port": server.spec.port}]);
+    let gateway_port = gateway_port(settings);
 
     let mut labels = base_labels(PolicyType::ContextIngress);
     labels.insert(CONTEXT_LABEL.into(), ctx_name.into());
@@ -371,16 +371,14 @@ fn context_pair(
         json!({
             "podSelector": server_pods(server_name),
             "policyTypes": ["Ingress"],
+            // The gateway port only: `spec.port` is the MCP container's, which the gateway
+            // reaches on loopback (no policy applies inside a Pod).
             "ingress": [{
-                "from": [
-                    // The server's own pods: its gateway container.
-                    {"podSelector": server_pods(server_name)},
-                    {
-                        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ctx_ns}},
-                        "podSelector": hosts,
-                    },
-                ],
-                "ports": server_port,
+                "from": [{
+                    "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ctx_ns}},
+                    "podSelector": hosts,
+                }],
+                "ports": gateway_port,
             }],
         }),
     ));
@@ -416,12 +414,18 @@ fn context_pair(
                         "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: server_ns}},
                         "podSelector": server_pods(server_name),
                     }],
-                    "ports": server_port,
+                    "ports": gateway_port,
                 },
                 dns_rule(settings),
             ],
         }),
     ));
+}
+
+/// The one port of a server's pods any policy opens: its gateway's. The MCP container's
+/// `spec.port` is reached by the gateway on loopback and by nothing outside the Pod.
+fn gateway_port(settings: &NetpolSettings) -> Value {
+    json!([{"protocol": "TCP", "port": settings.gateway_port}])
 }
 
 /// The pods of one MCPServer, as the workload controller labels them.
@@ -704,7 +708,7 @@ mod tests {
     }
 
     #[test]
-    fn a_context_opens_exactly_its_servers_on_their_port() {
+    fn a_context_opens_exactly_its_servers_on_their_gateway_port() {
         let servers = [
             mk_server("team-a", "github", 8080),
             mk_server("team-b", "jira", 9000),
@@ -740,19 +744,21 @@ mod tests {
             ]
         );
         let ingress = &find(&ps, "team-b", "mcp-l2-ingress.jira.hosts.dev").body;
+        // The gateway's port, never spec.port (9000): the MCP container is not reachable from
+        // outside its Pod.
         assert_eq!(
             ingress["spec"]["ingress"][0]["ports"],
-            json!([{"protocol": "TCP", "port": 9000}])
+            json!([{"protocol": "TCP", "port": 8086}])
         );
         assert_eq!(
-            ingress["spec"]["ingress"][0]["from"][1],
-            json!({
+            ingress["spec"]["ingress"][0]["from"],
+            json!([{
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "hosts"}},
                 "podSelector": {
                     "matchLabels": {"host": "dev"},
                     "matchExpressions": [{"key": SERVER_LABEL, "operator": "DoesNotExist"}],
                 },
-            })
+            }])
         );
         assert_eq!(
             ingress["metadata"]["ownerReferences"][0]["kind"],
@@ -772,6 +778,10 @@ mod tests {
         assert_eq!(
             egress["spec"]["egress"][0]["to"][0]["podSelector"],
             server_pods("jira")
+        );
+        assert_eq!(
+            egress["spec"]["egress"][0]["ports"],
+            json!([{"protocol": "TCP", "port": 8086}])
         );
         // The hosts are egress-isolated by this policy: they keep the cluster DNS, and only it.
         assert_eq!(egress["spec"]["egress"][1], dns_rule(&settings()));
@@ -852,7 +862,11 @@ mod tests {
             net_in["metadata"]["labels"][POLICY_TYPE_LABEL],
             "server-ingress"
         );
-        assert_eq!(net_in["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+        // ingressFrom admits more clients to the gateway, never past it to spec.port.
+        assert_eq!(
+            net_in["spec"]["ingress"][0]["ports"],
+            json!([{"protocol": "TCP", "port": 8086}])
+        );
         let net_out = &find(&ps, "team-a", "mcp-net-egress.github").body["spec"]["egress"];
         assert_eq!(
             net_out[1],
