@@ -26,6 +26,7 @@ use crate::server::{self, Health};
 use crate::store::{PgStore, Store, StoreConfig};
 use crate::tasks::Tasks;
 use crate::tls::{self, ReloadingCert};
+use crate::tokens::{SessionTokens, TokenMetrics};
 
 /// The MCP Access aggregated API server.
 #[derive(Debug, Parser)]
@@ -37,6 +38,8 @@ pub struct Cli {
     pub serving: ServingArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
+    #[command(flatten)]
+    pub tokens: TokenArgs,
     /// Log format.
     #[arg(long, env = "MCP_ACCESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -200,6 +203,39 @@ pub struct ServingArgs {
     /// sending new requests here (Go duration; as kube-apiserver's --shutdown-delay-duration).
     #[arg(long, env = "MCP_ACCESS_SHUTDOWN_DELAY", default_value = "0s")]
     pub shutdown_delay: GoDuration,
+}
+
+/// Session tokens: the `token` subresource of AccessSession (docs/session-tokens.md).
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// PEM PKCS#8 EC P-256 private key that signs session tokens (ES256); mode 600. Without
+    /// it the token subresource answers 503. Never logged.
+    #[arg(long, env = "MCP_ACCESS_SESSION_TOKEN_SIGNING_KEY_FILE")]
+    pub session_token_signing_key_file: Option<PathBuf>,
+    /// PEM EC P-256 public key published in the JWKS beside the signing key's (e.g. the
+    /// previous signing key during a rotation). Repeatable; the environment variable takes a
+    /// comma-separated list.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_SESSION_TOKEN_VERIFICATION_KEY_FILE",
+        value_delimiter = ','
+    )]
+    pub session_token_verification_key_file: Vec<PathBuf>,
+    /// The `iss` of every session token; required with a signing key.
+    #[arg(long, env = "MCP_ACCESS_SESSION_TOKEN_ISSUER")]
+    pub session_token_issuer: Option<String>,
+    /// Longest lifetime of a session token (Go duration); also never past the session's
+    /// spec.expiresAt.
+    #[arg(long, env = "MCP_ACCESS_SESSION_TOKEN_MAX_TTL", default_value = "1h")]
+    pub session_token_max_ttl: GoDuration,
+    /// The audience of a session token when the request names none: the server's resource
+    /// URI, `{server}` and `{namespace}` filled in.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_SESSION_TOKEN_AUDIENCE_TEMPLATE",
+        default_value = apis::session_token::DEFAULT_AUDIENCE_TEMPLATE
+    )]
+    pub session_token_audience_template: String,
 }
 
 /// Authentication and authorization.
@@ -419,6 +455,17 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let mut tasks: Vec<Task> = Vec::new();
     // Filled as the parts are built, read-only once serving starts.
     let mut registry = Registry::default();
+    // The keys first: a bad key file stops startup before anything is touched.
+    let tokens = Arc::new(
+        SessionTokens::load(&config.tokens, TokenMetrics::register(&mut registry))
+            .context("session tokens")?,
+    );
+    match tokens.issuer() {
+        Some(issuer) => tracing::info!(issuer, "issuing session tokens"),
+        None => {
+            tracing::warn!("no --session-token-signing-key-file: the token subresource answers 503")
+        }
+    }
     let cache_metrics = AuthCacheMetrics::register(&mut registry);
     let ((authenticator, authorizer, client_verifier), kube_parts) =
         wire_auth(&config.auth, &cache_metrics, &mut tasks).await?;
@@ -462,6 +509,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         metrics,
         shutdown_rx.clone(),
     )
+    .with_session_tokens(tokens)
     .with_limits(Limits {
         max_requests_inflight: config.serving.max_requests_inflight,
         max_mutating_requests_inflight: config.serving.max_mutating_requests_inflight,

@@ -12,8 +12,9 @@ use std::time::Duration;
 use apis::duration::GoDuration;
 use k8s_openapi::jiff::SignedDuration;
 
-use crate::cli::{AuthArgs, Cli, LogFormat, ServingArgs, StorageArgs};
+use crate::cli::{AuthArgs, Cli, LogFormat, ServingArgs, StorageArgs, TokenArgs};
 use crate::store::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode, StoreConfig};
+use crate::tokens::TokenSettings;
 
 /// A flag combination the server refuses to start with. The text names the flags.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,112 @@ pub enum ConfigError {
     /// The DSN may carry a password: neither this nor its source includes it.
     #[error("--database-url")]
     Database(#[source] ConnectError),
+    #[error("--session-token-signing-key-file needs --session-token-issuer: every token names its issuer")]
+    SigningKeyWithoutIssuer,
+    #[error("--session-token-verification-key-file without --session-token-signing-key-file: there is nothing to verify")]
+    VerificationKeyWithoutSigningKey,
+    #[error("--{flag} {value:?} {why}")]
+    SessionToken {
+        flag: &'static str,
+        value: String,
+        why: &'static str,
+    },
+}
+
+/// Whether a configured value is a placeholder left for an operator to fill in.
+fn is_placeholder(value: &str) -> bool {
+    let lower = value.to_ascii_lowercase();
+    value.contains(['<', '>'])
+        || value.contains("${")
+        || [
+            "changeme",
+            "change-me",
+            "change_me",
+            "replace",
+            "placeholder",
+            "todo",
+            "fixme",
+            "example.invalid",
+        ]
+        .iter()
+        .any(|word| lower.contains(word))
+}
+
+impl TryFrom<&TokenArgs> for TokenSettings {
+    type Error = ConfigError;
+
+    fn try_from(args: &TokenArgs) -> Result<Self, ConfigError> {
+        let refuse = |flag, value: &str, why| ConfigError::SessionToken {
+            flag,
+            value: value.to_string(),
+            why,
+        };
+        let template = args.session_token_audience_template.trim();
+        let template_flag = "session-token-audience-template";
+        if template.is_empty() {
+            return Err(refuse(template_flag, template, "is empty"));
+        }
+        if !template.contains("{server}") {
+            return Err(refuse(
+                template_flag,
+                template,
+                "has no {server}: every server would share one audience",
+            ));
+        }
+        if is_placeholder(&template.replace("{server}", "").replace("{namespace}", "")) {
+            return Err(refuse(template_flag, template, "is a placeholder"));
+        }
+        if !apis::session_token::is_absolute_http_uri(&apis::session_token::render_audience(
+            template,
+            "server",
+            "namespace",
+        )) {
+            return Err(refuse(
+                template_flag,
+                template,
+                "does not make an absolute http or https URI",
+            ));
+        }
+        let issuer = match args.session_token_issuer.as_deref().map(str::trim) {
+            None => None,
+            Some("") => {
+                return Err(refuse("session-token-issuer", "", "is empty"));
+            }
+            Some(issuer) if is_placeholder(issuer) => {
+                return Err(refuse("session-token-issuer", issuer, "is a placeholder"));
+            }
+            Some(issuer) if issuer.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                return Err(refuse(
+                    "session-token-issuer",
+                    issuer,
+                    "contains whitespace",
+                ));
+            }
+            Some(issuer) => Some(issuer.to_string()),
+        };
+        match &args.session_token_signing_key_file {
+            Some(_) if issuer.is_none() => return Err(ConfigError::SigningKeyWithoutIssuer),
+            None if !args.session_token_verification_key_file.is_empty() => {
+                return Err(ConfigError::VerificationKeyWithoutSigningKey)
+            }
+            _ => {}
+        }
+        let max_ttl = positive("session-token-max-ttl", args.session_token_max_ttl)?.std();
+        if max_ttl < Duration::from_secs(apis::session_token::MIN_EXPIRATION_SECONDS as u64) {
+            return Err(refuse(
+                "session-token-max-ttl",
+                &format!("{}s", max_ttl.as_secs()),
+                "is shorter than the shortest token (10s)",
+            ));
+        }
+        Ok(Self {
+            signing_key_file: args.session_token_signing_key_file.clone(),
+            verification_key_files: args.session_token_verification_key_file.clone(),
+            issuer,
+            max_ttl,
+            audience_template: template.to_string(),
+        })
+    }
 }
 
 /// Everything the process is configured with, validated.
@@ -50,6 +157,8 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// How long completed Enrollment records are kept.
     pub enrollment_retention: Duration,
+    /// Session tokens (the key files are read while wiring).
+    pub tokens: TokenSettings,
     pub log_format: LogFormat,
 }
 
@@ -166,6 +275,7 @@ impl TryFrom<Cli> for Config {
             storage,
             bookmark_interval,
             enrollment_retention,
+            tokens: TokenSettings::try_from(&cli.tokens)?,
             log_format: cli.log_format,
         })
     }

@@ -11,4 +11,5 @@ pub mod http;
 pub mod server;
 pub mod store;
 pub mod tasks;
+pub mod tokens;
 pub use process::tls;

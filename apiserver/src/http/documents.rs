@@ -98,6 +98,8 @@ impl Documents {
             Doc::OpenApiV3 => (docs.openapi_v3_root.clone(), "application/json"),
             Doc::OpenApiV3Group => (docs.openapi_v3_group.clone(), "application/json"),
             Doc::Version => (docs.version.clone(), "application/json"),
+            // Served from the session-token signer, not from here.
+            Doc::Jwks | Doc::OpenIdConfiguration => return Err(ApiError::not_found_path()),
         };
         let mut response = (
             StatusCode::OK,
@@ -160,4 +162,30 @@ pub(crate) enum Doc {
     OpenApiV3,
     OpenApiV3Group,
     Version,
+    /// `/openid/v1/jwks`: the session-token keys.
+    Jwks,
+    /// `/.well-known/openid-configuration`: the session-token issuer.
+    OpenIdConfiguration,
+}
+
+/// The JWK Set of the session-token keys (`{"keys":[]}` without a signing key).
+pub(crate) fn jwks(tokens: &crate::tokens::SessionTokens) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/jwk-set+json")],
+        tokens.jwks(),
+    )
+        .into_response()
+}
+
+/// The OpenID discovery document of the session-token issuer; 404 without a signing key
+/// (there is no issuer).
+pub(crate) fn openid_configuration(tokens: &crate::tokens::SessionTokens) -> ApiResult<Response> {
+    let document = tokens.discovery().ok_or_else(ApiError::not_found_path)?;
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        document,
+    )
+        .into_response())
 }

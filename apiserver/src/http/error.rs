@@ -146,6 +146,53 @@ impl ApiError {
         )
     }
 
+    /// 409 for a session that may not have a token now (docs/session-tokens.md): not
+    /// `Active`, past its expiry, or of a retired (fenced) server.
+    pub fn token_refused(name: &str, refusal: &apis::session_token::NotMintable) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "accesssessions.{} {name:?}: no token is issued: {refusal}",
+                apis::GROUP
+            ),
+        )
+        .with_details(StatusDetails {
+            name: Some(name.to_string()),
+            group: Some(apis::GROUP.to_string()),
+            kind: Some("accesssessions".to_string()),
+            ..Default::default()
+        })
+    }
+
+    /// 422 Invalid for a `TokenRequest` with bad fields, as kube-apiserver words it.
+    pub fn invalid_token_request(name: &str, errors: &[FieldError]) -> Self {
+        use apis::session_token::{TOKEN_REQUEST_GROUP, TOKEN_REQUEST_KIND};
+        let causes = errors
+            .iter()
+            .map(|e| StatusCause {
+                reason: Some(e.kind.cause_type().to_string()),
+                message: Some(e.message.clone()),
+                field: Some(e.field.clone()),
+            })
+            .collect();
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "{TOKEN_REQUEST_KIND}.{TOKEN_REQUEST_GROUP} {name:?} is invalid: {}",
+                apis::validation::join_errors(errors)
+            ),
+        )
+        .with_details(StatusDetails {
+            name: Some(name.to_string()),
+            group: Some(TOKEN_REQUEST_GROUP.to_string()),
+            kind: Some(TOKEN_REQUEST_KIND.to_string()),
+            causes: Some(causes),
+            ..Default::default()
+        })
+    }
+
     /// 422 Invalid for request parameters (not an object's fields).
     pub fn invalid_params(resource: &ResourceInfo, errors: &[FieldError]) -> Self {
         Self::invalid(resource, "", errors)

@@ -11,6 +11,7 @@ mod request;
 mod resource;
 mod route;
 mod sync;
+mod token;
 mod watch;
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ pub use observe::{HttpMetrics, REQUEST_LOG_TARGET};
 pub use request::Rendering;
 pub use sync::SyncState;
 
-use documents::Documents;
+use documents::{Doc, Documents};
 use limits::{read_body, InflightLimiter, RequestKind, WatchCounter};
 use observe::{request_span, RecordUser, RequestLog};
 use route::Target;
@@ -38,6 +39,7 @@ use crate::auth::{
     Attributes, AuthenticationError, Authenticator, Authorizer, ConnectionInfo, Decision,
 };
 use crate::store::Store;
+use crate::tokens::SessionTokens;
 use apis::strategy::Strategy;
 use request::Params;
 use resource::ResourceRequest;
@@ -104,6 +106,8 @@ pub struct AppState<S> {
     pub namespaces: Option<Arc<NamespaceLifecycle>>,
     /// Limits and timeouts of the listener.
     pub limits: Limits,
+    /// The signer of the `token` subresource and the JWKS it publishes.
+    pub tokens: Arc<SessionTokens>,
     inflight: InflightLimiter,
     watches: Arc<WatchCounter>,
     docs: Arc<Documents>,
@@ -120,6 +124,7 @@ impl<S: Clone> Clone for AppState<S> {
             shutdown: self.shutdown.clone(),
             namespaces: self.namespaces.clone(),
             limits: self.limits.clone(),
+            tokens: self.tokens.clone(),
             inflight: self.inflight.clone(),
             watches: self.watches.clone(),
             docs: self.docs.clone(),
@@ -145,6 +150,8 @@ impl<S: Store + Clone> AppState<S> {
             shutdown,
             namespaces: None,
             limits: Limits::default(),
+            // Until `with_session_tokens`: no signing key, the subresource answers 503.
+            tokens: Arc::new(SessionTokens::disabled(Arc::default())),
             inflight: InflightLimiter::new(&Limits::default()),
             watches: Arc::default(),
             docs: Arc::new(Documents::build()),
@@ -155,6 +162,12 @@ impl<S: Store + Clone> AppState<S> {
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.inflight = InflightLimiter::new(&limits);
         self.limits = limits;
+        self
+    }
+
+    /// Issues session tokens with `tokens` (and publishes its JWKS).
+    pub fn with_session_tokens(mut self, tokens: Arc<SessionTokens>) -> Self {
+        self.tokens = tokens;
         self
     }
 
@@ -312,6 +325,18 @@ impl<S: Store + Clone> AppState<S> {
 
         let body = read_body(&parts.headers, body).await.map_err(&fail)?;
         let response = match target {
+            Target::NonResource(Doc::Jwks | Doc::OpenIdConfiguration)
+                if !matches!(parts.method, http::Method::GET | http::Method::HEAD) =>
+            {
+                return Err(fail(ApiError::method_not_allowed(
+                    parts.method.as_str(),
+                    &path,
+                )))
+            }
+            Target::NonResource(Doc::Jwks) => documents::jwks(&self.tokens),
+            Target::NonResource(Doc::OpenIdConfiguration) => {
+                documents::openid_configuration(&self.tokens).map_err(&fail)?
+            }
             Target::NonResource(doc) => self.docs.serve(doc, &parts.headers).map_err(&fail)?,
             Target::Resource {
                 namespace,
@@ -431,6 +456,18 @@ impl<S: Store + Clone> AppState<S> {
                 &verb.to_uppercase(),
                 K::INFO.plural,
             ));
+        }
+        if req.subresource == Some(apis::session_token::TOKEN_SUBRESOURCE) {
+            // Only `create` reaches here (the route refuses every other method with 405).
+            return match verb {
+                "create" if K::INFO.plural == apis::resources::ACCESS_SESSIONS.plural => {
+                    token::create::<S>(&self.store, &self.tokens, req).await
+                }
+                other => Err(ApiError::method_not_allowed(
+                    &other.to_uppercase(),
+                    &format!("{}/token", K::INFO.plural),
+                )),
+            };
         }
         if req.subresource.is_some() {
             return match verb {

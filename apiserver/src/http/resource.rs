@@ -77,7 +77,7 @@ impl ResourceRequest<'_> {
             .unwrap_or("")
     }
 
-    fn require_json_body(&self) -> ApiResult<()> {
+    pub(super) fn require_json_body(&self) -> ApiResult<()> {
         let ct = self.content_type().split(';').next().unwrap_or("").trim();
         if ct.is_empty() || ct == "application/json" || ct == "*/*" {
             Ok(())

@@ -25,7 +25,7 @@ pub(crate) enum Target {
         namespace: Option<String>,
         plural: String,
         name: Option<String>,
-        /// `status` for `<name>/status`.
+        /// `status` for `<name>/status`, `token` for `<name>/token`.
         subresource: Option<String>,
     },
     Unknown,
@@ -47,6 +47,8 @@ impl Target {
                 Self::NonResource(Doc::OpenApiV3Group)
             }
             ["version"] => Self::NonResource(Doc::Version),
+            ["openid", "v1", "jwks"] => Self::NonResource(Doc::Jwks),
+            [".well-known", "openid-configuration"] => Self::NonResource(Doc::OpenIdConfiguration),
             ["apis", group, version, rest @ ..] if *group == g && *version == v => match rest {
                 ["namespaces", ns, plural] => Self::resource(Some(ns), plural, None, None),
                 ["namespaces", ns, plural, name] => {
@@ -99,7 +101,22 @@ impl Target {
                 subresource,
             } => {
                 let watch = params.is_watch()?;
+                // `<name>/token` takes a POST (a create of the subresource) and nothing else.
+                if subresource.as_deref() == Some(apis::session_token::TOKEN_SUBRESOURCE) {
+                    if method != Method::POST || name.is_none() {
+                        return Err(ApiError::method_not_allowed(
+                            method.as_str(),
+                            &format!("{plural}/token"),
+                        ));
+                    }
+                }
                 let verb = match (method, name.is_some()) {
+                    (&Method::POST, true)
+                        if subresource.as_deref()
+                            == Some(apis::session_token::TOKEN_SUBRESOURCE) =>
+                    {
+                        "create"
+                    }
                     (&Method::GET | &Method::HEAD, true) => "get",
                     (&Method::GET | &Method::HEAD, false) if watch => "watch",
                     (&Method::GET | &Method::HEAD, false) => "list",

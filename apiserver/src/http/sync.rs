@@ -167,6 +167,20 @@ impl<S: Store + Clone> SyncState<S> {
                         .serve(doc, &parts.headers)
                         .map(|r| ("get".to_string(), r))
                         .map_err(fail("get")),
+                    // The session-token keys and issuer, for any authenticated gateway.
+                    Doc::Jwks if is_get(&parts.method) => {
+                        Ok(("get".to_string(), super::documents::jwks(&self.app.tokens)))
+                    }
+                    Doc::OpenIdConfiguration if is_get(&parts.method) => {
+                        super::documents::openid_configuration(&self.app.tokens)
+                            .map(|r| ("get".to_string(), r))
+                            .map_err(fail("get"))
+                    }
+                    Doc::Jwks | Doc::OpenIdConfiguration => {
+                        Err(fail(&parts.method.as_str().to_lowercase())(
+                            ApiError::method_not_allowed(parts.method.as_str(), &path),
+                        ))
+                    }
                     // The schemas describe the whole API; gateways need none of them.
                     _ => Err(fail("get")(ApiError::not_found_path())),
                 };
@@ -306,6 +320,10 @@ impl<S: Store + Clone> SyncState<S> {
         )
         .await
     }
+}
+
+fn is_get(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
 }
 
 /// The answer to a refused gateway: 401 with a reason that names no object, or 503 when

@@ -430,6 +430,17 @@ impl Store for MemoryStore {
         self.signals.clone()
     }
 
+    async fn server_fenced(&self, server_uid: &str, namespace: &str) -> Result<bool> {
+        let shared = self.state.lock().await;
+        Ok(matches!(
+            shared.current.answer(&Read::Fenced {
+                server_uid: server_uid.to_string(),
+                namespace: namespace.to_string(),
+            }),
+            Fact::Flag(true)
+        ))
+    }
+
     async fn current_version(&self) -> Result<ResourceVersion> {
         Ok(ResourceVersion::new(
             EPOCH,

@@ -297,6 +297,10 @@ pub trait Store: Send + Sync + 'static {
     /// Where this store reports what its writes did to sessions.
     fn session_signals(&self) -> std::sync::Arc<SessionSignals>;
 
+    /// Whether a retirement fence covers `server_uid` in `namespace` (one installed there, or
+    /// a cluster-wide one): what refuses a session token for a retired server generation.
+    async fn server_fenced(&self, server_uid: &str, namespace: &str) -> Result<bool>;
+
     /// The current resourceVersion.
     async fn current_version(&self) -> Result<ResourceVersion>;
     /// Follows the change log from just after `from`.

@@ -494,6 +494,17 @@ impl Store for PgStore {
         self.inner.signals.clone()
     }
 
+    async fn server_fenced(&self, server_uid: &str, namespace: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let (sql, params) = revocations::fenced(server_uid, namespace);
+        let bound: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        let row = client.query_one(&sql, &bound).await.map_err(pg_err)?;
+        Ok(row.get::<_, bool>(0))
+    }
+
     async fn current_version(&self) -> Result<ResourceVersion> {
         let client = self.client().await?;
         let row = client
