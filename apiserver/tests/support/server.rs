@@ -10,6 +10,7 @@ use apiserver::auth::{AllowAuthenticated, Authenticator, Authorizer, TokenFile};
 use apiserver::http::{AppState, HttpConfig, HttpMetrics, Limits};
 use apiserver::store::{PgStore, StoreConfig};
 use apiserver::tls::{self, ReloadingCert};
+use apiserver::tokens::{PublicKey, SessionTokens, SigningKey, TokenMetrics};
 use prometheus_client::registry::Registry;
 
 use super::TestDb;
@@ -29,6 +30,8 @@ pub struct TestServer {
     pub kubeconfig: PathBuf,
     /// The server's metrics registry (what `/metrics` encodes).
     pub registry: Arc<Registry>,
+    /// The session-token signer (a key generated for the test unless the test chose).
+    pub tokens: Arc<SessionTokens>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -42,6 +45,40 @@ pub fn static_tokens() -> Arc<TokenFile> {
         )
         .expect("the test token file parses"),
     )
+}
+
+/// The issuer of test servers' session tokens.
+pub const TEST_ISSUER: &str = "https://mcp-access.test";
+/// The max TTL of test servers' session tokens.
+pub const TEST_TOKEN_MAX_TTL: Duration = Duration::from_secs(3600);
+
+/// How a test server issues session tokens.
+pub enum TokenSetup {
+    /// A P-256 key generated for the test, issuer [`TEST_ISSUER`].
+    Generated,
+    /// No signing key: the subresource answers 503.
+    Disabled,
+    /// This signing key, publishing also these verification keys.
+    Keys(SigningKey, Vec<PublicKey>),
+}
+
+impl TokenSetup {
+    fn build(self, metrics: Arc<TokenMetrics>) -> SessionTokens {
+        let (key, mut published) = match self {
+            Self::Disabled => return SessionTokens::disabled(metrics),
+            Self::Generated => (SigningKey::generate().expect("a P-256 key"), Vec::new()),
+            Self::Keys(key, published) => (key, published),
+        };
+        published.insert(0, key.public.clone());
+        SessionTokens::from_keys(
+            key,
+            published,
+            TEST_ISSUER.into(),
+            TEST_TOKEN_MAX_TTL,
+            apis::session_token::DEFAULT_AUDIENCE_TEMPLATE.into(),
+            metrics,
+        )
+    }
 }
 
 /// A store tweak for tests of expiry: 50 events retained, so the log trims past a watcher
@@ -62,6 +99,35 @@ pub struct Output {
 impl TestServer {
     pub async fn start() -> Self {
         Self::start_with(|_| {}, HttpConfig::default()).await
+    }
+
+    /// A server whose session tokens are set up as `tokens` says.
+    pub async fn start_with_tokens(tokens: TokenSetup) -> Self {
+        Self::start_parts_with(
+            |_| {},
+            HttpConfig::default(),
+            static_tokens(),
+            Arc::new(AllowAuthenticated),
+            Limits::default(),
+            tokens,
+        )
+        .await
+    }
+
+    /// A server with `authorizer` and session tokens set up as `tokens` says.
+    pub async fn start_with_authorizer_and_tokens(
+        authorizer: Arc<dyn Authorizer>,
+        tokens: TokenSetup,
+    ) -> Self {
+        Self::start_parts_with(
+            |_| {},
+            HttpConfig::default(),
+            static_tokens(),
+            authorizer,
+            Limits::default(),
+            tokens,
+        )
+        .await
     }
 
     /// A server whose authorizer is `authorizer` instead of allow-all-authenticated.
@@ -119,6 +185,25 @@ impl TestServer {
         authorizer: Arc<dyn Authorizer>,
         limits: Limits,
     ) -> Self {
+        Self::start_parts_with(
+            tweak,
+            http,
+            authenticator,
+            authorizer,
+            limits,
+            TokenSetup::Generated,
+        )
+        .await
+    }
+
+    async fn start_parts_with(
+        tweak: impl FnOnce(&mut StoreConfig),
+        http: HttpConfig,
+        authenticator: Arc<dyn Authenticator>,
+        authorizer: Arc<dyn Authorizer>,
+        limits: Limits,
+        token_setup: TokenSetup,
+    ) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let db = TestDb::new().await;
         let mut config = db.store_config();
@@ -143,6 +228,8 @@ impl TestServer {
             shutdown_rx.clone(),
         )
         .with_limits(limits);
+        let tokens = Arc::new(token_setup.build(TokenMetrics::register(&mut registry)));
+        let app = app.with_session_tokens(tokens.clone());
         store.change_feed_metrics().register(&mut registry);
         let registry = Arc::new(registry);
         tokio::spawn(apiserver::server::serve_api(
@@ -164,6 +251,7 @@ impl TestServer {
             dir,
             kubeconfig,
             registry,
+            tokens,
             shutdown,
         }
     }
@@ -256,6 +344,46 @@ impl TestServer {
             .send()
             .await
             .expect("POST reaches the server")
+    }
+
+    /// The URL of a session's `token` subresource.
+    pub fn token_url(&self, ns: &str, name: &str) -> String {
+        format!("{}/{name}/token", self.sessions_url(ns))
+    }
+
+    /// POSTs `body` (a TokenRequest) to a session's `token` subresource as `token`.
+    pub async fn request_token_as(
+        &self,
+        token: &str,
+        ns: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        self.http()
+            .post(self.token_url(ns, name))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .expect("POST reaches the server")
+    }
+
+    /// A session token for `ns/name` (default lifetime and audience), as the admin.
+    pub async fn session_token(&self, ns: &str, name: &str) -> String {
+        let response = self
+            .request_token_as(
+                ADMIN_TOKEN,
+                ns,
+                name,
+                &serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"}),
+            )
+            .await;
+        assert_eq!(response.status().as_u16(), 201, "a token is issued");
+        let body: serde_json::Value = response.json().await.expect("a TokenRequest");
+        body["status"]["token"]
+            .as_str()
+            .expect("status.token")
+            .to_string()
     }
 
     /// A kube-rs client for the admin.
