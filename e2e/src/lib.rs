@@ -51,6 +51,9 @@ pub struct Options {
     pub apiserver_args: Vec<String>,
 }
 
+/// The session-token issuer of a cluster whose `hack/cluster.sh` env names none.
+pub const DEFAULT_SESSION_TOKEN_ISSUER: &str = "https://mcp-access.local";
+
 /// A running local cluster with MCP Access registered.
 pub struct LocalCluster {
     pub dir: PathBuf,
@@ -394,6 +397,60 @@ impl LocalCluster {
         started
     }
 
+    /// The `iss` of the session tokens this cluster's apiserver mints.
+    pub fn session_token_issuer(&self) -> String {
+        self.env
+            .get("SESSION_TOKEN_ISSUER")
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_SESSION_TOKEN_ISSUER.into())
+    }
+
+    /// The session-token signing key: `hack/cluster.sh`'s, or (a cluster started before it
+    /// made one) an EC P-256 key generated once into the cluster directory, mode 600.
+    fn session_token_key(&self) -> Result<PathBuf> {
+        if let Some(key) = self.env.get("SESSION_TOKEN_SIGNING_KEY_FILE") {
+            return Ok(PathBuf::from(key));
+        }
+        let key = self.dir.join("session-token.key");
+        if !key.exists() {
+            let tmp = self.dir.join("session-token.key.tmp");
+            checked(
+                Command::new("openssl")
+                    .args([
+                        "genpkey",
+                        "-algorithm",
+                        "EC",
+                        "-pkeyopt",
+                        "ec_paramgen_curve:P-256",
+                        "-out",
+                    ])
+                    .arg(&tmp),
+            )?;
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+            std::fs::rename(&tmp, &key)?;
+        }
+        Ok(key)
+    }
+
+    /// A session token for the AccessSession `ns/name` (default lifetime and audience),
+    /// minted by `kubectl create --raw` on its `token` subresource as the admin.
+    pub fn session_token(&self, ns: &str, name: &str) -> Result<String> {
+        let path = format!(
+            "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions/{name}/token"
+        );
+        let request =
+            r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{}}"#;
+        let out = self.kubectl_ok(&["create", "--raw", &path, "-f", "-"], Some(request))?;
+        let answer: serde_json::Value =
+            serde_json::from_str(&out).context("the token subresource answers a TokenRequest")?;
+        answer["status"]["token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .context("the TokenRequest carries no status.token")
+    }
+
     pub fn start_apiserver(&mut self) -> Result<()> {
         self.stop_apiserver();
         let logs = self.dir.join("logs");
@@ -408,9 +465,13 @@ impl LocalCluster {
                 .cloned()
                 .with_context(|| format!("{k} missing from env"))
         };
+        let token_key = self.session_token_key()?;
         let child = Command::new(&self.apiserver_bin)
             .arg("--tls-cert-file")
             .arg(get("MCP_ACCESS_TLS_CERT_FILE")?)
+            .arg("--session-token-signing-key-file")
+            .arg(&token_key)
+            .args(["--session-token-issuer", &self.session_token_issuer()])
             .arg("--tls-private-key-file")
             .arg(get("MCP_ACCESS_TLS_PRIVATE_KEY_FILE")?)
             .arg("--kubeconfig")
