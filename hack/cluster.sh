@@ -156,8 +156,16 @@ gen_pki() {
     new_key "$pki/host-token.key"
     openssl pkey -in "$pki/host-token.key" -pubout -out "$pki/host-token.pub" 2>/dev/null
   fi
+  # The session-token signing key of mcp-access-apiserver (EC P-256, PKCS#8; ES256 tokens of
+  # the AccessSession token subresource, docs/session-tokens.md).
+  if [[ ! -s $pki/session-token.key || ! -s $pki/session-token.pub ]]; then
+    log "pki: generating the session-token signing key"
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$pki/session-token.key" 2>/dev/null
+    chmod 600 "$pki/session-token.key"
+    openssl pkey -in "$pki/session-token.key" -pubout -out "$pki/session-token.pub" 2>/dev/null
+  fi
   # Certificates and the public keys are not secret; keys stay 0600 in a 0700 directory.
-  chmod 644 "$pki"/*.crt "$pki"/sa.pub "$pki"/host-token.pub
+  chmod 644 "$pki"/*.crt "$pki"/sa.pub "$pki"/host-token.pub "$pki"/session-token.pub
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +434,10 @@ cmd_start() {
     # The local issuer's name and the Host API's audience (hack/host-token.sh signs for them).
     printf 'HOST_TOKEN_ISSUER=%q\n' "mcp-access-local-issuer"
     printf 'HOST_TOKEN_AUDIENCE=%q\n' "mcp-access-host-api"
+    # mcp-access-apiserver's session tokens (--session-token-signing-key-file, -issuer).
+    printf 'SESSION_TOKEN_SIGNING_KEY_FILE=%q\n' "$pki/session-token.key"
+    printf 'SESSION_TOKEN_PUBLIC_KEY_FILE=%q\n' "$pki/session-token.pub"
+    printf 'SESSION_TOKEN_ISSUER=%q\n' "https://mcp-access.local"
   } >"$dir/env.tmp"
   mv -f "$dir/env.tmp" "$dir/env"
 

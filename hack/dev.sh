@@ -77,6 +77,14 @@ if [ ! -s "$root/tokens.csv" ]; then
 fi
 token=$(cut -d, -f1 <"$root/tokens.csv" | head -n1)
 
+# The session-token signing key (EC P-256, PKCS#8, mode 600): kept across runs so tokens
+# minted before a restart still verify.
+if [ ! -s "$root/session-token.key" ]; then
+  (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 \
+    -out "$root/session-token.key" 2>/dev/null) || die "openssl could not generate the session-token key"
+fi
+chmod 600 "$root/session-token.key"
+
 if [[ -n ${MCP_ACCESS_APISERVER_BIN:-} ]]; then
   bin=$MCP_ACCESS_APISERVER_BIN
 else
@@ -100,6 +108,8 @@ trap 'exit 0' INT TERM
 rm -f "$root/certs/apiserver.crt"
 MCP_ACCESS_DATABASE_URL="$PG_DSN" "$bin" --standalone \
   --token-auth-file "$root/tokens.csv" \
+  --session-token-signing-key-file "$root/session-token.key" \
+  --session-token-issuer "https://mcp-access.dev.local" \
   --cert-dir "$root/certs" \
   --bind-address 127.0.0.1 --secure-port "$port" --metrics-port "$metrics_port" \
   >"$root/apiserver.log" 2>&1 &
