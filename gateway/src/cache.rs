@@ -216,6 +216,18 @@ impl SessionCache {
         self.decide(ns, name, now).await.0
     }
 
+    /// The decision for `ns/name` at `now` and the session object it was taken from (absent
+    /// when the cache has no authority or no such session), for callers that must check the
+    /// session's UIDs against a credential ([`crate::credential::admit`]).
+    pub async fn authorize_session(
+        &self,
+        ns: &str,
+        name: &str,
+        now: Timestamp,
+    ) -> (Decision, Option<Arc<AccessSession>>) {
+        self.decide(ns, name, now).await
+    }
+
     /// The decision and the session object it was taken from.
     async fn decide(
         &self,

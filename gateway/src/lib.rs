@@ -27,6 +27,7 @@ pub mod authz;
 mod cache;
 mod client;
 pub mod config;
+pub mod credential;
 pub mod decision;
 mod error;
 pub mod metrics;
