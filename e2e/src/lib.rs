@@ -10,6 +10,7 @@
 
 pub mod gateway;
 pub mod harness;
+pub mod mcp;
 pub mod scratch_db;
 
 use std::collections::HashMap;
