@@ -1,0 +1,209 @@
+//! Revocation cuts: every admitted response body is wrapped so that it ends when its session
+//! stops being usable (`SessionCache::subscribe` resolves). An SSE body closes with a JSON-RPC
+//! error event naming the reason (see [`super::sse`]); any other body just ends. The
+//! subscription runs in a task of its own, so a cut happens even while nobody polls the body;
+//! if the body has not ended a short grace later (the client does not read, so the closing
+//! bytes cannot be written), the connection itself is aborted: a client that never reads
+//! cannot hold a revoked stream open.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use serde_json::Value;
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::metrics::ProxyMetrics;
+use super::sse::SseFramer;
+use crate::credential::Reason;
+
+/// Boxed errors of response bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long a cut body may take to be written before the connection is aborted.
+pub const CUT_GRACE: Duration = Duration::from_millis(500);
+
+/// What a stream's end is reported to.
+#[derive(Clone)]
+pub struct CutContext {
+    pub metrics: ProxyMetrics,
+    /// Notified to abort the connection the body is written to.
+    pub abort_connection: Arc<Notify>,
+    /// Called once with the reason when the session stops being usable.
+    pub on_cut: Arc<dyn Fn(Reason) + Send + Sync>,
+}
+
+struct Shared {
+    /// The stream ended (either way); the first to set it observes the cut metric.
+    ended: AtomicBool,
+}
+
+/// A response body that ends when its session stops being usable.
+pub struct CutBody {
+    inner: Incoming,
+    framer: Option<SseFramer>,
+    ids: Vec<Value>,
+    cut: oneshot::Receiver<(Reason, Instant)>,
+    /// Set once the cut was seen: the closing bytes (if any) still to send.
+    closing: Option<Bytes>,
+    cut_at: Option<Instant>,
+    done: bool,
+    shared: Arc<Shared>,
+    watcher: JoinHandle<()>,
+    metrics: ProxyMetrics,
+}
+
+impl CutBody {
+    /// Wraps `inner`. `sse` when the response is `text/event-stream`; `ids` are the JSON-RPC
+    /// request ids the stream owes answers to; `until` resolves with the reason the session
+    /// stopped being usable.
+    pub fn new(
+        inner: Incoming,
+        sse: bool,
+        max_event_bytes: usize,
+        ids: Vec<Value>,
+        until: impl std::future::Future<Output = Reason> + Send + 'static,
+        ctx: CutContext,
+    ) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            ended: AtomicBool::new(false),
+        });
+        let watcher_shared = shared.clone();
+        let metrics = ctx.metrics.clone();
+        let watcher = tokio::spawn(async move {
+            let reason = until.await;
+            let at = Instant::now();
+            (ctx.on_cut)(reason);
+            let _ = tx.send((reason, at));
+            tokio::time::sleep(CUT_GRACE).await;
+            if !watcher_shared.ended.swap(true, Ordering::AcqRel) {
+                tracing::info!(
+                    reason = reason.as_str(),
+                    "a cut stream was not read; aborting its connection"
+                );
+                ctx.metrics.stream_cut.observe(at.elapsed().as_secs_f64());
+                ctx.metrics.open_streams.dec();
+                ctx.abort_connection.notify_one();
+            }
+        });
+        metrics.open_streams.inc();
+        Self {
+            inner,
+            framer: sse.then(|| SseFramer::new(max_event_bytes)),
+            ids,
+            cut: rx,
+            closing: None,
+            cut_at: None,
+            done: false,
+            shared,
+            watcher,
+            metrics,
+        }
+    }
+
+    /// The stream is over: stop watching, count it once.
+    fn end(&mut self) {
+        self.done = true;
+        self.watcher.abort();
+        if !self.shared.ended.swap(true, Ordering::AcqRel) {
+            if let Some(at) = self.cut_at {
+                self.metrics.stream_cut.observe(at.elapsed().as_secs_f64());
+            }
+            self.metrics.open_streams.dec();
+        }
+    }
+}
+
+impl Drop for CutBody {
+    fn drop(&mut self) {
+        if !self.done {
+            self.end();
+        }
+    }
+}
+
+impl Body for CutBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if this.cut_at.is_none() {
+            if let Poll::Ready(Ok((reason, at))) = Pin::new(&mut this.cut).poll(cx) {
+                this.cut_at = Some(at);
+                this.closing = Some(match this.framer.as_mut() {
+                    Some(f) => f.cut(reason.as_str(), &this.ids),
+                    None => Bytes::new(),
+                });
+            }
+        }
+        if this.cut_at.is_some() {
+            let closing = this.closing.take().filter(|b| !b.is_empty());
+            return match closing {
+                Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                None => {
+                    let sse = this.framer.is_some();
+                    this.end();
+                    if sse {
+                        Poll::Ready(None)
+                    } else {
+                        // A JSON body cut short must not read as complete.
+                        Poll::Ready(Some(Err("the session stopped being usable".into())))
+                    }
+                }
+            };
+        }
+        loop {
+            return match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(None) => match this.framer.as_mut().map(SseFramer::finish) {
+                    Some(rest) if !rest.is_empty() => Poll::Ready(Some(Ok(Frame::data(rest)))),
+                    _ => {
+                        this.end();
+                        Poll::Ready(None)
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    this.end();
+                    Poll::Ready(Some(Err(Box::new(e))))
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => match this.framer.as_mut() {
+                        None => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        Some(f) => {
+                            let ready = f.push(&data);
+                            if ready.is_empty() {
+                                continue;
+                            }
+                            Poll::Ready(Some(Ok(Frame::data(ready))))
+                        }
+                    },
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                },
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // A cut or an SSE reframe changes the length: never promise one.
+        SizeHint::default()
+    }
+}

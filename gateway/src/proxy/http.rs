@@ -1,0 +1,481 @@
+//! The gateway's HTTP surface. Its own endpoints, never proxied:
+//! - `/.well-known/oauth-protected-resource` and any path below it: the RFC 9728 document;
+//! - `/readyz`: 200 when the session cache is in sync and token keys are held, else 503;
+//! - `/metrics`: Prometheus text;
+//! - `/config/status`: the sync state, the keys and the configuration, as JSON
+//!   (the last three move to `--admin-listen` when it is given, and are 404 here then).
+//!
+//! Everything else: bearer token → offline verification → live session decision →
+//! `Mcp-Session-Id` binding → bounded body → routing-header check → upstream, the response
+//! wrapped so it ends when the session stops being usable.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::auth::{bearer, BearerError};
+use super::cut::{BoxError, CutBody, CutContext};
+use super::mcp::{check_routing_headers, Posted, SESSION_ID_HEADER};
+use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
+use super::session::{Bindings, Check};
+use super::upstream::{upstream_headers, Upstream, UpstreamError};
+use crate::credential::{admit, Reason, SessionClaims, Verifier};
+use crate::SessionCache;
+
+/// The response header carrying the deny reason.
+pub const DENY_REASON_HEADER: &str = "x-mcp-deny-reason";
+/// The RFC 9728 path.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// Response bodies of the gateway.
+pub type ResponseBody = BoxBody<Bytes, BoxError>;
+
+/// Everything a request needs; shared by every connection.
+pub struct Gateway {
+    pub cache: SessionCache,
+    pub verifier: Verifier,
+    pub upstream: Upstream,
+    pub bindings: Bindings,
+    pub metrics: ProxyMetrics,
+    pub registry: Registry,
+    /// `--public-url`, without a trailing slash.
+    pub public_url: String,
+    /// `--authorization-server` values; empty: the token issuer.
+    pub authorization_servers: Vec<String>,
+    pub max_body_bytes: usize,
+    /// How long a request body may take to arrive.
+    pub body_timeout: Duration,
+    /// `/readyz`, `/metrics` and `/config/status` are served on the admin listener instead.
+    pub admin_elsewhere: bool,
+}
+
+fn full(body: impl Into<Bytes>) -> ResponseBody {
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty response with `status`.
+pub fn status_only(status: StatusCode) -> Response<ResponseBody> {
+    let mut resp = Response::new(full(Bytes::new()));
+    *resp.status_mut() = status;
+    resp
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<ResponseBody> {
+    let mut resp = Response::new(full(body.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+impl Gateway {
+    /// The URL of the RFC 9728 document for `--public-url` (the path-suffixed form when the
+    /// resource has a path, RFC 9728 §3.1).
+    pub fn metadata_url(&self) -> String {
+        let (origin, path) = split_origin(&self.public_url);
+        format!("{origin}{METADATA_PATH}{path}")
+    }
+
+    /// A 401 for `reason`, with the RFC 6750 challenge.
+    pub fn deny(&self, reason: Reason) -> Response<ResponseBody> {
+        self.metrics
+            .denials
+            .get_or_create(&DenyLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+        let mut resp = json_response(
+            StatusCode::UNAUTHORIZED,
+            &json!({"error": "invalid_token", "reason": reason.as_str()}),
+        );
+        let challenge = match reason {
+            Reason::TokenMissing => format!("Bearer resource_metadata=\"{}\"", self.metadata_url()),
+            r => format!(
+                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
+                self.metadata_url(),
+                r.as_str()
+            ),
+        };
+        if let Ok(v) = HeaderValue::from_str(&challenge) {
+            resp.headers_mut().insert(WWW_AUTHENTICATE, v);
+        }
+        resp.headers_mut().insert(
+            DENY_REASON_HEADER,
+            HeaderValue::from_static(reason.as_str()),
+        );
+        resp
+    }
+
+    fn metadata(&self) -> Response<ResponseBody> {
+        let servers = if self.authorization_servers.is_empty() {
+            self.verifier
+                .source()
+                .current()
+                .map(|s| vec![s.issuer.clone()])
+                .unwrap_or_default()
+        } else {
+            self.authorization_servers.clone()
+        };
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "resource": self.public_url,
+                "authorization_servers": servers,
+                "bearer_methods_supported": ["header"],
+            }),
+        )
+    }
+
+    /// Whether the gateway can decide: the cache in sync and keys held.
+    pub fn ready(&self) -> bool {
+        self.cache.is_ready() && self.verifier.source().current().is_some()
+    }
+
+    fn readyz(&self) -> Response<ResponseBody> {
+        if self.ready() {
+            let mut r = Response::new(full("ok\n"));
+            *r.status_mut() = StatusCode::OK;
+            r
+        } else {
+            let mut r = Response::new(full(
+                "not ready: the session cache is not in sync or no session token keys are held\n",
+            ));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r
+        }
+    }
+
+    fn metrics_text(&self) -> Response<ResponseBody> {
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            let mut r = Response::new(full(""));
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        }
+        let mut r = Response::new(full(text));
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        r
+    }
+
+    fn config_status(&self) -> Response<ResponseBody> {
+        let sync = self.cache.status();
+        let keys = self.verifier.source().current();
+        let unix = |t: SystemTime| {
+            t.duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        };
+        json_response(
+            StatusCode::OK,
+            &json!({
+                "sync": {
+                    "ready": sync.ready,
+                    "sessions": sync.sessions,
+                    "resourceVersion": sync.resource_version,
+                    "sync_age_seconds": sync.sync_age_seconds,
+                    "stale_window_seconds": self.cache.stale_window().as_secs_f64(),
+                },
+                "jwks": {
+                    "kids": keys.as_ref().map(|k| k.keys.kids()).unwrap_or_default(),
+                    "last_refresh_unix": keys.as_ref().map(|k| unix(k.fetched_at)),
+                    "issuer": keys.as_ref().map(|k| k.issuer.clone()),
+                },
+                "public_url": self.public_url,
+                "upstream": self.upstream.base().to_string(),
+                "mcp_session_bindings": self.bindings.len(),
+            }),
+        )
+    }
+
+    /// The admin endpoints, wherever they are served; `None` for other paths.
+    pub fn admin(&self, path: &str) -> Option<Response<ResponseBody>> {
+        match path {
+            "/readyz" => Some(self.readyz()),
+            "/metrics" => Some(self.metrics_text()),
+            "/config/status" => Some(self.config_status()),
+            _ => None,
+        }
+    }
+
+    /// Answers one request of the main listener; `abort` aborts its connection.
+    pub async fn handle(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        abort: Arc<Notify>,
+    ) -> Response<ResponseBody> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let resp = self.route(req, abort).await;
+        self.metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                code: resp.status().as_u16(),
+                method: ProxyMetrics::method_label(&method),
+            })
+            .inc();
+        // The path only: a query could carry anything, headers carry the token.
+        tracing::debug!(%method, %path, status = resp.status().as_u16(), reason = resp.headers().get(DENY_REASON_HEADER).and_then(|v| v.to_str().ok()), "request");
+        resp
+    }
+
+    async fn route(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        abort: Arc<Notify>,
+    ) -> Response<ResponseBody> {
+        let path = req.uri().path();
+        if path == METADATA_PATH || path.starts_with(&format!("{METADATA_PATH}/")) {
+            return self.metadata();
+        }
+        if matches!(path, "/readyz" | "/metrics" | "/config/status") {
+            if self.admin_elsewhere {
+                return json_response(StatusCode::NOT_FOUND, &json!({"error": "not_found"}));
+            }
+            if let Some(resp) = self.admin(path) {
+                return resp;
+            }
+        }
+        self.proxy(req, abort).await
+    }
+
+    /// Steps 1–4 of the token contract: the claims of an admitted request, or the reason.
+    async fn authenticate(&self, req: &Request<Incoming>) -> Result<SessionClaims, Reason> {
+        let token = bearer(req.headers(), req.uri().query()).map_err(|e| match e {
+            BearerError::Missing => Reason::TokenMissing,
+            BearerError::Malformed => Reason::TokenInvalid,
+        })?;
+        let claims = self
+            .verifier
+            .verify(token)
+            .await
+            .map_err(|e| Reason::from(&e))?;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let (decision, session) = self
+            .cache
+            .authorize_session(claims.namespace(), claims.name(), now)
+            .await;
+        admit(&claims, decision, session.as_deref())?;
+        Ok(claims)
+    }
+
+    async fn proxy(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        abort: Arc<Notify>,
+    ) -> Response<ResponseBody> {
+        let claims = match self.authenticate(&req).await {
+            Ok(c) => c,
+            Err(reason) => return self.deny(reason),
+        };
+        let session_uid = claims.access.session.uid.clone();
+        let mcp_session = match single_value(req.headers(), SESSION_ID_HEADER) {
+            Ok(v) => v,
+            Err(()) => {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "invalid_request", "reason": "mcp_session_id_malformed"}),
+                )
+            }
+        };
+        if let Some(id) = &mcp_session {
+            match self.bindings.check(id, &session_uid, Instant::now()) {
+                Check::Pass => {}
+                Check::OtherSession => {
+                    return json_response(
+                        StatusCode::NOT_FOUND,
+                        &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": "Session not found"}}),
+                    )
+                }
+                Check::Cut(reason) => return self.deny(reason),
+            }
+        }
+        let too_large = || {
+            json_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &json!({"error": "payload_too_large", "max_body_bytes": self.max_body_bytes}),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            return too_large();
+        }
+        let (parts, body) = req.into_parts();
+        let body = match tokio::time::timeout(
+            self.body_timeout,
+            Limited::new(body, self.max_body_bytes).collect(),
+        )
+        .await
+        {
+            Err(_) => {
+                return json_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &json!({"error": "request_timeout"}),
+                )
+            }
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+            Ok(Err(_)) => {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "body_unreadable"}),
+                )
+            }
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        let mut ids = Vec::new();
+        if parts.method == http::Method::POST {
+            let posted = Posted::parse(&body);
+            if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
+                return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
+            }
+            ids = posted.request_ids();
+        }
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let headers = upstream_headers(&parts.headers, &claims);
+        let response = match self
+            .upstream
+            .send(parts.method.clone(), &path_and_query, headers, body)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, path = %parts.uri.path(), "upstream request failed");
+                let (status, error) = match e {
+                    UpstreamError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
+                    UpstreamError::Unavailable(_) => {
+                        (StatusCode::BAD_GATEWAY, "upstream_unavailable")
+                    }
+                };
+                return json_response(status, &json!({"error": error}));
+            }
+        };
+        let (mut head, upstream_body) = response.into_parts();
+        if let Ok(Some(assigned)) = single_value(&head.headers, SESSION_ID_HEADER) {
+            self.bindings.bind(&assigned, &session_uid, Instant::now());
+        }
+        if parts.method == http::Method::DELETE && head.status.is_success() {
+            if let Some(id) = &mcp_session {
+                self.bindings.forget(id);
+            }
+        }
+        let sse = head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            });
+        if sse {
+            // The cut may append an event: the length is no longer the upstream's.
+            head.headers.remove(http::header::CONTENT_LENGTH);
+        }
+        let gateway = Arc::clone(self);
+        let on_cut_uid = session_uid.clone();
+        let ctx = CutContext {
+            metrics: self.metrics.clone(),
+            abort_connection: abort,
+            on_cut: Arc::new(move |reason| gateway.bindings.cut(&on_cut_uid, reason)),
+        };
+        let until = {
+            let cache = self.cache.clone();
+            let (ns, name) = (claims.namespace().to_string(), claims.name().to_string());
+            async move { Reason::from(cache.subscribe(&ns, &name).await) }
+        };
+        let body = CutBody::new(upstream_body, sse, self.max_body_bytes, ids, until, ctx);
+        Response::from_parts(head, body.boxed())
+    }
+}
+
+/// The one value of a header (`Ok(None)` when absent; `Err` when given twice or not text).
+fn single_value(headers: &http::HeaderMap, name: &str) -> Result<Option<String>, ()> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(()),
+        (Some(v), None) => v.to_str().map(|s| Some(s.to_string())).map_err(|_| ()),
+    }
+}
+
+/// `scheme://authority` and the path (without a trailing slash; empty for `/`).
+fn split_origin(url: &str) -> (&str, &str) {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(i) => {
+            let (origin, path) = url.split_at(after_scheme + i);
+            (origin, path.trim_end_matches('/'))
+        }
+        None => (url, ""),
+    }
+}
+
+/// Checks `--public-url`: an absolute http(s) URL with a host, no query or fragment; returned
+/// without a trailing slash.
+pub fn parse_public_url(raw: &str) -> Result<String, String> {
+    let uri: http::Uri = raw.parse().map_err(|e| format!("{raw:?}: {e}"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!("{raw:?}: an absolute http:// or https:// URL"));
+    }
+    if uri.query().is_some() || raw.contains('#') || raw.contains('"') || raw.contains('@') {
+        return Err(format!("{raw:?}: no query, fragment, quote or userinfo"));
+    }
+    Ok(raw.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_urls_and_metadata_paths() {
+        assert_eq!(
+            parse_public_url("http://github.demo.svc:8086/").unwrap(),
+            "http://github.demo.svc:8086"
+        );
+        assert_eq!(
+            parse_public_url("https://mcp.example/github/mcp").unwrap(),
+            "https://mcp.example/github/mcp"
+        );
+        for bad in [
+            "github.demo.svc",
+            "/mcp",
+            "ftp://x",
+            "http://x/?a=1",
+            "http://x/#f",
+            "http://u@x/",
+            "",
+            "http://x/\"a",
+        ] {
+            assert!(parse_public_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(split_origin("http://h:1"), ("http://h:1", ""));
+        assert_eq!(split_origin("https://h/a/b"), ("https://h", "/a/b"));
+    }
+}

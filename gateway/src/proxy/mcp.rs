@@ -1,0 +1,318 @@
+//! MCP transport framing the gateway needs (no policy): JSON-RPC messages and batches of a POST
+//! body, and the 2026-07-28 routing-header check (`Mcp-Method`/`Mcp-Name` against the body,
+//! error -32020 on a mismatch), as the Python SDK's `mcp/shared/inbound.py` has it.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use http::HeaderMap;
+use serde_json::Value;
+
+/// JSON-RPC error code of a routing header that disagrees with the body (2026-07-28).
+pub const HEADER_MISMATCH: i64 = -32020;
+/// The first protocol revision with routing headers and stateless POSTs.
+pub const MODERN_PROTOCOL: &str = "2026-07-28";
+/// Header names.
+pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+pub const METHOD_HEADER: &str = "mcp-method";
+pub const NAME_HEADER: &str = "mcp-name";
+pub const SESSION_ID_HEADER: &str = "mcp-session-id";
+
+/// Method → the params key mirrored in `Mcp-Name`.
+pub const NAME_BEARING_METHODS: [(&str, &str); 3] = [
+    ("tools/call", "name"),
+    ("prompts/get", "name"),
+    ("resources/read", "uri"),
+];
+
+/// A JSON-RPC request id (a string, a number, or null when unknown).
+pub type RequestId = Value;
+
+/// What a POST body holds, as far as the gateway cares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Posted {
+    /// The decoded body; `None` when it is not JSON (the upstream answers that).
+    pub messages: Vec<Value>,
+    /// Whether the body was a JSON array (a batch).
+    pub batch: bool,
+}
+
+impl Posted {
+    /// Decodes a POST body. Not JSON, or JSON that is neither an object nor an array, gives no
+    /// messages.
+    pub fn parse(body: &[u8]) -> Self {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Array(items)) => Self {
+                messages: items,
+                batch: true,
+            },
+            Ok(obj @ Value::Object(_)) => Self {
+                messages: vec![obj],
+                batch: false,
+            },
+            _ => Self {
+                messages: vec![],
+                batch: false,
+            },
+        }
+    }
+
+    /// The ids of the requests (messages with a `method` and an `id`): the ones a response
+    /// stream owes an answer to.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.messages
+            .iter()
+            .filter(|m| m.get("method").is_some())
+            .filter_map(|m| m.get("id").cloned())
+            .collect()
+    }
+}
+
+/// A routing-header check that failed: answered 400 with a JSON-RPC error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    pub id: RequestId,
+    pub message: String,
+}
+
+impl Mismatch {
+    /// The JSON-RPC error response body.
+    pub fn body(&self) -> Value {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": self.id,
+            "error": {"code": HEADER_MISMATCH, "message": self.message},
+        })
+    }
+}
+
+/// Whether the request speaks 2026-07-28 or later (its `MCP-Protocol-Version` is a date at
+/// or after it; dates compare as strings) or carries an `Mcp-Method` header.
+pub fn is_modern(headers: &HeaderMap) -> bool {
+    let version_modern = headers
+        .get(PROTOCOL_VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.len() == MODERN_PROTOCOL.len() && v >= MODERN_PROTOCOL);
+    version_modern || headers.contains_key(METHOD_HEADER)
+}
+
+/// The inverse of the SDK's header-value encoding: `=?base64?…?=` carries UTF-8 that a header
+/// cannot; a malformed or non-canonical one decodes to nothing (so it never matches).
+pub fn decode_header_value(raw: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(raw).ok()?;
+    match text
+        .strip_prefix("=?base64?")
+        .and_then(|t| t.strip_suffix("?="))
+    {
+        None => Some(text.to_string()),
+        Some(payload) => {
+            let bytes = STANDARD.decode(payload).ok()?;
+            if STANDARD.encode(&bytes) != payload {
+                return None;
+            }
+            String::from_utf8(bytes).ok()
+        }
+    }
+}
+
+/// The SDK's header-value encoding: printable ASCII without edge whitespace as is, anything
+/// else base64-wrapped.
+pub fn encode_header_value(value: &str) -> String {
+    let plain = value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        && value == value.trim()
+        && !(value.starts_with("=?base64?") && value.ends_with("?="));
+    if plain {
+        value.to_string()
+    } else {
+        format!("=?base64?{}?=", STANDARD.encode(value.as_bytes()))
+    }
+}
+
+/// The 2026-07-28 routing-header check of a POST: a routing header given twice, an
+/// `Mcp-Method` other than the body's method, or (for tools/call, prompts/get,
+/// resources/read) an `Mcp-Name` other than the body's name is a mismatch. Only modern
+/// requests ([`is_modern`]) are checked; a batch under a modern header has no single method
+/// to agree with and is a mismatch too.
+pub fn check_routing_headers(headers: &HeaderMap, posted: &Posted) -> Result<(), Mismatch> {
+    if !is_modern(headers) {
+        return Ok(());
+    }
+    let first_id = posted
+        .messages
+        .first()
+        .and_then(|m| m.get("id").cloned())
+        .unwrap_or(Value::Null);
+    let mismatch = |id: &Value, message: String| Mismatch {
+        id: id.clone(),
+        message,
+    };
+    for name in [PROTOCOL_VERSION_HEADER, METHOD_HEADER, NAME_HEADER] {
+        if headers.get_all(name).iter().count() > 1 {
+            return Err(mismatch(
+                &first_id,
+                format!("{name} header appears more than once"),
+            ));
+        }
+    }
+    if posted.batch {
+        return Err(mismatch(
+            &Value::Null,
+            "a batch cannot carry routing headers".into(),
+        ));
+    }
+    let Some(message) = posted.messages.first() else {
+        return Ok(()); // not JSON: the upstream answers with a parse error
+    };
+    let Some(method) = message.get("method") else {
+        return Ok(()); // a response to a server request
+    };
+    let header_method = headers
+        .get(METHOD_HEADER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok());
+    if header_method.is_none() || method.as_str() != header_method {
+        return Err(mismatch(
+            &first_id,
+            format!("{METHOD_HEADER} header does not match the request body's method"),
+        ));
+    }
+    let name_key = NAME_BEARING_METHODS
+        .iter()
+        .find(|(m, _)| Some(*m) == method.as_str())
+        .map(|(_, k)| *k);
+    if let Some(key) = name_key {
+        let body_value = message.get("params").and_then(|p| p.get(key));
+        if let Some(body_value) = body_value.filter(|v| !v.is_null()) {
+            let header = headers
+                .get(NAME_HEADER)
+                .and_then(|v| decode_header_value(v.as_bytes()));
+            if header.as_deref() != body_value.as_str() {
+                return Err(mismatch(
+                    &first_id,
+                    format!(
+                        "{NAME_HEADER} header does not match the request body's {key:?} parameter"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use serde_json::json;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn call(name: &str) -> Posted {
+        Posted::parse(
+            json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":name,"arguments":{}}})
+                .to_string()
+                .as_bytes(),
+        )
+    }
+
+    const V: (&str, &str) = ("mcp-protocol-version", "2026-07-28");
+
+    #[test]
+    fn matching_headers_pass() {
+        let h = headers(&[V, ("mcp-method", "tools/call"), ("Mcp-Name", "search")]);
+        assert_eq!(check_routing_headers(&h, &call("search")), Ok(()));
+        let ping = Posted::parse(br#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#);
+        assert_eq!(
+            check_routing_headers(&headers(&[V, ("mcp-method", "ping")]), &ping),
+            Ok(())
+        );
+        // Non-ASCII names travel base64-wrapped.
+        let h = headers(&[
+            V,
+            ("mcp-method", "tools/call"),
+            ("mcp-name", &encode_header_value("suche-ä")),
+        ]);
+        assert_eq!(check_routing_headers(&h, &call("suche-ä")), Ok(()));
+    }
+
+    #[test]
+    fn mismatches_are_32020_with_the_request_id() {
+        for h in [
+            headers(&[V, ("mcp-method", "tools/list"), ("mcp-name", "search")]),
+            headers(&[V, ("mcp-name", "search")]),
+            headers(&[V, ("mcp-method", "tools/call"), ("mcp-name", "delete")]),
+            headers(&[V, ("mcp-method", "tools/call")]),
+            headers(&[
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "search"),
+            ]),
+            headers(&[
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "=?base64?!!?="),
+            ]),
+        ] {
+            let err = check_routing_headers(&h, &call("search")).unwrap_err();
+            assert_eq!(err.id, json!(7), "{h:?}");
+            assert_eq!(err.body()["error"]["code"], json!(-32020));
+        }
+        let batch = Posted::parse(br#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#);
+        assert!(check_routing_headers(&headers(&[V, ("mcp-method", "ping")]), &batch).is_err());
+        let uri = Posted::parse(
+            br#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a"}}"#,
+        );
+        let h = headers(&[
+            V,
+            ("mcp-method", "resources/read"),
+            ("mcp-name", "file:///b"),
+        ]);
+        assert!(check_routing_headers(&h, &uri).is_err());
+    }
+
+    #[test]
+    fn older_protocols_are_not_checked() {
+        let h = headers(&[
+            ("mcp-protocol-version", "2025-11-25"),
+            ("mcp-name", "other"),
+        ]);
+        assert_eq!(check_routing_headers(&h, &call("search")), Ok(()));
+        assert!(!is_modern(&headers(&[(
+            "mcp-protocol-version",
+            "2025-03-26"
+        )])));
+        assert!(is_modern(&headers(&[(
+            "mcp-protocol-version",
+            "2026-07-28"
+        )])));
+        assert!(!is_modern(&headers(&[(
+            "mcp-protocol-version",
+            "2026-07-28x"
+        )])));
+        assert!(is_modern(&headers(&[("mcp-method", "ping")])));
+    }
+
+    #[test]
+    fn bodies_and_ids() {
+        let p = Posted::parse(br#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":2,"result":{}}]"#);
+        assert!(p.batch);
+        assert_eq!(p.request_ids(), vec![json!(1)]);
+        assert_eq!(Posted::parse(b"nope").messages.len(), 0);
+        assert_eq!(Posted::parse(b"42").messages.len(), 0);
+        assert_eq!(decode_header_value(b"=?base64?YQ==?="), Some("a".into()));
+        assert_eq!(
+            decode_header_value(b"=?base64?YR==?="),
+            None,
+            "non-canonical"
+        );
+        assert_eq!(encode_header_value(" a"), "=?base64?IGE=?=");
+    }
+}

@@ -1,0 +1,17 @@
+//! `mcp-access-gateway`: an enforcing reverse proxy in front of one MCP server (DESIGN §5a,
+//! docs/session-tokens.md). One concern per file; the decisions are pure functions
+//! ([`crate::credential::verify`], [`crate::credential::admit`], [`mcp::check_routing_headers`],
+//! [`session::Bindings`]) and the transport framing ([`mcp`], [`sse`]) stays apart from policy.
+
+pub mod auth;
+pub mod cli;
+pub mod cut;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod serve;
+pub mod session;
+pub mod sse;
+pub mod upstream;
+
+pub use cli::{main, run, Cli};
