@@ -51,6 +51,8 @@ mod host_local;
 mod hosts;
 #[path = "cluster/kubectl_access.rs"]
 mod kubectl_access;
+#[path = "cluster/mcp_gateway.rs"]
+mod mcp_gateway;
 #[path = "cluster/monitoring.rs"]
 mod monitoring;
 #[path = "cluster/netpol.rs"]
@@ -344,6 +346,22 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "host_token_sh_signs_what_the_local_host_api_accepts",
         host_local::host_token_sh_signs_what_the_local_host_api_accepts,
+    ),
+    (
+        "mcp_gateway_sdk_clients_initialize_list_and_call",
+        mcp_gateway::sdk_clients_initialize_list_and_call,
+    ),
+    (
+        "mcp_gateway_denies_with_each_reason",
+        mcp_gateway::denies_with_each_reason,
+    ),
+    (
+        "mcp_gateway_open_stream_cut_on_revocation",
+        mcp_gateway::open_stream_cut_on_revocation,
+    ),
+    (
+        "mcp_gateway_retired_and_republished_server_refuses_the_old_token",
+        mcp_gateway::retired_and_republished_server_refuses_the_old_token,
     ),
 ];
 

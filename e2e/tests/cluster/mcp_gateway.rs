@@ -1,0 +1,837 @@
+//! `mcp-access-gateway` with MCP clients nobody here wrote (issue 28, item 5), through the local
+//! cluster: the upstream is an `MCPServer` of the official Python SDK (`e2e/mcp/upstream.py`),
+//! the clients are the official SDKs' (`mcp.Client` in `mode="legacy"` and `mode="2026-07-28"`,
+//! and the TypeScript SDK's `Client` when `MCP_ACCESS_MCP_NODE_DIR` is set), and the session
+//! tokens are minted by the `token` subresource through kube-apiserver
+//! (`kubectl create --raw .../accesssessions/NAME/token`).
+//!
+//! The gateway runs as a local process with the sync-listener token of a real Pod: the
+//! controllers (`mcp-access-controllers`, a Lease per scenario) make the MCPServer's Deployment,
+//! kube-controller-manager its ReplicaSet and Pod (Pending: there is no kubelet), and
+//! `kubectl create token --bound-object-kind Pod` binds the token to that Pod. Its
+//! `--public-url` is what the controllers give it, `http://<server>.<ns>.svc:8086`, which is
+//! also the audience the apiserver's default template puts in session tokens.
+//!
+//! What is asserted is what the SDK clients saw: their results, their progress callbacks, the
+//! error a cut stream delivered, and for a refusal the HTTP status, `WWW-Authenticate` as the
+//! SDKs' own challenge parsers read it, `X-MCP-Deny-Reason` and the JSON body's reason.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use e2e::gateway::GATEWAY_AUDIENCE;
+use e2e::mcp::{self, ClientRun, Gateway, Sdk, Upstream};
+use e2e::{Controllers, LocalCluster};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
+
+use super::{create_namespace, ok};
+
+/// The issue's bound on revocation → the open stream's end, at the client.
+const CUT_BOUND: Duration = Duration::from_secs(1);
+/// How long the controllers and kube-controller-manager get to make a server's Pod.
+const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// The gateway's leeway on `exp` (docs/session-tokens.md).
+const LEEWAY: Duration = Duration::from_secs(30);
+/// The resource metadata path of RFC 9728.
+const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The controllers, the server's workload, the upstream and the gateway of one scenario.
+struct Served {
+    ns: String,
+    server: String,
+    server_uid: String,
+    upstream: Upstream,
+    gateway: Gateway,
+    /// Stopped when the scenario ends.
+    _controllers: Controllers,
+}
+
+fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |err| format!("{what}: {err:#}")
+}
+
+fn mcpserver_manifest(ns: &str, name: &str) -> String {
+    json!({
+        "apiVersion": "mcp-runtime.dev/v1alpha1",
+        "kind": "MCPServer",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"image": "registry.invalid/mcp/upstream:1", "port": 8080},
+    })
+    .to_string()
+}
+
+fn jsonpath(c: &LocalCluster, ns: &str, what: &[&str], path: &str) -> Result<String, String> {
+    let jp = format!("jsonpath={path}");
+    let mut args = vec!["get", "-n", ns];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-o", &jp]);
+    ok(&c.kubectl(&args), &format!("get {what:?} {path}"))
+}
+
+/// Creates MCPServer `name` and waits for the Pod of the Deployment the controllers make for it
+/// (name = the MCPServer's); returns (server uid, pod name, pod uid).
+fn create_server(
+    c: &LocalCluster,
+    ns: &str,
+    name: &str,
+) -> Result<(String, String, String), String> {
+    ok(
+        &c.kubectl_as(
+            &c.kubeconfig,
+            &["apply", "-f", "-"],
+            Some(&mcpserver_manifest(ns, name)),
+        ),
+        "create the MCPServer",
+    )?;
+    let server_uid = jsonpath(c, ns, &["mcpserver", name], "{.metadata.uid}")?;
+    let deadline = Instant::now() + WORKLOAD_TIMEOUT;
+    let deployment_uid = loop {
+        let out = c.kubectl(&[
+            "get",
+            "deployment",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid} {.metadata.ownerReferences[0].uid}",
+        ]);
+        let text = out.stdout.trim().to_string();
+        if let Some((uid, owner)) = text.split_once(' ') {
+            if owner == server_uid {
+                break uid.to_string();
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no Deployment {ns}/{name} owned by MCPServer {server_uid} within {WORKLOAD_TIMEOUT:?}: {text:?} {}",
+                out.stderr
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let (_, rs_uid) = c
+        .wait_owned(ns, "replicasets", &deployment_uid)
+        .map_err(e("the ReplicaSet"))?;
+    let (pod, pod_uid) = c.wait_owned(ns, "pods", &rs_uid).map_err(e("the Pod"))?;
+    Ok((server_uid, pod, pod_uid))
+}
+
+/// The sync-listener token of `server`'s gateway Pod (service account `<server>-gateway`).
+fn pod_token(
+    c: &LocalCluster,
+    ns: &str,
+    server: &str,
+    pod: &(String, String),
+) -> Result<String, String> {
+    c.service_account_token(
+        ns,
+        &format!("{server}-gateway"),
+        Some(GATEWAY_AUDIENCE),
+        Some((&pod.0, &pod.1)),
+    )
+    .map_err(e("the gateway's Pod-bound token"))
+}
+
+fn start_gateway(
+    c: &LocalCluster,
+    ns: &str,
+    server: &str,
+    name: &str,
+    pod: &(String, String),
+    upstream: &Upstream,
+) -> Result<Gateway, String> {
+    let token = pod_token(c, ns, server, pod)?;
+    mcp::spawn_gateway(
+        c,
+        name,
+        &token,
+        &upstream.origin(),
+        &mcp::public_url(ns, server),
+        &[],
+    )
+    .map_err(e("mcp-access-gateway"))
+}
+
+impl Served {
+    fn start(c: &LocalCluster, ns: &str, server: &str) -> Result<Self, String> {
+        let bin = super::controllers::controllers_bin()?;
+        let lease = format!("--lease-name=e2e-{ns}");
+        let controllers = c
+            .start_controllers(&bin, ns, &[&lease, "--retire-max-backoff-seconds=2"])
+            .map_err(e("mcp-access-controllers"))?;
+        create_namespace(c, ns)?;
+        let (server_uid, pod, pod_uid) = create_server(c, ns, server)?;
+        let upstream = mcp::spawn_upstream(c, ns).map_err(e("the SDK upstream"))?;
+        let gateway = start_gateway(c, ns, server, ns, &(pod, pod_uid), &upstream)?;
+        Ok(Self {
+            ns: ns.into(),
+            server: server.into(),
+            server_uid,
+            upstream,
+            gateway,
+            _controllers: controllers,
+        })
+    }
+
+    /// Issues AccessSession `name` for this server (for `server_uid` when given), expiring at
+    /// `expires` (RFC 3339).
+    fn issue(
+        &self,
+        c: &LocalCluster,
+        name: &str,
+        server: Option<(&str, &str)>,
+        expires: &str,
+    ) -> Result<(), String> {
+        let (server_name, uid) = server.unwrap_or((&self.server, &self.server_uid));
+        let manifest = json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "AccessSession",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "server": {"name": server_name, "uid": uid},
+                "teams": ["payments"],
+                "subject": {"user": "alice@example.com"},
+                "expiresAt": expires,
+            },
+        });
+        ok(
+            &c.kubectl_as(
+                &c.kubeconfig,
+                &["create", "-f", "-"],
+                Some(&manifest.to_string()),
+            ),
+            &format!("issue session {name}"),
+        )
+        .map(|_| ())
+    }
+
+    fn token(&self, c: &LocalCluster, session: &str, seconds: u64) -> Result<String, String> {
+        mcp::session_token_for(c, &self.ns, session, seconds).map_err(e("the session token"))
+    }
+
+    fn revoke(&self, c: &LocalCluster, session: &str) -> Result<(), String> {
+        let manifest = format!(
+            "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Revocation\nmetadata: {{name: rvk-{session}, namespace: {}}}\nspec: {{target: {{session: {session}}}, cause: compromised}}\n",
+            self.ns
+        );
+        ok(
+            &c.kubectl_as(&c.kubeconfig, &["create", "-f", "-"], Some(&manifest)),
+            "kubectl create revocation",
+        )
+        .map(|_| ())
+    }
+
+    fn prm_url(&self) -> String {
+        format!("{}{PRM_PATH}", self.gateway.public_url)
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "gateway log:\n{}\nupstream log:\n{}",
+            mcp::tail(&self.gateway.process.log, 15),
+            mcp::tail(&self.upstream.process.log, 5)
+        )
+    }
+}
+
+fn far_future() -> String {
+    "2099-01-01T00:00:00Z".into()
+}
+
+fn in_seconds(seconds: i64) -> String {
+    Timestamp::from_second(Timestamp::now().as_second() + seconds)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| far_future())
+}
+
+fn run(
+    c: &LocalCluster,
+    s: &Served,
+    sdk: Sdk,
+    token: Option<&str>,
+    scenario: &str,
+    extra: &[&str],
+) -> Result<ClientRun, String> {
+    mcp::run_client(c, sdk, &s.gateway.url(), token, scenario, extra)
+        .map_err(|err| format!("{}: {err:#}\n{}", sdk.name(), s.context()))
+}
+
+/// The SDK was refused with exactly 401 `reason`, said in every place it is said.
+fn expect_denied(
+    s: &Served,
+    sdk: Sdk,
+    run: &ClientRun,
+    reason: &str,
+    what: &str,
+) -> Result<(), String> {
+    let r = &run.result;
+    let http = &r["http"];
+    let fail = |detail: String| {
+        Err(format!(
+            "{what} ({}): {detail}; the client said {r}",
+            sdk.name()
+        ))
+    };
+    if r["ok"] != false {
+        return fail("the client succeeded".into());
+    }
+    if http["status"] != 401 {
+        return fail(format!("status {}, not 401", http["status"]));
+    }
+    if http["reason"] != reason || http["deny_reason_header"] != reason {
+        return fail(format!(
+            "body reason {} and X-MCP-Deny-Reason {}, not {reason}",
+            http["reason"], http["deny_reason_header"]
+        ));
+    }
+    if http["resource_metadata"] != s.prm_url().as_str() {
+        return fail(format!(
+            "the SDK read resource_metadata {} from WWW-Authenticate, not {}",
+            http["resource_metadata"],
+            s.prm_url()
+        ));
+    }
+    let (want_error, want_description) = if reason == "token_missing" {
+        (Value::Null, None)
+    } else {
+        (json!("invalid_token"), Some(reason))
+    };
+    if http["error"] != want_error {
+        return fail(format!(
+            "WWW-Authenticate error={}, want {want_error}",
+            http["error"]
+        ));
+    }
+    // Only the Python SDK's parser is asked for error_description.
+    if let (Some(want), Some(got)) = (want_description, http.get("error_description")) {
+        if got != want {
+            return fail(format!(
+                "WWW-Authenticate error_description={got}, want {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Initialize (or the 2026-07-28 adoption), tools/list, tools/call and a long-running tool's
+/// progress, through the gateway, with every SDK client; the upstream sees the session's
+/// identity and never the token; the RFC 9728 document as the SDK's OAuth discovery reads it.
+pub fn sdk_clients_initialize_list_and_call(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-basic", "tools")?;
+    s.issue(c, "s1", None, &far_future())?;
+    let session_uid = jsonpath(c, &s.ns, &["accesssession", "s1"], "{.metadata.uid}")?;
+    let token = s.token(c, "s1", 600)?;
+
+    // Direct to the upstream the SDK works (the baseline the gateway must preserve).
+    let direct = mcp::run_client(c, Sdk::PythonLegacy, &s.upstream.url(), None, "basic", &[])
+        .map_err(e("direct to the upstream"))?;
+    ensure!(
+        direct.result["ok"] == true,
+        "the SDK client fails even without the gateway: {}",
+        direct.result
+    );
+
+    for sdk in Sdk::available() {
+        let basic = run(c, &s, sdk, Some(&token), "basic", &[])?;
+        let r = &basic.result;
+        ensure!(
+            r["ok"] == true,
+            "{} through the gateway: {r}\n{}",
+            sdk.name(),
+            s.context()
+        );
+        let want_version = if sdk == Sdk::Python2026 {
+            "2026-07-28"
+        } else {
+            "2025-11-25"
+        };
+        ensure!(
+            r["protocol_version"] == want_version,
+            "{}: protocol version {}, want {want_version}",
+            sdk.name(),
+            r["protocol_version"]
+        );
+        ensure!(
+            r["tools"] == json!(["count", "echo", "whoami"]),
+            "{}: tools/list gave {}",
+            sdk.name(),
+            r["tools"]
+        );
+        ensure!(
+            r["echo"] == "hello through the gateway" && r["echo_is_error"] == false,
+            "{}: tools/call echo gave {} (is_error {})",
+            sdk.name(),
+            r["echo"],
+            r["echo_is_error"]
+        );
+        let who = &r["whoami"];
+        ensure!(
+            who["headers_seen"] == true && who["authorization_present"] == false,
+            "{}: the upstream saw Authorization (or no headers at all): {who}",
+            sdk.name()
+        );
+        let identity = &who["identity"];
+        ensure!(
+            identity["x-mcp-access-session"] == format!("{}/s1", s.ns)
+                && identity["x-mcp-access-session-uid"] == session_uid.as_str()
+                && identity["x-mcp-access-subject"] == "alice@example.com",
+            "{}: the upstream's identity headers are {identity}, want session {}/s1 uid {session_uid} subject alice@example.com",
+            sdk.name(),
+            s.ns
+        );
+
+        let counted = run(
+            c,
+            &s,
+            sdk,
+            Some(&token),
+            "count",
+            &["--count", "5", "--delay-ms", "50"],
+        )?;
+        let r = &counted.result;
+        ensure!(
+            r["ok"] == true && r["count"] == "counted 5",
+            "{}: the long-running tool through the gateway: {r}\n{}",
+            sdk.name(),
+            s.context()
+        );
+        let steps: Vec<f64> = counted
+            .progress
+            .iter()
+            .filter_map(|(_, p)| p["progress"].as_f64())
+            .collect();
+        ensure!(
+            steps == [1.0, 2.0, 3.0, 4.0, 5.0],
+            "{}: progress notifications {steps:?}, want 1..=5 in order",
+            sdk.name()
+        );
+        // Streamed, not buffered: the progress lines arrived over the tool's run, before the end.
+        let first = counted
+            .progress
+            .first()
+            .map(|(at, _)| *at)
+            .unwrap_or(counted.ended);
+        ensure!(
+            counted.ended.duration_since(first) >= Duration::from_millis(150),
+            "{}: the progress arrived only {:?} before the result: the stream was buffered",
+            sdk.name(),
+            counted.ended.duration_since(first)
+        );
+    }
+
+    // RFC 9728, found the way the SDK's OAuth client looks for it and parsed by its model.
+    let prm = run(c, &s, Sdk::PythonLegacy, None, "prm", &[])?;
+    let r = &prm.result;
+    ensure!(
+        r["ok"] == true,
+        "the SDK found no protected resource metadata: {r}\n{}",
+        s.context()
+    );
+    ensure!(
+        r["probe_status"] == 401,
+        "the unauthenticated probe answered {}",
+        r["probe_status"]
+    );
+    ensure!(
+        r["challenge_resource_metadata"] == s.prm_url().as_str(),
+        "the challenge names {}, want {}",
+        r["challenge_resource_metadata"],
+        s.prm_url()
+    );
+    let resource = r["metadata"]["resource"].as_str().unwrap_or_default();
+    ensure!(
+        resource.trim_end_matches('/') == s.gateway.public_url,
+        "the document's resource is {resource:?}, want {}: {}",
+        s.gateway.public_url,
+        r["metadata"]
+    );
+    ensure!(
+        r["metadata"]["bearer_methods_supported"] == json!(["header"]),
+        "bearer_methods_supported: {}",
+        r["metadata"]
+    );
+    Ok(())
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn unb64(part: &str) -> Result<Value, String> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .map_err(|err| format!("a token segment is not base64url: {err}"))?;
+    serde_json::from_slice(&bytes).map_err(|err| format!("a token segment is not JSON: {err}"))
+}
+
+/// The same header (kid) and claims, signed by a key of our own.
+fn resigned(c: &LocalCluster, token: &str) -> Result<String, String> {
+    let parts: Vec<&str> = token.split('.').collect();
+    ensure!(
+        parts.len() == 3,
+        "the session token has {} segments",
+        parts.len()
+    );
+    let header = unb64(parts[0])?;
+    let claims = unb64(parts[1])?;
+    let key = c.dir.join("mcp-foreign-key.pem");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
+        .arg(&key)
+        .output()
+        .map_err(|err| format!("cannot run openssl: {err}"))?;
+    ensure!(
+        made.status.success(),
+        "openssl genpkey: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let pem = std::fs::read(&key).map_err(|err| err.to_string())?;
+    let key = jsonwebtoken::EncodingKey::from_ec_pem(&pem).map_err(|err| err.to_string())?;
+    let mut forged = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    forged.kid = header["kid"].as_str().map(str::to_string);
+    jsonwebtoken::encode(&forged, &claims, &key).map_err(|err| err.to_string())
+}
+
+/// `alg: none` with the same kid and claims, no signature.
+fn alg_none(token: &str) -> Result<String, String> {
+    let parts: Vec<&str> = token.split('.').collect();
+    ensure!(
+        parts.len() == 3,
+        "the session token has {} segments",
+        parts.len()
+    );
+    let mut header = unb64(parts[0])?;
+    header["alg"] = json!("none");
+    Ok(format!(
+        "{}.{}.",
+        b64(header.to_string().as_bytes()),
+        parts[1]
+    ))
+}
+
+/// Each deny reason, as the SDK clients see it: 401, `WWW-Authenticate` with
+/// `resource_metadata` and `error="invalid_token"` (none for a missing token), the reason in
+/// `error_description`, `X-MCP-Deny-Reason` and the body. The clients take turns.
+pub fn denies_with_each_reason(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-deny", "tools")?;
+    let sdks = Sdk::available();
+    let mut turn = 0usize;
+    let mut next = || {
+        turn += 1;
+        sdks[(turn - 1) % sdks.len()]
+    };
+    s.issue(c, "long", None, &far_future())?;
+    // token_expired needs a token whose exp is past the leeway: minted first, checked last.
+    let short = s.token(c, "long", 10)?;
+    let short_minted = Instant::now();
+    // session_expired: a session that ends soon, with a token that ends with it (exp = its
+    // expiresAt), asked about after expiresAt and inside the leeway.
+    s.issue(c, "ending", None, &in_seconds(15))?;
+    let ending = s.token(c, "ending", 600)?;
+    let ending_minted = Instant::now();
+    let valid = s.token(c, "long", 600)?;
+
+    // token_missing: no Authorization header at all.
+    let sdk = next();
+    let r = run(c, &s, sdk, None, "basic", &[])?;
+    expect_denied(&s, sdk, &r, "token_missing", "no token")?;
+
+    // token_invalid: garbage, alg none, a token re-signed by another key.
+    let cases = [
+        ("garbage", "not-a-jwt".to_string()),
+        ("alg none", alg_none(&valid)?),
+        ("re-signed by another key", resigned(c, &valid)?),
+    ];
+    for (what, token) in &cases {
+        let sdk = next();
+        let r = run(c, &s, sdk, Some(token), "basic", &[])?;
+        expect_denied(&s, sdk, &r, "token_invalid", what)?;
+    }
+
+    // token_invalid: a token of another server (its audience and server uid are not ours).
+    let other_uid = {
+        ok(
+            &c.kubectl_as(
+                &c.kubeconfig,
+                &["apply", "-f", "-"],
+                Some(&mcpserver_manifest(&s.ns, "other")),
+            ),
+            "create MCPServer other",
+        )?;
+        jsonpath(c, &s.ns, &["mcpserver", "other"], "{.metadata.uid}")?
+    };
+    s.issue(c, "elsewhere", Some(("other", &other_uid)), &far_future())?;
+    let foreign = s.token(c, "elsewhere", 600)?;
+    let sdk = next();
+    let r = run(c, &s, sdk, Some(&foreign), "basic", &[])?;
+    expect_denied(&s, sdk, &r, "token_invalid", "another server's token")?;
+
+    // The query string is never read; two Authorization headers are refused.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let json_headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let raw = mcp::http_request(
+        s.gateway.addr,
+        "POST",
+        &format!("/mcp?access_token={valid}"),
+        &json_headers,
+        Some(body),
+    )
+    .map_err(e("a token in the query string"))?;
+    ensure!(
+        raw.status == 401 && raw.header("x-mcp-deny-reason") == Some("token_missing"),
+        "a token in the query string: {} {:?} {}",
+        raw.status,
+        raw.header("x-mcp-deny-reason"),
+        raw.body
+    );
+    let bearer = format!("Bearer {valid}");
+    let mut two = json_headers.to_vec();
+    two.extend([
+        ("Authorization", bearer.as_str()),
+        ("Authorization", bearer.as_str()),
+    ]);
+    let raw = mcp::http_request(s.gateway.addr, "POST", "/mcp", &two, Some(body))
+        .map_err(e("two Authorization headers"))?;
+    ensure!(
+        raw.status == 401 && raw.header("x-mcp-deny-reason") == Some("token_invalid"),
+        "two Authorization headers: {} {:?} {}",
+        raw.status,
+        raw.header("x-mcp-deny-reason"),
+        raw.body
+    );
+
+    // session_revoked.
+    s.issue(c, "revoked", None, &far_future())?;
+    let revoked = s.token(c, "revoked", 600)?;
+    let sdk = next();
+    let r = run(c, &s, sdk, Some(&revoked), "basic", &[])?;
+    ensure!(
+        r.result["ok"] == true,
+        "before its revocation the session works: {}",
+        r.result
+    );
+    s.revoke(c, "revoked")?;
+    let r = eventually_denied(c, &s, next(), &revoked)?;
+    expect_denied(&s, r.0, &r.1, "session_revoked", "a revoked session")?;
+
+    // session_not_found: the session is deleted.
+    s.issue(c, "deleted", None, &far_future())?;
+    let deleted = s.token(c, "deleted", 600)?;
+    ok(
+        &c.kubectl(&["delete", "accesssession", "deleted", "-n", &s.ns]),
+        "delete the session",
+    )?;
+    let r = eventually_denied(c, &s, next(), &deleted)?;
+    expect_denied(&s, r.0, &r.1, "session_not_found", "a deleted session")?;
+
+    // session_expired: after expiresAt (15 s after issue), within the 30 s leeway of its token.
+    let wait = Duration::from_secs(17).saturating_sub(ending_minted.elapsed());
+    std::thread::sleep(wait);
+    let sdk = next();
+    let r = run(c, &s, sdk, Some(&ending), "basic", &[])?;
+    ensure!(
+        ending_minted.elapsed() < LEEWAY,
+        "the session_expired check came {:?} after minting: past the leeway, it cannot tell",
+        ending_minted.elapsed()
+    );
+    expect_denied(&s, sdk, &r, "session_expired", "an expired session")?;
+
+    // token_expired: 10 s of life plus the 30 s leeway, and a margin.
+    let wait = (Duration::from_secs(10) + LEEWAY + Duration::from_secs(3))
+        .saturating_sub(short_minted.elapsed());
+    std::thread::sleep(wait);
+    let sdk = next();
+    let r = run(c, &s, sdk, Some(&short), "basic", &[])?;
+    expect_denied(&s, sdk, &r, "token_expired", "an expired token")?;
+
+    // And the valid token still works: the refusals above were about their tokens.
+    let sdk = next();
+    let r = run(c, &s, sdk, Some(&valid), "basic", &[])?;
+    ensure!(
+        r.result["ok"] == true,
+        "the valid token after the refusals: {}",
+        r.result
+    );
+    Ok(())
+}
+
+/// The gateway learns of a change through its watch: ask until the session is refused (a
+/// liveness bound of 10 s), and return the refusing run.
+fn eventually_denied(
+    c: &LocalCluster,
+    s: &Served,
+    sdk: Sdk,
+    token: &str,
+) -> Result<(Sdk, ClientRun), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = run(c, s, sdk, Some(token), "basic", &[])?;
+        if r.result["ok"] == false || Instant::now() > deadline {
+            return Ok((sdk, r));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An open `count` stream of every SDK client ends within 1 s of `kubectl create revocation`
+/// returning, and the gateway's JSON-RPC error reaches the SDK's caller.
+pub fn open_stream_cut_on_revocation(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-cut", "tools")?;
+    let mut report = Vec::new();
+    for (i, sdk) in Sdk::available().into_iter().enumerate() {
+        let session = format!("stream-{i}");
+        s.issue(c, &session, None, &far_future())?;
+        let token = s.token(c, &session, 600)?;
+        // 600 steps of 100 ms: a minute of streaming unless it is cut.
+        let mut client = mcp::spawn_client(
+            c,
+            sdk,
+            &s.gateway.url(),
+            Some(&token),
+            "count",
+            &["--count", "600", "--delay-ms", "100"],
+        )
+        .map_err(e("the streaming client"))?;
+        client
+            .next_progress(Duration::from_secs(30))
+            .map_err(|err| format!("{}: {err:#}\n{}", sdk.name(), s.context()))?;
+        client
+            .next_progress(Duration::from_secs(10))
+            .map_err(|err| format!("{}: {err:#}", sdk.name()))?;
+        let asked = Instant::now();
+        s.revoke(c, &session)?;
+        let written = Instant::now();
+        let run = client.finish(Duration::from_secs(30)).map_err(|err| {
+            format!(
+                "{}: the stream was not cut: {err:#}\n{}",
+                sdk.name(),
+                s.context()
+            )
+        })?;
+        let r = &run.result;
+        let after_write = run.ended.saturating_duration_since(written);
+        let after_ask = run.ended.saturating_duration_since(asked);
+        report.push(format!(
+            "{}: {after_write:?} after the write ({after_ask:?} after kubectl started)",
+            sdk.name()
+        ));
+        ensure!(
+            r["ok"] == false && r["count"].is_null(),
+            "{}: the tool call completed after the revocation: {r}",
+            sdk.name()
+        );
+        let steps = r["progress"].as_array().map(Vec::len).unwrap_or(0);
+        ensure!(steps < 600, "{}: all {steps} steps arrived", sdk.name());
+        ensure!(
+            r["error"].to_string().contains("session_revoked"),
+            "{}: the SDK's caller got {} — not the gateway's JSON-RPC error naming session_revoked",
+            sdk.name(),
+            r["error"]
+        );
+        ensure!(
+            after_write <= CUT_BOUND,
+            "{}: the stream ended {after_write:?} after kubectl create revocation returned (bound {CUT_BOUND:?})",
+            sdk.name()
+        );
+    }
+    eprintln!("    stream cut: {}", report.join("; "));
+    Ok(())
+}
+
+/// Retiring a server and republishing it under the same name: the old token, presented to the
+/// new generation's gateway, gets exactly 401 `session_not_found` (its session belongs to the
+/// retired uid, which the new gateway's sessions never include).
+pub fn retired_and_republished_server_refuses_the_old_token(
+    c: &mut LocalCluster,
+) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-retire", "tools")?;
+    s.issue(c, "before", None, &far_future())?;
+    let old = s.token(c, "before", 600)?;
+    let r = run(c, &s, Sdk::PythonLegacy, Some(&old), "basic", &[])?;
+    ensure!(
+        r.result["ok"] == true,
+        "the old token before retirement: {}",
+        r.result
+    );
+
+    ok(
+        &c.kubectl(&[
+            "delete",
+            "mcpserver",
+            &s.server,
+            "-n",
+            &s.ns,
+            "--wait=true",
+            "--timeout=60s",
+        ]),
+        "delete (retire) the MCPServer",
+    )?;
+    let fence = format!("server-retired-{}", s.server_uid);
+    let cause = jsonpath(c, &s.ns, &["revocation", &fence], "{.spec.cause}")?;
+    ensure!(
+        cause == "server_retired",
+        "the retirement fence {fence} has cause {cause:?}"
+    );
+
+    let (new_uid, pod, pod_uid) = create_server(c, &s.ns, &s.server)?;
+    ensure!(
+        new_uid != s.server_uid,
+        "the republished server kept uid {new_uid}"
+    );
+    let gateway = start_gateway(
+        c,
+        &s.ns,
+        &s.server,
+        "e2e-mcp-retire-new",
+        &(pod, pod_uid),
+        &s.upstream,
+    )?;
+    let r = mcp::run_client(
+        c,
+        Sdk::PythonLegacy,
+        &gateway.url(),
+        Some(&old),
+        "basic",
+        &[],
+    )
+    .map_err(e("the old token at the new gateway"))?;
+    let http = &r.result["http"];
+    ensure!(
+        r.result["ok"] == false
+            && http["status"] == 401
+            && http["reason"] == "session_not_found"
+            && http["deny_reason_header"] == "session_not_found",
+        "the old token at the republished server's gateway: {}\n{}",
+        r.result,
+        mcp::tail(&gateway.process.log, 15)
+    );
+    // The new generation serves its own sessions.
+    s.issue(c, "after", Some((&s.server, &new_uid)), &far_future())?;
+    let new = s.token(c, "after", 600)?;
+    let r = mcp::run_client(
+        c,
+        Sdk::PythonLegacy,
+        &gateway.url(),
+        Some(&new),
+        "basic",
+        &[],
+    )
+    .map_err(e("a new token at the new gateway"))?;
+    ensure!(
+        r.result["ok"] == true,
+        "a session of the republished server: {}",
+        r.result
+    );
+    Ok(())
+}
