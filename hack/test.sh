@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/postgres.sh
 . hack/lib/prereqs.sh
+. hack/lib/mcp-sdk.sh
 
 # PostgreSQL 15, kubectl, python3, openssl, curl, Go and Rust: checked before anything else;
 # what can be installed unattended is (see hack/lib/prereqs.sh), the rest is named.
@@ -33,9 +34,19 @@ export MCP_ACCESS_PROMTOOL_BIN
 MCP_ACCESS_NGINX_BIN=$(hack/ensure-nginx.sh)
 export MCP_ACCESS_NGINX_BIN
 cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
-  -p controllers --bin mcp-access-controllers
+  --bin mcp-access-gateway -p controllers --bin mcp-access-controllers
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz
+export MCP_ACCESS_GATEWAY_BIN=$PWD/target/debug/mcp-access-gateway
+# The official MCP SDKs the mcp_gateway_* scenarios drive (cached outside the repository);
+# the TypeScript one only where node and npm are.
+MCP_ACCESS_MCP_PYTHON=$(mcp_sdk_python)
+export MCP_ACCESS_MCP_PYTHON
+if MCP_ACCESS_MCP_NODE_DIR=$(mcp_sdk_node); then
+  export MCP_ACCESS_MCP_NODE_DIR
+else
+  unset MCP_ACCESS_MCP_NODE_DIR
+fi
 export MCP_ACCESS_CONTROLLERS_BIN=$PWD/target/debug/mcp-access-controllers
 # The kubectl plugin, in a directory of its own first on PATH: `kubectl access ...` finds it.
 cargo build -p kubectl-access --bin kubectl-access
