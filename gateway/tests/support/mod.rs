@@ -377,3 +377,53 @@ where
 pub fn epoch_of(rv: &str) -> u64 {
     rv.parse::<u64>().expect("numeric resourceVersion") >> 40
 }
+
+/// The `iss` of session tokens minted by a test apiserver started with
+/// [`session_token_flags`].
+pub const TOKEN_ISSUER: &str = "https://mcp-access.test";
+
+/// Flags that give the apiserver an ES256 session-token signing key (written into `dir`, mode
+/// 600) and [`TOKEN_ISSUER`].
+pub fn session_token_flags(dir: &Path) -> Vec<String> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let path = dir.join("session-token.key");
+    private_file(&path, &key.serialize_pem());
+    vec![
+        "--session-token-signing-key-file".into(),
+        path.display().to_string(),
+        "--session-token-issuer".into(),
+        TOKEN_ISSUER.into(),
+    ]
+}
+
+impl Apiserver {
+    /// Asks the `token` subresource of `ns/name` for a token with `spec`; (status, body).
+    pub async fn request_token(&self, ns: &str, name: &str, spec: Value) -> (u16, Value) {
+        let url = format!(
+            "{}/apis/{API_VERSION}/namespaces/{ns}/accesssessions/{name}/token",
+            self.write_url
+        );
+        let body =
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec});
+        let resp = self
+            .http()
+            .post(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("token request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A session token for `ns/name` with the default audience.
+    pub async fn mint_token(&self, ns: &str, name: &str) -> String {
+        let (status, body) = self.request_token(ns, name, json!({})).await;
+        assert_eq!(status, 201, "token request: {body}");
+        body["status"]["token"]
+            .as_str()
+            .expect("status.token")
+            .to_string()
+    }
+}

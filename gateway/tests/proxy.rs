@@ -1,0 +1,594 @@
+//! `mcp-access-gateway` end to end: the real binary between a test MCP-ish upstream and its
+//! clients, a real apiserver (tokens minted by its `token` subresource, JWKS from its sync
+//! paths) and a real session cache. Run with `hack/test.sh -p gateway --test proxy`.
+
+mod support;
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post};
+use axum::Router;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use support::*;
+
+const SERVER_UID: &str = "0b6f8c1e-3333-4a2b-9c3d-000000000003";
+const NS: &str = "demo";
+const AUDIENCE: &str = "http://github.demo.svc:8086";
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The upstream: `POST /mcp` echoes the headers it got (and assigns an `Mcp-Session-Id` to
+/// `initialize`); a body with method `stream` is answered with an SSE stream that sends one
+/// event and stays open; `/hang` never answers.
+async fn upstream() -> SocketAddr {
+    async fn mcp(headers: HeaderMap, body: Bytes) -> Response {
+        let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let seen: serde_json::Map<String, Value> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), json!(v.to_str().unwrap_or(""))))
+            .collect();
+        if msg["method"] == "stream" {
+            let first = format!(
+                "event: message\ndata: {}\n\n",
+                json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"n":1}})
+            );
+            let stream = futures::stream::iter([Ok::<_, Infallible>(Bytes::from(first))])
+                .chain(futures::stream::pending());
+            return (
+                [("content-type", "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response();
+        }
+        let mut resp =
+            axum::Json(json!({"jsonrpc":"2.0","id":msg["id"],"result":{"headers":seen}}))
+                .into_response();
+        if msg["method"] == "initialize" {
+            resp.headers_mut()
+                .insert("mcp-session-id", "m-1".parse().unwrap());
+        }
+        resp
+    }
+    async fn hang() -> StatusCode {
+        std::future::pending::<()>().await;
+        StatusCode::OK
+    }
+    let app = Router::new()
+        .route("/mcp", post(mcp))
+        .route("/hang", any(hang));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A running gateway; killed on drop.
+struct Gateway {
+    child: Child,
+    base: String,
+    log: std::path::PathBuf,
+    _dir: std::path::PathBuf,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- gateway log ---\n{}", self.log());
+        }
+    }
+}
+
+impl Gateway {
+    fn start(server: &Apiserver, upstream: &str, extra: &[&str]) -> Self {
+        let dir = scratch_dir();
+        std::fs::write(dir.join("token"), GATEWAY_TOKEN).unwrap();
+        let log = dir.join("gateway.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-access-gateway"));
+        cmd.args([
+            "--sync-url",
+            &server.url,
+            "--ca-file",
+            &server.ca_file.display().to_string(),
+            "--token-file",
+            &dir.join("token").display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--public-url",
+            AUDIENCE,
+        ])
+        .args(extra)
+        .env_remove("SESSION_SYNC_STALE_WINDOW")
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("stdout.log")).unwrap())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start mcp-access-gateway");
+        // The first line says where it listens; the rest of stderr goes to the log file.
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log_path = log.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&log_path).unwrap();
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = writeln!(file, "{line}");
+                if !sent {
+                    if let Some(addr) = line.strip_prefix("mcp-access-gateway listening on ") {
+                        let _ = tx.send(addr.to_string());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no listening line: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            });
+        Self {
+            child,
+            base: format!("http://{addr}"),
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn ready(&self) {
+        let base = self.base.clone();
+        eventually(Duration::from_secs(20), "/readyz is 200", || {
+            let base = base.clone();
+            async move {
+                reqwest::get(format!("{base}/readyz"))
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await;
+    }
+
+    async fn post(&self, token: Option<&str>, body: Value) -> reqwest::Response {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/mcp", self.base))
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send().await.expect("the gateway answers")
+    }
+}
+
+fn ping(id: u64) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"ping"})
+}
+
+/// (status, X-MCP-Deny-Reason, WWW-Authenticate)
+async fn denial(resp: reqwest::Response) -> (u16, String, String) {
+    let status = resp.status().as_u16();
+    let header = |n: &str| {
+        resp.headers()
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let (reason, challenge) = (header("x-mcp-deny-reason"), header("www-authenticate"));
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    if status == 401 {
+        assert_eq!(body["error"], "invalid_token");
+        assert_eq!(body["reason"], reason.as_str());
+    }
+    (status, reason, challenge)
+}
+
+async fn apiserver() -> Apiserver {
+    let dir = scratch_dir();
+    let flags = session_token_flags(&dir);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Apiserver::start(&flags).await
+}
+
+#[tokio::test]
+async fn allow_and_every_deny_reason() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "alice", SERVER_UID, HOUR).await;
+    server.create_session(NS, "bob", SERVER_UID, HOUR).await;
+    server
+        .create_session(NS, "carol", SERVER_UID, Duration::from_secs(4))
+        .await;
+    let gw = Gateway::start(&server, &format!("http://{up}"), &["--stale-window", "3s"]);
+    gw.ready().await;
+    let alice = server.mint_token(NS, "alice").await;
+
+    // Allowed: forwarded without the token, with the session's identity.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&alice)
+        .header("x-mcp-access-subject", "root")
+        .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["mcp-session-id"], "m-1");
+    let body: Value = resp.json().await.unwrap();
+    let seen = &body["result"]["headers"];
+    assert_eq!(
+        seen.get("authorization"),
+        None,
+        "no token passthrough: {seen}"
+    );
+    assert_eq!(seen["x-mcp-access-session"], "demo/alice");
+    assert!(seen["x-mcp-access-session-uid"]
+        .as_str()
+        .is_some_and(|u| !u.is_empty()));
+    assert_eq!(
+        seen.get("x-mcp-access-subject"),
+        None,
+        "a client's identity header is dropped"
+    );
+    assert!(!seen.to_string().contains(&alice));
+
+    // token_missing: no error= in the challenge.
+    let (status, reason, challenge) = denial(gw.post(None, ping(2)).await).await;
+    assert_eq!((status, reason.as_str()), (401, "token_missing"));
+    assert_eq!(
+        challenge,
+        format!("Bearer resource_metadata=\"{AUDIENCE}/.well-known/oauth-protected-resource\"")
+    );
+    // token_invalid: garbage, a forged signature, a query token, another audience.
+    let (status, reason, challenge) = denial(gw.post(Some("not-a-jwt"), ping(3)).await).await;
+    assert_eq!((status, reason.as_str()), (401, "token_invalid"));
+    assert!(
+        challenge.contains("error=\"invalid_token\", error_description=\"token_invalid\""),
+        "{challenge}"
+    );
+    let mut forged: Vec<String> = alice.split('.').map(str::to_string).collect();
+    forged[2] = forged[2].chars().rev().collect();
+    let (_, reason, _) = denial(gw.post(Some(&forged.join(".")), ping(4)).await).await;
+    assert_eq!(reason, "token_invalid");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp?access_token={alice}", gw.base))
+        .json(&ping(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denial(resp).await.1, "token_invalid");
+    let (status, body) = server
+        .request_token(
+            NS,
+            "alice",
+            json!({"audiences": ["http://other.demo.svc:8086"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let other_aud = body["status"]["token"].as_str().unwrap();
+    assert_eq!(
+        denial(gw.post(Some(other_aud), ping(6)).await).await.1,
+        "token_invalid"
+    );
+
+    // Mcp-Session-Id bound to alice's session: bob's token gets 404 with it.
+    let bob = server.mint_token(NS, "bob").await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&bob)
+        .header("mcp-session-id", "m-1")
+        .json(&ping(7))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+
+    // session_revoked, session_not_found, session_expired: the token still verifies.
+    server.revoke(NS, "bob").await;
+    let gw_base = gw.base.clone();
+    let bob2 = bob.clone();
+    eventually(Duration::from_secs(5), "bob is session_revoked", || {
+        let (base, bob) = (gw_base.clone(), bob2.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/mcp"))
+                .bearer_auth(bob)
+                .json(&ping(8))
+                .send()
+                .await
+                .unwrap();
+            denial(resp).await.1 == "session_revoked"
+        }
+    })
+    .await;
+    let carol = server.mint_token(NS, "carol").await;
+    server.create_session(NS, "dave", SERVER_UID, HOUR).await;
+    let dave = server.mint_token(NS, "dave").await;
+    server.delete_session(NS, "dave").await;
+    let dave2 = dave.clone();
+    eventually(Duration::from_secs(5), "dave is session_not_found", || {
+        let (base, dave) = (gw_base.clone(), dave2.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/mcp"))
+                .bearer_auth(dave)
+                .json(&ping(9))
+                .send()
+                .await
+                .unwrap();
+            denial(resp).await.1 == "session_not_found"
+        }
+    })
+    .await;
+    let carol2 = carol.clone();
+    eventually(Duration::from_secs(10), "carol is session_expired", || {
+        let (base, carol) = (gw_base.clone(), carol2.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/mcp"))
+                .bearer_auth(carol)
+                .json(&ping(10))
+                .send()
+                .await
+                .unwrap();
+            denial(resp).await.1 == "session_expired"
+        }
+    })
+    .await;
+
+    // RFC 9728 metadata, status and metrics are the gateway's own.
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let doc: Value = reqwest::get(format!("{}{path}", gw.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(doc["resource"], AUDIENCE);
+        assert_eq!(doc["authorization_servers"], json!([TOKEN_ISSUER]));
+        assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
+    }
+    let status: Value = reqwest::get(format!("{}/config/status", gw.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["sync"]["ready"], true, "{status}");
+    assert_eq!(status["jwks"]["issuer"], TOKEN_ISSUER);
+    assert_eq!(status["jwks"]["kids"].as_array().map(Vec::len), Some(1));
+    let metrics = reqwest::get(format!("{}/metrics", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mcp_gateway_denials_total{reason=\"token_missing\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mcp_gateway_session_sync_age_seconds"),
+        "{metrics}"
+    );
+
+    // cache_stale: the feed gone past the stale window.
+    let mut server = server;
+    server.stop();
+    let alice2 = alice.clone();
+    eventually(Duration::from_secs(15), "alice is cache_stale", || {
+        let (base, alice) = (gw_base.clone(), alice2.clone());
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/mcp"))
+                .bearer_auth(alice)
+                .json(&ping(11))
+                .send()
+                .await
+                .unwrap();
+            denial(resp).await.1 == "cache_stale"
+        }
+    })
+    .await;
+    assert_eq!(
+        reqwest::get(format!("{}/readyz", gw.base))
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+
+    let log = gw.log();
+    for token in [&alice, &bob, &carol, &dave] {
+        assert!(!log.contains(token.as_str()), "a token reached the log");
+        let signature = token.rsplit('.').next().unwrap();
+        assert!(
+            !log.contains(signature),
+            "a token signature reached the log"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_sessions_stream_ends_with_a_json_rpc_error() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "erin", SERVER_UID, HOUR).await;
+    let gw = Gateway::start(&server, &format!("http://{up}"), &[]);
+    gw.ready().await;
+    let erin = server.mint_token(NS, "erin").await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&erin)
+        .header("mcp-session-id", "m-erin")
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc":"2.0","id":42,"method":"stream"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(std::str::from_utf8(&first)
+        .unwrap()
+        .contains("notifications/progress"));
+
+    server.revoke(NS, "erin").await;
+    let revoked = Instant::now();
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = stream.next().await {
+            rest.extend_from_slice(&chunk.expect("the stream ends cleanly"));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream did not end");
+    let took = revoked.elapsed();
+    assert!(took < Duration::from_secs(1), "cut after {took:?}");
+    let text = String::from_utf8(rest).unwrap();
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or_else(|| panic!("no closing event: {text:?}"));
+    let err: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(err["id"], 42);
+    assert_eq!(err["error"]["data"]["reason"], "session_revoked");
+    assert!(text.starts_with("event: message\n"), "{text:?}");
+
+    // The MCP session id stays refused.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&erin)
+        .header("mcp-session-id", "m-erin")
+        .json(&ping(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denial(resp).await.1, "session_revoked");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mcp_gateway_stream_cut_seconds_count 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn bounded_bodies_header_checks_and_upstream_failures() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "frank", SERVER_UID, HOUR).await;
+    let gw = Gateway::start(
+        &server,
+        &format!("http://{up}"),
+        &["--max-body-bytes", "1024", "--upstream-timeout", "1s"],
+    );
+    gw.ready().await;
+    let frank = server.mint_token(NS, "frank").await;
+    let big = json!({"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"x".repeat(2000)}});
+    assert_eq!(gw.post(Some(&frank), big).await.status(), 413);
+
+    // 2026-07-28: Mcp-Method/Mcp-Name against the body.
+    let call = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"search","arguments":{}}});
+    let send = |method: &'static str, name: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}/mcp", gw.base))
+            .bearer_auth(&frank)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method)
+            .header("mcp-name", name)
+            .json(&call)
+            .send()
+    };
+    let resp = send("tools/call", "delete").await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (body["error"]["code"].clone(), body["id"].clone()),
+        (json!(-32020), json!(9))
+    );
+    assert_eq!(send("tools/call", "search").await.unwrap().status(), 200);
+
+    // The upstream hangs: 504.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/hang", gw.base))
+        .bearer_auth(&frank)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+
+    // The upstream is gone: 502.
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let down = Gateway::start(&server, &closed, &[]);
+    down.ready().await;
+    assert_eq!(down.post(Some(&frank), ping(1)).await.status(), 502);
+
+    // Bad configuration stops startup, naming the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-access-gateway"))
+        .args([
+            "--sync-url",
+            "http://127.0.0.1:1",
+            "--ca-file",
+            "/nonexistent",
+            "--token-file",
+            "/nonexistent",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--public-url",
+            AUDIENCE,
+        ])
+        .env_remove("SESSION_SYNC_STALE_WINDOW")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--sync-url"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-access-gateway"))
+        .args([
+            "--sync-url",
+            &server.url,
+            "--ca-file",
+            "/x",
+            "--token-file",
+            "/x",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--public-url",
+            "not a url",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--public-url"));
+}
