@@ -490,26 +490,22 @@ pub fn spawn_client(
 impl ClientProcess {
     /// Waits for the next progress line (the stream is open and flowing).
     pub fn next_progress(&mut self, timeout: Duration) -> Result<(Instant, Value)> {
-        let deadline = Instant::now() + timeout;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok((at, v)) if v["kind"] == "progress" => {
-                    self.progress.push((at, v.clone()));
-                    return Ok((at, v));
-                }
-                Ok((_, v)) => bail!(
-                    "the {} client printed {v} before any progress; its stderr:\n{}",
-                    self.sdk.name(),
-                    tail(&self.process.log, 20)
-                ),
-                Err(_) => break,
+        match self.lines.recv_timeout(timeout) {
+            Ok((at, v)) if v["kind"] == "progress" => {
+                self.progress.push((at, v.clone()));
+                Ok((at, v))
             }
+            Ok((_, v)) => bail!(
+                "the {} client printed {v} before any progress; its stderr:\n{}",
+                self.sdk.name(),
+                tail(&self.process.log, 20)
+            ),
+            Err(_) => bail!(
+                "no progress from the {} client within {timeout:?}; its stderr:\n{}",
+                self.sdk.name(),
+                tail(&self.process.log, 20)
+            ),
         }
-        bail!(
-            "no progress from the {} client within {timeout:?}; its stderr:\n{}",
-            self.sdk.name(),
-            tail(&self.process.log, 20)
-        )
     }
 
     /// Waits for the result line (progress lines before it are kept).
