@@ -9,7 +9,8 @@
 #
 #   hack/image.sh [--bin-dir DIR] [--tag TAG] [NAME...]
 #
-# NAME: mcp-access-apiserver, mcp-access-controllers, mcp-access-authz (default: all three).
+# NAME: mcp-access-apiserver, mcp-access-controllers, mcp-access-gateway, mcp-access-authz
+# (default: all four).
 # --bin-dir DIR: take DIR/NAME as built (e.g. target/debug); without it, a release build
 # (cargo build --release --locked) into target/release. Images are named
 # ${IMAGE_REPO:-ghcr.io/mcp-runtime}/NAME:TAG (TAG defaults to latest), the names deploy/
@@ -22,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all=(mcp-access-apiserver mcp-access-controllers mcp-access-authz)
+all=(mcp-access-apiserver mcp-access-controllers mcp-access-gateway mcp-access-authz)
 repo=${IMAGE_REPO:-ghcr.io/mcp-runtime}
 tag=latest
 bin_dir=
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --tag) tag=$2; shift 2 ;;
     --tag=*) tag=${1#*=}; shift ;;
     -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    mcp-access-apiserver|mcp-access-controllers|mcp-access-authz) names+=("$1"); shift ;;
+    mcp-access-apiserver|mcp-access-controllers|mcp-access-gateway|mcp-access-authz) names+=("$1"); shift ;;
     *) echo "image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +76,7 @@ if [ -z "$bin_dir" ]; then
     case $n in
       mcp-access-apiserver) build+=(-p apiserver --bin "$n") ;;
       mcp-access-controllers) build+=(-p controllers --bin "$n") ;;
-      mcp-access-authz) build+=(-p gateway --bin "$n") ;;
+      mcp-access-gateway|mcp-access-authz) build+=(-p gateway --bin "$n") ;;
     esac
   done
   cargo build --release --locked "${build[@]}" >&2
