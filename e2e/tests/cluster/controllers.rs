@@ -214,11 +214,33 @@ pub fn mcpserver_yields_its_gateway_workload(c: &mut LocalCluster) -> Result<(),
             .map(Vec::len)
             .unwrap_or(0);
         match container["name"].as_str() {
-            Some("gateway") => ensure!(
-                mounts == 1 && container["volumeMounts"][0]["name"] == "mcp-access",
-                "gateway mounts: {container}"
-            ),
+            Some("gateway") => {
+                ensure!(
+                    mounts == 1 && container["volumeMounts"][0]["name"] == "mcp-access",
+                    "gateway mounts: {container}"
+                );
+                // The enforcing proxy: the MCP container on loopback behind it, the Service URL
+                // as the resource URI (the apiserver's default token audience).
+                let args = &container["args"];
+                ensure!(
+                    args.as_array().is_some_and(|a| {
+                        a.iter().any(|a| a == "--upstream=http://127.0.0.1:8080")
+                            && a.iter()
+                                .any(|a| *a == format!("--public-url=http://github.{ns}.svc:8086"))
+                    }),
+                    "gateway args: {args}"
+                );
+                ensure!(
+                    container["ports"]
+                        == json!([{"name": "gateway", "containerPort": 8086, "protocol": "TCP"}]),
+                    "gateway ports: {container}"
+                );
+            }
             _ => {
+                ensure!(
+                    container["ports"].is_null(),
+                    "the MCP server container declares no port: {container}"
+                );
                 ensure!(
                     mounts == 0,
                     "the MCP server container mounts nothing: {container}"

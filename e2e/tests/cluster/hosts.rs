@@ -679,7 +679,8 @@ pub fn egress_follows_the_context(c: &mut LocalCluster) -> Result<(), String> {
             ),
         )?;
         let rules = wait_egress(c, ns, "github opened", |r| r.len() == 3)?;
-        let mut want = vec![format!("server {tools}/github TCP/8080")];
+        // The gateway port (8086), never the server's spec.port (8080).
+        let mut want = vec![format!("server {tools}/github TCP/8086")];
         want.extend(dns_and_api.clone());
         ensure!(routes(&rules) == want, "{:?}", routes(&rules));
         wait_host_condition(c, ns, "agent", "ContextResolved", "True")?;
@@ -695,7 +696,7 @@ pub fn egress_follows_the_context(c: &mut LocalCluster) -> Result<(), String> {
         let rules = wait_egress(c, ns, "jira instead of github", |r| {
             routes(r).iter().any(|s| s.contains("jira"))
         })?;
-        let mut want = vec![format!("server {ns}/jira TCP/9000")];
+        let mut want = vec![format!("server {ns}/jira TCP/8086")];
         want.extend(dns_and_api.clone());
         ensure!(routes(&rules) == want, "{:?}", routes(&rules));
 
@@ -703,8 +704,8 @@ pub fn egress_follows_the_context(c: &mut LocalCluster) -> Result<(), String> {
         apply(c, &in_ns(server("ghost", 6000), ns))?;
         let rules = wait_egress(c, ns, "ghost appears", |r| r.len() == 4)?;
         let mut want = vec![
-            format!("server {ns}/ghost TCP/6000"),
-            format!("server {ns}/jira TCP/9000"),
+            format!("server {ns}/ghost TCP/8086"),
+            format!("server {ns}/jira TCP/8086"),
         ];
         want.extend(dns_and_api.clone());
         ensure!(routes(&rules) == want, "{:?}", routes(&rules));

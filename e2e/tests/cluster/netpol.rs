@@ -368,24 +368,31 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
             ),
         )?;
         let ingress = wait_policy(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
+        // The gateway port (8086), never the server's spec.port (8080).
+        let gateway_port = json!([{"protocol": "TCP", "port": 8086}]);
         ensure!(
-            ingress["spec"]["ingress"][0]["from"][1]
-                == json!({
+            ingress["spec"]["ingress"][0]["from"]
+                == json!([{
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hosts}},
                     // The Context's selector, and never a server's pods.
                     "podSelector": {
                         "matchLabels": {"host": "dev"},
                         "matchExpressions": [{"key": "mcp-runtime.dev/mcpserver", "operator": "DoesNotExist"}],
                     },
-                })
-                && ingress["spec"]["ingress"][0]["ports"]
-                    == json!([{"protocol": "TCP", "port": 8080}]),
+                }])
+                && ingress["spec"]["ingress"][0]["ports"] == gateway_port,
             "L2 ingress: {}",
             ingress["spec"]
         );
-        wait_policy(c, hosts, "mcp-l2-egress.dev.np1-a.github")?;
+        let egress = wait_policy(c, hosts, "mcp-l2-egress.dev.np1-a.github")?;
+        ensure!(
+            egress["spec"]["egress"][0]["ports"] == gateway_port,
+            "L2 egress: {}",
+            egress["spec"]
+        );
 
-        // The server's port changes: so does the route.
+        // The server's port changes: the gateway forwards to the new one on loopback, and the
+        // routes stay on the gateway port.
         apply(
             c,
             &in_ns(
@@ -397,13 +404,33 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
                 "np1-a",
             ),
         )?;
-        until(Duration::from_secs(30), "L2 on the new port", || {
-            let p = policy(c, "np1-a", "mcp-l2-ingress.github.np1-hosts.dev")?;
-            Ok(
-                p.filter(|p| p["spec"]["ingress"][0]["ports"][0]["port"] == 9090)
-                    .map(|_| ()),
-            )
-        })?;
+        until(
+            Duration::from_secs(30),
+            "the gateway forwarding to 9090",
+            || {
+                let d = get_json(c, &["get", "deployment", "github", "-n", "np1-a"])?;
+                Ok(d.filter(|d| {
+                    d["spec"]["template"]["spec"]["containers"][1]["args"]
+                        .as_array()
+                        .is_some_and(|a| a.iter().any(|a| a == "--upstream=http://127.0.0.1:9090"))
+                })
+                .map(|_| ()))
+            },
+        )?;
+        // The NetworkPolicy pass after an MCPServer change runs 200 ms after it (debounced):
+        // let it run, then the routes must still be the gateway's.
+        std::thread::sleep(Duration::from_secs(2));
+        for (ns, name, rule) in [
+            ("np1-a", "mcp-l2-ingress.github.np1-hosts.dev", "ingress"),
+            (hosts, "mcp-l2-egress.dev.np1-a.github", "egress"),
+        ] {
+            let p = wait_policy(c, ns, name)?;
+            ensure!(
+                p["spec"][rule][0]["ports"] == gateway_port,
+                "{name} after the port change: {}",
+                p["spec"]
+            );
+        }
 
         // The Context stops granting github: both sides go.
         apply(c, &in_ns(context("dev", json!([])), hosts))?;
