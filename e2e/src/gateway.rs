@@ -1,7 +1,9 @@
 //! Gateway fixtures: an MCPServer with the workload chain a gateway runs in (Deployment →
 //! ReplicaSet → Pod, created by kube-controller-manager; Pods stay Pending without a
 //! kubelet, which is all the chain needs) and the Pod-bound tokens gateways present to the
-//! sync listener.
+//! sync listener. The chain is the one `mcp-access-controllers` would build (the Deployment
+//! named after the server with the controllers' labels, its Pod run as `<server>-gateway`):
+//! the sync listener accepts no other.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,17 @@ pub struct GatewayChain {
     pub replicaset_uid: String,
     pub pod: String,
     pub pod_uid: String,
+}
+
+/// The labels `mcp-access-controllers` puts on a server's workload (and which the sync
+/// listener requires of its gateway's Deployment).
+pub const MANAGED_BY_LABEL: &str = "mcp-runtime.dev/managed-by";
+pub const MANAGED_BY: &str = "mcp-access-controllers";
+pub const SERVER_LABEL: &str = "mcp-runtime.dev/mcpserver";
+
+/// The ServiceAccount the controllers run server `server`'s gateway Pod as.
+pub fn gateway_service_account(server: &str) -> String {
+    format!("{server}-gateway")
 }
 
 /// How long kube-controller-manager gets to create a ReplicaSet or a Pod.
@@ -66,20 +79,29 @@ impl LocalCluster {
     }
 
     /// Creates a Deployment `name` whose Pods run as service account `sa`, controlled by
-    /// `owner` (`(apiVersion, kind, name, uid)`) when given, and waits for its ReplicaSet
-    /// and Pod: (deployment uid, replicaset name, replicaset uid, pod name, pod uid).
+    /// `owner` (`(apiVersion, kind, name, uid)`) when given and carrying the controllers'
+    /// labels for server `labelled_for` when given, and waits for its ReplicaSet and Pod:
+    /// (deployment uid, replicaset name, replicaset uid, pod name, pod uid). The selector is
+    /// `app: <name>` alone, so hand-made Deployments never fight over each other's Pods.
     pub fn create_gateway_deployment(
         &self,
         namespace: &str,
         name: &str,
         sa: &str,
         owner: Option<(&str, &str, &str, &str)>,
+        labelled_for: Option<&str>,
     ) -> Result<(String, String, String, String, String)> {
         self.apply(&serde_json::json!({
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": sa, "namespace": namespace},
         }))?;
-        let mut metadata = serde_json::json!({"name": name, "namespace": namespace});
+        let mut labels = serde_json::json!({"app": name});
+        if let Some(server) = labelled_for {
+            labels[MANAGED_BY_LABEL] = MANAGED_BY.into();
+            labels[SERVER_LABEL] = server.into();
+        }
+        let mut metadata =
+            serde_json::json!({"name": name, "namespace": namespace, "labels": labels});
         if let Some((api_version, kind, owner_name, owner_uid)) = owner {
             metadata["ownerReferences"] = serde_json::json!([{
                 "apiVersion": api_version, "kind": kind, "name": owner_name, "uid": owner_uid,
@@ -93,7 +115,7 @@ impl LocalCluster {
                 "replicas": 1,
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
-                    "metadata": {"labels": {"app": name}},
+                    "metadata": {"labels": labels},
                     "spec": {
                         "serviceAccountName": sa,
                         "containers": [{"name": "gateway", "image": "registry.invalid/mcp/gateway:1"}],
@@ -136,24 +158,36 @@ impl LocalCluster {
         }
     }
 
-    /// An MCPServer `server` with a gateway Deployment `<server>-gateway` it controls, run
-    /// as service account `<server>-gateway`, and the ReplicaSet and Pod of that Deployment.
+    /// The Deployment the controllers make for MCPServer `server` (`server_uid`): named
+    /// `server`, labelled as its workload, controlled by it, its Pods run as
+    /// `<server>-gateway`. Waits for its ReplicaSet and Pod (as [`Self::create_gateway_deployment`]).
+    pub fn create_server_deployment(
+        &self,
+        namespace: &str,
+        server: &str,
+        server_uid: &str,
+    ) -> Result<(String, String, String, String, String)> {
+        self.create_gateway_deployment(
+            namespace,
+            server,
+            &gateway_service_account(server),
+            Some(("mcp-runtime.dev/v1alpha1", "MCPServer", server, server_uid)),
+            Some(server),
+        )
+    }
+
+    /// An MCPServer `server` with the gateway workload the controllers would make for it
+    /// ([`Self::create_server_deployment`]), and the ReplicaSet and Pod of that Deployment.
     pub fn create_gateway_chain(&self, namespace: &str, server: &str) -> Result<GatewayChain> {
         let server_uid = self.create_mcpserver(namespace, server)?;
-        let name = format!("{server}-gateway");
-        let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) = self
-            .create_gateway_deployment(
-                namespace,
-                &name,
-                &name,
-                Some(("mcp-runtime.dev/v1alpha1", "MCPServer", server, &server_uid)),
-            )?;
+        let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) =
+            self.create_server_deployment(namespace, server, &server_uid)?;
         Ok(GatewayChain {
             namespace: namespace.to_string(),
             server: server.to_string(),
             server_uid,
-            service_account: name.clone(),
-            deployment: name,
+            service_account: gateway_service_account(server),
+            deployment: server.to_string(),
             deployment_uid,
             replicaset,
             replicaset_uid,

@@ -199,6 +199,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         gateway_isolation::gateway_token_of_a_pod_outside_an_mcpserver_chain_is_unauthorized,
     ),
     (
+        "gateway_token_of_a_deployment_the_controllers_did_not_make_is_unauthorized",
+        gateway_isolation::gateway_token_of_a_deployment_the_controllers_did_not_make_is_unauthorized,
+    ),
+    (
         "plain_user_credentials_are_unauthorized_on_the_sync_listener",
         gateway_isolation::plain_user_credentials_are_unauthorized_on_the_sync_listener,
     ),

@@ -416,7 +416,7 @@ pub fn retire_and_republish(c: &mut LocalCluster) -> Result<(), String> {
     // of the same name is created.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let out = c.kubectl(&["get", "deployment", "gamma-gateway", "-n", ns]);
+        let out = c.kubectl(&["get", "deployment", "gamma", "-n", ns]);
         if !out.success && out.stderr.contains("NotFound") {
             break;
         }

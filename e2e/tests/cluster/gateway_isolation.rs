@@ -1047,7 +1047,11 @@ pub fn gateway_token_of_a_recreated_pod_is_unauthorized(
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {
                     "name": chain.pod, "namespace": ns,
-                    "labels": {"app": chain.deployment},
+                    "labels": {
+                        "app": chain.deployment,
+                        e2e::gateway::MANAGED_BY_LABEL: e2e::gateway::MANAGED_BY,
+                        e2e::gateway::SERVER_LABEL: chain.server,
+                    },
                     "ownerReferences": [{
                         "apiVersion": "apps/v1", "kind": "ReplicaSet",
                         "name": chain.replicaset, "uid": chain.replicaset_uid,
@@ -1195,17 +1199,7 @@ pub fn gateway_token_after_deployment_recreated_is_unauthorized(
         )?;
         wait_gone(c, ns, "deployment", &chain.deployment)?;
         let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) = c
-            .create_gateway_deployment(
-                ns,
-                &chain.deployment,
-                &chain.service_account,
-                Some((
-                    "mcp-runtime.dev/v1alpha1",
-                    "MCPServer",
-                    &chain.server,
-                    &chain.server_uid,
-                )),
-            )
+            .create_server_deployment(ns, &chain.server, &chain.server_uid)
             .map_err(|e| format!("{e:#}"))?;
         ensure!(
             deployment_uid != chain.deployment_uid,
@@ -1278,23 +1272,16 @@ pub fn gateway_token_after_mcpserver_recreated_is_unauthorized(
         eprintln!("gateway_isolation: a re-created MCPServer's old token refused after {took:?}");
 
         // The republished server's own gateway sees its sessions, not the retired server's.
+        // Its Deployment takes the server's name, so the old one must be gone first (the
+        // garbage collector removes it once released: its owner is gone).
         create_session(c, ns, "solo-new", "solo", &new_uid)?;
+        release(c, ns, "deployment", &chain.deployment);
+        wait_gone(c, ns, "deployment", &chain.deployment)?;
         let (deployment_uid, replicaset, replicaset_uid, pod, pod_uid) = c
-            .create_gateway_deployment(
-                ns,
-                "solo-gateway-2",
-                &chain.service_account,
-                Some((
-                    "mcp-runtime.dev/v1alpha1",
-                    "MCPServer",
-                    &chain.server,
-                    &new_uid,
-                )),
-            )
+            .create_server_deployment(ns, &chain.server, &new_uid)
             .map_err(|e| format!("{e:#}"))?;
         let fresh = GatewayChain {
             server_uid: new_uid,
-            deployment: "solo-gateway-2".into(),
             deployment_uid,
             replicaset,
             replicaset_uid,
@@ -1398,7 +1385,7 @@ pub fn gateway_token_of_a_pod_outside_an_mcpserver_chain_is_unauthorized(
     ));
 
     let (_, _, _, pod, pod_uid) = c
-        .create_gateway_deployment(ns, "ownerless", sa, None)
+        .create_gateway_deployment(ns, "ownerless", sa, None, Some(&chain.server))
         .map_err(|e| format!("{e:#}"))?;
     pods.push(("a Deployment without an owner", (pod, pod_uid)));
 
@@ -1431,6 +1418,128 @@ pub fn gateway_token_of_a_pod_outside_an_mcpserver_chain_is_unauthorized(
             .map_err(|e| format!("{e:#}"))?;
         expect_unauthorized(&sync.get(&sessions_path(Some(ns)), &token)?, what)?;
         expect_unauthorized(&sync.get(&sessions_path(None), &token)?, what)?;
+    }
+    Ok(())
+}
+
+/// Deployments a namespace member points at an MCPServer as its controller, each differing
+/// from the one the controllers make in one respect: another name (with every label and the
+/// server's ServiceAccount), no controllers' labels, labels naming another server, another
+/// ServiceAccount. Each Pod's bound token is refused (401). Then the unlabelled one is given
+/// the controllers' labels and its token is let in: the labels were what refused it.
+pub fn gateway_token_of_a_deployment_the_controllers_did_not_make_is_unauthorized(
+    c: &mut LocalCluster,
+) -> Result<(), String> {
+    use e2e::gateway::{gateway_service_account, MANAGED_BY, MANAGED_BY_LABEL, SERVER_LABEL};
+    let ns = "e2e-gwi-foreign";
+    let (chain, sync, _) = one_gateway(c, ns)?;
+    let controlled_by = |server: &str| -> Result<String, String> {
+        let uid = c
+            .create_mcpserver(ns, server)
+            .map_err(|e| format!("{e:#}"))?;
+        Ok(uid)
+    };
+    let owner = |server: &'static str, uid: &str| {
+        (
+            "mcp-runtime.dev/v1alpha1".to_string(),
+            "MCPServer".to_string(),
+            server.to_string(),
+            uid.to_string(),
+        )
+    };
+    let bare_uid = controlled_by("bare")?;
+    let mislabel_uid = controlled_by("mislabel")?;
+    let wrongsa_uid = controlled_by("wrongsa")?;
+    // (what, deployment name, service account, controller, labels for)
+    let cases: [(
+        &str,
+        &str,
+        String,
+        (String, String, String, String),
+        Option<&str>,
+    ); 4] = [
+        (
+            "another name than the server's",
+            "solo-copy",
+            chain.service_account.clone(),
+            owner("solo", &chain.server_uid),
+            Some("solo"),
+        ),
+        (
+            "without the controllers' labels",
+            "bare",
+            gateway_service_account("bare"),
+            owner("bare", &bare_uid),
+            None,
+        ),
+        (
+            "labelled for another server",
+            "mislabel",
+            gateway_service_account("mislabel"),
+            owner("mislabel", &mislabel_uid),
+            Some("solo"),
+        ),
+        (
+            "run as another ServiceAccount",
+            "wrongsa",
+            chain.service_account.clone(),
+            owner("wrongsa", &wrongsa_uid),
+            Some("wrongsa"),
+        ),
+    ];
+    let mut bare_pod = None;
+    for (what, name, sa, (api_version, kind, owner_name, owner_uid), labelled_for) in &cases {
+        let (_, _, _, pod, pod_uid) = c
+            .create_gateway_deployment(
+                ns,
+                name,
+                sa,
+                Some((api_version, kind, owner_name, owner_uid)),
+                *labelled_for,
+            )
+            .map_err(|e| format!("{what}: {e:#}"))?;
+        let token = c
+            .service_account_token(ns, sa, Some(GATEWAY_AUDIENCE), Some((&pod, &pod_uid)))
+            .map_err(|e| format!("{e:#}"))?;
+        expect_unauthorized(&sync.get(&sessions_path(Some(ns)), &token)?, what)?;
+        expect_unauthorized(&sync.get(&sessions_path(None), &token)?, what)?;
+        if *name == "bare" {
+            bare_pod = Some(token);
+        }
+    }
+
+    // The control: labelled as the controllers label it, `bare`'s own gateway is let in (once
+    // the refusal is no longer cached) and sees its server's sessions: none.
+    let token = bare_pod.ok_or("the bare case did not run")?;
+    kubectl_ok(
+        c,
+        &[
+            "label",
+            "deployment",
+            "bare",
+            "-n",
+            ns,
+            &format!("{MANAGED_BY_LABEL}={MANAGED_BY}"),
+            &format!("{SERVER_LABEL}=bare"),
+        ],
+    )?;
+    let started = Instant::now();
+    loop {
+        let reply = sync.get(&sessions_path(Some(ns)), &token)?;
+        if reply.code == 200 {
+            let got = listed(&reply)?;
+            ensure!(
+                got.is_empty(),
+                "bare's gateway sees another server's sessions: {got:?}"
+            );
+            break;
+        }
+        expect_unauthorized(&reply, "bare before its labels are seen")?;
+        ensure!(
+            started.elapsed() < CHAIN_BREAK_BOUND,
+            "bare's gateway is still refused {CHAIN_BREAK_BOUND:?} after it was labelled"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
 }
