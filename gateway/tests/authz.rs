@@ -1,6 +1,9 @@
-//! The `mcp-access-authz` binary end to end over HTTP, against the real apiserver binary:
-//! the check on any path and method, header parsing, the 401 body and header, `/readyz`,
-//! `/metrics`, the revocation long-poll, and startup refusals.
+//! The `mcp-access-authz` binary end to end over HTTP, against the real apiserver binary and
+//! session tokens minted by its `token` subresource: on the check listener every path and
+//! method is the check (`/readyz` included), the bearer token and every deny reason with its
+//! challenge, the identity of an allow, the opt-in trusted-header mode, and on the admin
+//! listener `/readyz`, `/metrics`, the RFC 9728 document and the revocation long-poll; startup
+//! refusals.
 
 mod support;
 
@@ -8,15 +11,23 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use support::*;
 
 const SERVER_UID: &str = "0b6f8c1e-2222-4a2b-9c3d-000000000002";
 const HOUR: Duration = Duration::from_secs(3600);
+/// The resource URI of the sessions' server (`github` in `team-a`): the apiserver's default
+/// token audience.
+const PUBLIC_URL: &str = "http://github.team-a.svc:8086";
+const METADATA: &str = "http://github.team-a.svc:8086/.well-known/oauth-protected-resource";
 
 /// A running sidecar; killed on drop.
 struct Sidecar {
     child: Child,
+    /// The check listener.
     base: String,
+    /// The admin listener.
+    admin: String,
     dir: std::path::PathBuf,
 }
 
@@ -35,15 +46,35 @@ fn authz_command(args: &[String]) -> Command {
         .env_remove("GATEWAY_SYNC_URL")
         .env_remove("GATEWAY_SYNC_CA")
         .env_remove("GATEWAY_TOKEN_FILE")
+        .env_remove("MCP_ACCESS_AUTHZ_PUBLIC_URL")
+        .env_remove("MCP_ACCESS_AUTHZ_TRUST_SESSION_HEADER")
+        .env_remove("MCP_ACCESS_AUTHZ_SESSION_HEADER")
         .env("RUST_LOG", "info");
     cmd
 }
 
+/// An apiserver that mints session tokens.
+async fn apiserver(launch: bool) -> Apiserver {
+    let dir = scratch_dir();
+    let flags = session_token_flags(&dir);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut server = Apiserver::prepare(&flags).await;
+    if launch {
+        server.launch().await;
+    }
+    server
+}
+
 impl Sidecar {
-    fn start(server: &Apiserver, extra: &[&str]) -> Self {
+    /// Token mode for [`PUBLIC_URL`].
+    fn start(server: &Apiserver) -> Self {
+        Self::start_with(server, &["--public-url", PUBLIC_URL])
+    }
+
+    fn start_with(server: &Apiserver, extra: &[&str]) -> Self {
         let dir = scratch_dir();
         std::fs::write(dir.join("token"), GATEWAY_TOKEN).unwrap();
-        let port = free_port();
+        let (port, admin) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "--sync-url".into(),
             server.url.clone(),
@@ -53,6 +84,8 @@ impl Sidecar {
             dir.join("token").display().to_string(),
             "--listen".into(),
             format!("127.0.0.1:{port}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = std::fs::File::create(dir.join("authz.log")).unwrap();
@@ -65,6 +98,7 @@ impl Sidecar {
         Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
             dir,
         }
     }
@@ -75,7 +109,11 @@ impl Sidecar {
 
     async fn wait_listening(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while reqwest::get(format!("{}/readyz", self.base)).await.is_err() {
+        while reqwest::get(format!("{}/readyz", self.admin))
+            .await
+            .is_err()
+            || reqwest::get(format!("{}/", self.base)).await.is_err()
+        {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("mcp-access-authz exited ({status}): {}", self.log());
             }
@@ -86,11 +124,11 @@ impl Sidecar {
 
     async fn wait_ready(&mut self) {
         self.wait_listening().await;
-        let base = self.base.clone();
+        let admin = self.admin.clone();
         eventually(Duration::from_secs(10), "/readyz is 200", || {
-            let base = base.clone();
+            let admin = admin.clone();
             async move {
-                reqwest::get(format!("{base}/readyz"))
+                reqwest::get(format!("{admin}/readyz"))
                     .await
                     .map(|r| r.status() == 200)
                     .unwrap_or(false)
@@ -100,104 +138,190 @@ impl Sidecar {
     }
 }
 
-/// (status, reason from the JSON body, reason from the header)
-async fn check(
-    base: &str,
-    method: reqwest::Method,
-    path: &str,
-    session: Option<&str>,
-) -> (u16, Option<String>, Option<String>) {
-    let mut req = reqwest::Client::new().request(method, format!("{base}{path}"));
-    if let Some(s) = session {
-        req = req.header("X-MCP-Session", s);
-    }
-    let resp = req.send().await.expect("the sidecar answers");
-    let status = resp.status().as_u16();
-    let header = resp
-        .headers()
-        .get("x-mcp-deny-reason")
-        .map(|v| v.to_str().unwrap().to_string());
-    let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
-    let reason = body["reason"].as_str().map(str::to_string);
-    (status, reason, header)
+/// One check's answer.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// The reason of the JSON body and of the header, when they agree (else the test fails).
+    reason: Option<String>,
+    challenge: Option<String>,
+    headers: reqwest::header::HeaderMap,
 }
 
-fn denied(reason: &str) -> (u16, Option<String>, Option<String>) {
-    (401, Some(reason.into()), Some(reason.into()))
+async fn ask(req: reqwest::RequestBuilder) -> Answer {
+    let resp = req.send().await.expect("the sidecar answers");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+    let (header, challenge) = (text("x-mcp-deny-reason"), text("www-authenticate"));
+    let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+    let reason = body["reason"].as_str().map(str::to_string);
+    assert_eq!(reason, header, "the body and the header give one reason");
+    Answer {
+        status,
+        reason,
+        challenge,
+        headers,
+    }
+}
+
+/// A check with `bearer` (if any) in `Authorization`.
+async fn check(base: &str, method: reqwest::Method, path: &str, bearer: Option<&str>) -> Answer {
+    let mut req = reqwest::Client::new().request(method, format!("{base}{path}"));
+    if let Some(token) = bearer {
+        req = req.bearer_auth(token);
+    }
+    ask(req).await
+}
+
+/// Asserts a 401 for `reason` with the challenge the contract gives it.
+fn assert_denied(a: &Answer, reason: &str, what: &str) {
+    assert_eq!(
+        (a.status, a.reason.as_deref()),
+        (401, Some(reason)),
+        "{what}"
+    );
+    let want = if reason == "token_missing" {
+        format!("Bearer resource_metadata=\"{METADATA}\"")
+    } else {
+        format!(
+            "Bearer resource_metadata=\"{METADATA}\", error=\"invalid_token\", error_description=\"{reason}\""
+        )
+    };
+    assert_eq!(a.challenge.as_deref(), Some(want.as_str()), "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_check_on_any_path_with_reasons_in_body_and_header() {
-    let server = Apiserver::start(&[]).await;
+async fn the_check_takes_the_session_token_on_any_path() {
+    let server = apiserver(true).await;
     server
         .create_session("team-a", "alice", SERVER_UID, HOUR)
         .await;
     server
         .create_session("team-a", "bob", SERVER_UID, HOUR)
         .await;
+    let alice = server.mint_token("team-a", "alice").await;
+    let bob = server.mint_token("team-a", "bob").await;
     server.revoke("team-a", "bob").await;
-    let mut sidecar = Sidecar::start(&server, &[]);
+    let mut sidecar = Sidecar::start(&server);
     sidecar.wait_ready().await;
     let base = sidecar.base.clone();
     use reqwest::Method;
 
-    // Envoy forwards the original path and method; nginx and Traefik call a fixed one.
+    // Envoy forwards the original path and method; nginx and Traefik call a fixed one. The
+    // sidecar's own paths are checks here too: a path-forwarding proxy asking for /readyz or
+    // /metrics gets a check, never a 200 of an endpoint.
     for (method, path) in [
         (Method::GET, "/"),
         (Method::GET, "/check"),
         (Method::POST, "/mcp"),
         (Method::DELETE, "/some/deep/path?x=1"),
-        (Method::PUT, "/readyz-not-really"),
+        (Method::GET, "/readyz"),
+        (Method::GET, "/metrics"),
+        (Method::GET, "/v1/sessions/team-a/alice/revoked"),
     ] {
-        let (status, _, header) = check(&base, method.clone(), path, Some("team-a/alice")).await;
-        assert_eq!((status, header), (200, None), "{method} {path}");
-        assert_eq!(
-            check(&base, method.clone(), path, Some("team-a/bob")).await,
-            denied("session_revoked"),
-            "{method} {path}"
+        let what = format!("{method} {path}");
+        let a = check(&base, method.clone(), path, Some(&alice)).await;
+        assert_eq!((a.status, a.reason.as_deref()), (200, None), "{what}");
+        assert_eq!(a.headers["x-mcp-access-session"], "team-a/alice", "{what}");
+        assert!(
+            a.headers
+                .get("x-mcp-access-session-uid")
+                .is_some_and(|v| !v.is_empty()),
+            "{what}"
         );
+        let a = check(&base, method.clone(), path, Some(&bob)).await;
+        assert_denied(&a, "session_revoked", &what);
+        let a = check(&base, method.clone(), path, None).await;
+        assert_denied(&a, "token_missing", &what);
     }
-    assert_eq!(
-        check(&base, Method::GET, "/", Some("team-a/nobody")).await,
-        denied("session_not_found")
-    );
-    assert_eq!(
-        check(&base, Method::GET, "/", None).await,
-        denied("session_missing")
-    );
-    for bad in [
-        "alice",
-        "team-a/",
-        "/alice",
-        "team-a/alice/x",
-        "Team-A/alice",
-        "team-a/../x",
-    ] {
-        assert_eq!(
-            check(&base, Method::GET, "/", Some(bad)).await,
-            denied("session_malformed"),
-            "{bad:?}"
-        );
-    }
-    // Two values of the header could be read differently by the proxy: refused.
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/"))
-        .header("X-MCP-Session", "team-a/alice")
-        .header("X-MCP-Session", "team-a/bob")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
-    // Its own /v1 namespace is never a check that could answer 200.
-    let resp = reqwest::Client::new()
-        .get(format!("{base}/v1/anything"))
-        .header("X-MCP-Session", "team-a/alice")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
 
-    let metrics = reqwest::get(format!("{base}/metrics"))
+    // A name is not a credential: the old header alone is token_missing, and next to
+    // another session's token it changes nothing.
+    let named = reqwest::Client::new()
+        .get(format!("{base}/"))
+        .header("X-MCP-Session", "team-a/alice");
+    assert_denied(&ask(named).await, "token_missing", "X-MCP-Session only");
+    let named = reqwest::Client::new()
+        .get(format!("{base}/"))
+        .bearer_auth(&bob)
+        .header("X-MCP-Session", "team-a/alice");
+    assert_denied(
+        &ask(named).await,
+        "session_revoked",
+        "bob's token naming alice",
+    );
+
+    // token_invalid: garbage, another scheme, two headers, a token in the query, a token for
+    // another resource.
+    assert_denied(
+        &check(&base, Method::GET, "/", Some("not-a-jwt")).await,
+        "token_invalid",
+        "garbage",
+    );
+    let basic = reqwest::Client::new()
+        .get(format!("{base}/"))
+        .header("Authorization", format!("Basic {alice}"));
+    assert_denied(&ask(basic).await, "token_invalid", "another scheme");
+    let two = reqwest::Client::new()
+        .get(format!("{base}/"))
+        .header("Authorization", format!("Bearer {alice}"))
+        .header("Authorization", format!("Bearer {alice}"));
+    assert_denied(
+        &ask(two).await,
+        "token_invalid",
+        "two Authorization headers",
+    );
+    assert_denied(
+        &check(&base, Method::GET, &format!("/?access_token={alice}"), None).await,
+        "token_invalid",
+        "a token in the query",
+    );
+    let (status, body) = server
+        .request_token(
+            "team-a",
+            "alice",
+            json!({"audiences": ["http://other.team-a.svc:8086"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let elsewhere = body["status"]["token"].as_str().unwrap().to_string();
+    assert_denied(
+        &check(&base, Method::GET, "/", Some(&elsewhere)).await,
+        "token_invalid",
+        "a token for another resource",
+    );
+
+    // session_not_found: the session is deleted after its token was minted.
+    server
+        .create_session("team-a", "carol", SERVER_UID, HOUR)
+        .await;
+    let carol = server.mint_token("team-a", "carol").await;
+    server.delete_session("team-a", "carol").await;
+    let base2 = base.clone();
+    let carol2 = carol.clone();
+    eventually(Duration::from_secs(5), "carol is session_not_found", || {
+        let (base, carol) = (base2.clone(), carol2.clone());
+        async move {
+            check(&base, Method::GET, "/", Some(&carol))
+                .await
+                .reason
+                .as_deref()
+                == Some("session_not_found")
+        }
+    })
+    .await;
+
+    // The admin listener: readiness, metrics, the RFC 9728 document; nothing else.
+    let admin = &sidecar.admin;
+    assert_eq!(
+        reqwest::get(format!("{admin}/readyz"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let metrics = reqwest::get(format!("{admin}/metrics"))
         .await
         .unwrap()
         .text()
@@ -207,65 +331,142 @@ async fn the_check_on_any_path_with_reasons_in_body_and_header() {
         metrics.contains("mcp_gateway_session_sync_age_seconds "),
         "{metrics}"
     );
-    assert!(
-        metrics.contains("mcp_authz_checks_total{result=\"session_revoked\"}"),
-        "{metrics}"
-    );
-    assert!(
-        !sidecar.log().contains(GATEWAY_TOKEN),
-        "the token is never logged"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_custom_session_header() {
-    let server = Apiserver::start(&[]).await;
-    server
-        .create_session("team-a", "alice", SERVER_UID, HOUR)
-        .await;
-    let mut sidecar = Sidecar::start(&server, &["--session-header", "X-Session-Ref"]);
-    sidecar.wait_ready().await;
-    let resp = reqwest::Client::new()
-        .get(format!("{}/", sidecar.base))
-        .header("X-Session-Ref", "team-a/alice")
+    for result in ["allow", "session_revoked", "token_missing", "token_invalid"] {
+        assert!(
+            metrics.contains(&format!("mcp_authz_checks_total{{result=\"{result}\"}}")),
+            "{result}: {metrics}"
+        );
+    }
+    let doc: serde_json::Value =
+        reqwest::get(format!("{admin}/.well-known/oauth-protected-resource"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(doc["resource"], PUBLIC_URL);
+    assert_eq!(doc["authorization_servers"], json!([TOKEN_ISSUER]));
+    let other = reqwest::Client::new()
+        .get(format!("{admin}/check"))
+        .bearer_auth(&alice)
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(other.status(), 404, "the admin listener answers no check");
+
+    let log = sidecar.log();
+    for secret in [
+        GATEWAY_TOKEN,
+        alice.as_str(),
+        bob.as_str(),
+        elsewhere.as_str(),
+    ] {
+        assert!(!log.contains(secret), "a token is never logged");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trusted_session_header_only_when_asked_for_and_loudly() {
+    let server = apiserver(true).await;
+    server
+        .create_session("team-a", "alice", SERVER_UID, HOUR)
+        .await;
+    server
+        .create_session("team-a", "bob", SERVER_UID, HOUR)
+        .await;
+    server.revoke("team-a", "bob").await;
+    let mut sidecar = Sidecar::start_with(&server, &["--trust-session-header"]);
+    sidecar.wait_ready().await;
+    let base = sidecar.base.clone();
+    let named = |value: &str| {
+        reqwest::Client::new()
+            .post(format!("{base}/mcp"))
+            .header("X-MCP-Session", value)
+    };
+    let a = ask(named("team-a/alice")).await;
+    assert_eq!((a.status, a.reason), (200, None));
+    assert_eq!(a.headers["x-mcp-access-session"], "team-a/alice");
+    let a = ask(named("team-a/bob")).await;
     assert_eq!(
-        check(
-            &sidecar.base,
-            reqwest::Method::GET,
-            "/",
-            Some("team-a/alice")
-        )
-        .await,
-        denied("session_missing"),
-        "the default header is not read when another is configured"
+        (a.status, a.reason.as_deref(), a.challenge),
+        (401, Some("session_revoked"), None)
     );
+    let a = ask(named("team-a/nobody")).await;
+    assert_eq!(
+        (a.status, a.reason.as_deref()),
+        (401, Some("session_not_found"))
+    );
+    let a = check(&base, reqwest::Method::GET, "/", None).await;
+    assert_eq!(
+        (a.status, a.reason.as_deref()),
+        (401, Some("session_missing"))
+    );
+    for bad in [
+        "alice",
+        "team-a/",
+        "/alice",
+        "team-a/alice/x",
+        "Team-A/alice",
+        "team-a/../x",
+    ] {
+        let a = ask(named(bad)).await;
+        assert_eq!(
+            (a.status, a.reason.as_deref()),
+            (401, Some("session_malformed")),
+            "{bad:?}"
+        );
+    }
+    // Two values could be read differently by the proxy and by us: refused.
+    let two = reqwest::Client::new()
+        .get(format!("{base}/"))
+        .header("X-MCP-Session", "team-a/alice")
+        .header("X-MCP-Session", "team-a/bob");
+    assert_eq!(ask(two).await.reason.as_deref(), Some("session_malformed"));
+    let log = sidecar.log();
+    assert!(
+        log.contains("WARN") && log.contains("--trust-session-header is on"),
+        "the mode is announced as a warning: {log}"
+    );
+
+    // Another header name: the default one is no longer read.
+    let mut custom = Sidecar::start_with(
+        &server,
+        &[
+            "--trust-session-header",
+            "--session-header",
+            "X-Session-Ref",
+        ],
+    );
+    custom.wait_ready().await;
+    let a = ask(reqwest::Client::new()
+        .get(format!("{}/", custom.base))
+        .header("X-Session-Ref", "team-a/alice"))
+    .await;
+    assert_eq!(a.status, 200);
+    let a = ask(reqwest::Client::new()
+        .get(format!("{}/", custom.base))
+        .header("X-MCP-Session", "team-a/alice"))
+    .await;
+    assert_eq!(a.reason.as_deref(), Some("session_missing"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_before_the_first_sync() {
-    // The apiserver is not up yet: the sidecar listens but is not ready and denies.
-    let mut server = Apiserver::prepare(&[]).await;
-    let mut sidecar = Sidecar::start(&server, &[]);
+    // The apiserver is not up yet: the sidecar listens but is not ready and denies: it holds
+    // neither sessions nor the keys to verify a token.
+    let mut server = apiserver(false).await;
+    let mut sidecar = Sidecar::start(&server);
     sidecar.wait_listening().await;
-    let readyz = reqwest::get(format!("{}/readyz", sidecar.base))
+    let readyz = reqwest::get(format!("{}/readyz", sidecar.admin))
         .await
         .unwrap();
     assert_eq!(readyz.status(), 503);
-    assert_eq!(
-        check(
-            &sidecar.base,
-            reqwest::Method::GET,
-            "/",
-            Some("team-a/alice")
-        )
-        .await,
-        denied("sync_not_ready")
+    assert_denied(
+        &check(&sidecar.base, reqwest::Method::GET, "/", Some("a.b.c")).await,
+        "cache_stale",
+        "before the first sync",
     );
-    let metrics = reqwest::get(format!("{}/metrics", sidecar.base))
+    let metrics = reqwest::get(format!("{}/metrics", sidecar.admin))
         .await
         .unwrap()
         .text()
@@ -280,14 +481,15 @@ async fn not_ready_before_the_first_sync() {
     server
         .create_session("team-a", "alice", SERVER_UID, HOUR)
         .await;
+    let alice = server.mint_token("team-a", "alice").await;
     sidecar.wait_ready().await;
     let base = sidecar.base.clone();
-    eventually(Duration::from_secs(5), "alice is allowed", || {
-        let base = base.clone();
+    eventually(Duration::from_secs(10), "alice is allowed", || {
+        let (base, alice) = (base.clone(), alice.clone());
         async move {
-            check(&base, reqwest::Method::GET, "/", Some("team-a/alice"))
+            check(&base, reqwest::Method::GET, "/", Some(&alice))
                 .await
-                .0
+                .status
                 == 200
         }
     })
@@ -296,13 +498,14 @@ async fn not_ready_before_the_first_sync() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_long_poll_completes_when_the_session_is_revoked() {
-    let server = Apiserver::start(&[]).await;
+    let server = apiserver(true).await;
     server
         .create_session("team-a", "alice", SERVER_UID, HOUR)
         .await;
-    let mut sidecar = Sidecar::start(&server, &[]);
+    let alice = server.mint_token("team-a", "alice").await;
+    let mut sidecar = Sidecar::start(&server);
     sidecar.wait_ready().await;
-    let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.base);
+    let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.admin);
     let poll = tokio::spawn(async move {
         let resp = reqwest::get(url).await.unwrap();
         let status = resp.status().as_u16();
@@ -318,21 +521,16 @@ async fn the_long_poll_completes_when_the_session_is_revoked() {
         .unwrap();
     assert_eq!(status, 200);
     assert_eq!(body["reason"], "session_revoked");
-    assert_eq!(
-        check(
-            &sidecar.base,
-            reqwest::Method::GET,
-            "/",
-            Some("team-a/alice")
-        )
-        .await,
-        denied("session_revoked")
+    assert_denied(
+        &check(&sidecar.base, reqwest::Method::GET, "/", Some(&alice)).await,
+        "session_revoked",
+        "after the revocation",
     );
 
     // Already unusable, or malformed: answered at once.
     let resp = reqwest::get(format!(
         "{}/v1/sessions/team-a/nobody/revoked",
-        sidecar.base
+        sidecar.admin
     ))
     .await
     .unwrap();
@@ -341,7 +539,7 @@ async fn the_long_poll_completes_when_the_session_is_revoked() {
         resp.json::<serde_json::Value>().await.unwrap()["reason"],
         "session_not_found"
     );
-    let resp = reqwest::get(format!("{}/v1/sessions/Team-A/x/revoked", sidecar.base))
+    let resp = reqwest::get(format!("{}/v1/sessions/Team-A/x/revoked", sidecar.admin))
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
@@ -368,6 +566,10 @@ async fn invalid_security_settings_stop_startup() {
             token.display().to_string(),
             "--listen".into(),
             format!("127.0.0.1:{}", free_port()),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{}", free_port()),
+            "--public-url".into(),
+            PUBLIC_URL.into(),
         ]
     };
     let token = dir.join("token");
@@ -393,18 +595,57 @@ async fn invalid_security_settings_stop_startup() {
         !out.status.success(),
         "a malformed SESSION_SYNC_STALE_WINDOW is refused"
     );
+
+    // How a check names its session: a token for a resource, or (explicitly) a trusted
+    // header, never neither, never both; a header name without the mode; one listener for
+    // both the check and the admin endpoints; a public URL that cannot be an audience.
+    let good = args(&server.url, &server.ca_file, &token);
+    let without = |flag: &str| -> Vec<String> {
+        let mut out = good.clone();
+        let i = out.iter().position(|a| a == flag).unwrap();
+        out.drain(i..i + 2);
+        out
+    };
+    let err = refused(&without("--public-url"));
+    assert!(err.contains("--public-url"), "{err}");
+    let mut both = good.clone();
+    both.push("--trust-session-header".into());
+    let err = refused(&both);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let mut header_only = without("--public-url");
+    header_only.extend(["--session-header".into(), "X-Session".into()]);
+    let mut with_public = good.clone();
+    with_public.extend(["--session-header".into(), "X-Session".into()]);
+    let err = refused(&with_public);
+    assert!(
+        err.contains("--session-header is only read with --trust-session-header"),
+        "{err}"
+    );
+    let err = refused(&header_only);
+    assert!(err.contains("--public-url"), "{err}");
+    let mut same = without("--admin-listen");
+    let listen = same[same.iter().position(|a| a == "--listen").unwrap() + 1].clone();
+    same.extend(["--admin-listen".into(), listen]);
+    let err = refused(&same);
+    assert!(err.contains("must differ"), "{err}");
+    for bad in ["github.team-a.svc:8086", "http://x/?q=1", "ftp://x"] {
+        let mut url = without("--public-url");
+        url.extend(["--public-url".into(), bad.into()]);
+        let err = refused(&url);
+        assert!(err.contains("--public-url"), "{bad}: {err}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_long_polls_and_exits_cleanly() {
-    let server = Apiserver::start(&[]).await;
+    let server = apiserver(true).await;
     server
         .create_session("team-a", "alice", SERVER_UID, HOUR)
         .await;
-    let mut sidecar = Sidecar::start(&server, &[]);
+    let mut sidecar = Sidecar::start(&server);
     sidecar.wait_ready().await;
-    let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.base);
+    let url = format!("{}/v1/sessions/team-a/alice/revoked", sidecar.admin);
     let client = reqwest::Client::new();
     let poll = tokio::spawn(async move {
         let resp = client.get(url).send().await.unwrap();

@@ -9,8 +9,10 @@ use anyhow::Context;
 use clap::{Args, Parser};
 use prometheus_client::registry::Registry;
 
-use super::http::{router, AuthzMetrics, AuthzState};
+use super::http::{admin_router, check_router, AuthzMetrics, AuthzState, CheckMode};
 use crate::config::{parse_stale_window, CacheConfig, STALE_WINDOW_ENV};
+use crate::credential::{JwksSource, Verifier};
+use crate::proxy::http::parse_public_url;
 use crate::{CacheMetrics, SessionCache};
 
 /// Forward-auth sidecar: answers a proxy's auth check from a live cache of this MCP server's
@@ -52,21 +54,48 @@ pub struct SyncArgs {
     pub watch_timeout: Duration,
 }
 
-/// The sidecar's own listener.
+/// The sidecar's own listeners and how a check names its session.
 #[derive(Debug, Args)]
 pub struct ServingArgs {
-    /// Address of the check, `/readyz`, `/metrics` and `/v1/` endpoints (plain HTTP: keep it
-    /// on loopback inside the Pod).
+    /// Address of the check (plain HTTP: keep it on loopback inside the Pod, or admit only the
+    /// proxy with a NetworkPolicy). Every path and method on it is a check.
     #[arg(
         long,
         env = "MCP_ACCESS_AUTHZ_LISTEN",
         default_value = "127.0.0.1:8086"
     )]
     pub listen: SocketAddr,
-    /// Request header naming the session as `<namespace>/<name>`.
-    #[arg(long, env = "MCP_ACCESS_AUTHZ_SESSION_HEADER", default_value = "X-MCP-Session", value_parser = parse_header_name)]
-    pub session_header: http::HeaderName,
+    /// Address of `/readyz`, `/metrics`, the `/v1/` long-poll and the RFC 9728 document: apart
+    /// from the check, so a path-forwarding proxy can never reach them as a check.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_AUTHZ_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9091"
+    )]
+    pub admin_listen: SocketAddr,
+    /// The resource URI of the MCP server behind the proxy: session tokens must name it in
+    /// `aud` (the apiserver's default audience is `http://<server>.<namespace>.svc:8086`).
+    /// Required, unless --trust-session-header.
+    #[arg(long, env = "MCP_ACCESS_AUTHZ_PUBLIC_URL", value_parser = parse_public_url,
+          required_unless_present = "trust_session_header")]
+    pub public_url: Option<String>,
+    /// Name the session by a request header instead of a session token. The header is a name,
+    /// not a credential: only for deployments whose own authentication layer sets it and
+    /// strips any value a client sent. Off by default; logged as a warning at startup.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_AUTHZ_TRUST_SESSION_HEADER",
+        conflicts_with = "public_url"
+    )]
+    pub trust_session_header: bool,
+    /// With --trust-session-header: the header naming the session as `<namespace>/<name>`
+    /// (default `X-MCP-Session`).
+    #[arg(long, env = "MCP_ACCESS_AUTHZ_SESSION_HEADER", value_parser = parse_header_name)]
+    pub session_header: Option<http::HeaderName>,
 }
+
+/// The session header of --trust-session-header when none is named.
+pub const DEFAULT_SESSION_HEADER: &str = "x-mcp-session";
 
 fn parse_positive(raw: &str) -> Result<Duration, String> {
     let d = apis::duration::parse_go_duration(raw)?.unsigned_abs();
@@ -91,9 +120,19 @@ pub fn main() -> anyhow::Result<()> {
         .block_on(run(cli))
 }
 
-/// Starts the cache and serves until a signal (or until the sync task dies, which ends the
-/// process with an error so the orchestrator restarts it).
+/// Starts the cache (and, in token mode, the key source) and serves both listeners until a
+/// signal, or until a background task or listener dies, which ends the process with an error
+/// so the orchestrator restarts it.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // A header name given without the mode would look configured and be ignored.
+    anyhow::ensure!(
+        cli.serving.session_header.is_none() || cli.serving.trust_session_header,
+        "--session-header is only read with --trust-session-header"
+    );
+    anyhow::ensure!(
+        cli.serving.listen != cli.serving.admin_listen,
+        "--listen and --admin-listen must differ: every path of the check listener is a check"
+    );
     let mut registry = Registry::default();
     let cache_metrics = CacheMetrics::register(&mut registry);
     let authz_metrics = AuthzMetrics::register(&mut registry);
@@ -104,34 +143,96 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     );
     config.stale_window = cli.sync.stale_window;
     config.watch_timeout = cli.sync.watch_timeout;
+    let (mode, key_task) = match (&cli.serving.public_url, cli.serving.trust_session_header) {
+        (Some(public_url), false) => {
+            let keys = Arc::new(
+                JwksSource::new(&config)
+                    .context("invalid --sync-url, --ca-file or --token-file")?,
+            );
+            let task = tokio::spawn(keys.clone().run());
+            let verifier = Verifier::new(keys, public_url.clone());
+            (
+                CheckMode::Token {
+                    verifier,
+                    public_url: public_url.clone(),
+                },
+                Some(task),
+            )
+        }
+        (None, true) => {
+            let header = cli
+                .serving
+                .session_header
+                .clone()
+                .unwrap_or_else(|| http::HeaderName::from_static(DEFAULT_SESSION_HEADER));
+            tracing::warn!(
+                session_header = %header,
+                "--trust-session-header is on: a request is allowed by NAMING a session in \
+                 this header, with no credential. Safe only if the proxy's own authentication \
+                 sets it and removes any value a client sent; otherwise anyone who can reach \
+                 the proxy can use any session of this server"
+            );
+            (CheckMode::TrustedHeader { header }, None)
+        }
+        // clap refuses both together and requires one of them.
+        _ => anyhow::bail!("exactly one of --public-url and --trust-session-header is required"),
+    };
     let (cache, sync) = SessionCache::start_with_metrics(config, cache_metrics)
         .context("invalid session sync configuration")?;
     let listener = tokio::net::TcpListener::bind(cli.serving.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", cli.serving.listen))?;
+        .with_context(|| format!("cannot listen on {} (--listen)", cli.serving.listen))?;
+    let admin_listener = tokio::net::TcpListener::bind(cli.serving.admin_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (--admin-listen)",
+                cli.serving.admin_listen
+            )
+        })?;
     tracing::info!(
         listen = %cli.serving.listen,
+        admin_listen = %cli.serving.admin_listen,
         sync_url = %cli.sync.sync_url,
         stale_window = ?cli.sync.stale_window,
-        session_header = %cli.serving.session_header,
+        mode = match &mode {
+            CheckMode::Token { .. } => "session-token",
+            CheckMode::TrustedHeader { .. } => "trusted-session-header",
+        },
+        public_url = cli.serving.public_url.as_deref().unwrap_or(""),
         "mcp-access-authz serving"
     );
     // Long-polls end (503) when shutdown starts, so draining is not held up by them.
     let (stopping, stop) = tokio::sync::watch::channel(false);
-    let app = router(AuthzState {
+    let state = AuthzState {
         cache,
-        session_header: cli.serving.session_header,
+        mode: Arc::new(mode),
         registry: Arc::new(registry),
         metrics: authz_metrics,
         shutdown: stop,
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        let _ = stopping.send(true);
-    });
+    };
+    let mut stopped = stopping.subscribe();
+    let server =
+        axum::serve(listener, check_router(state.clone())).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            let _ = stopping.send(true);
+        });
+    let admin =
+        axum::serve(admin_listener, admin_router(state)).with_graceful_shutdown(async move {
+            let _ = stopped.wait_for(|stopping| *stopping).await;
+        });
+    let keys = async move {
+        match key_task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         ended = sync => anyhow::bail!("the session sync task ended: {ended:?}"),
-        served = server => served.context("the HTTP listener failed"),
+        ended = keys => anyhow::bail!("the session token key task ended: {ended:?}"),
+        served = async { tokio::try_join!(server, admin) } => {
+            served.context("an HTTP listener failed").map(|_| ())
+        }
     }
 }
 

@@ -1,18 +1,33 @@
-//! The sidecar's HTTP surface.
+//! The sidecar's HTTP surface: two listeners, so that a path-forwarding proxy can never mistake
+//! one of the sidecar's own endpoints for an allowed check.
 //!
+//! The check listener (`--listen`): every path and method is the auth check. 200 (empty, with
+//! the session's identity in `X-MCP-Access-*` headers the proxy may forward), or 401 with
+//! `{"reason": "..."}`, the reason in `X-MCP-Deny-Reason` and, in token mode, the RFC 6750
+//! challenge in `WWW-Authenticate`. A proxy asking it for `/readyz` gets a check: 401 without a
+//! token.
+//!
+//! - Token mode (the default): exactly one `Authorization: Bearer <session token>` (never a
+//!   token in the query string), verified offline ([`crate::credential::Verifier`]), then the
+//!   session it names decided in the live cache ([`crate::credential::admit`]). Reasons as
+//!   docs/session-tokens.md: `token_missing`, `token_invalid`, `token_expired`,
+//!   `session_not_found`, `session_revoked`, `session_expired`,
+//!   `session_pending_enrollment`, `cache_stale`.
+//! - Trusted-header mode (`--trust-session-header`): the session is named by a header the
+//!   deployment's own authentication layer sets (`<namespace>/<name>`); besides the cache's
+//!   reasons, `session_missing` and `session_malformed`.
+//!
+//! The admin listener (`--admin-listen`, loopback by default):
 //! - `/readyz`: 200 once the cache holds a complete, fresh list; 503 otherwise.
 //! - `/metrics`: Prometheus text.
 //! - `GET /v1/sessions/{ns}/{name}/revoked`: held open until the session stops being usable,
 //!   then 200 `{"reason": "..."}`.
-//! - anything else, any method: the auth check. 200 (empty), or 401 with
-//!   `{"reason": "..."}` and the reason in `X-MCP-Deny-Reason`. Besides the cache's reasons,
-//!   `session_missing` (no session header) and `session_malformed` (not exactly one
-//!   `<namespace>/<name>` value with a valid namespace and name).
+//! - anything else: 404.
 
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::{Json, Router};
@@ -24,22 +39,47 @@ use tokio::sync::watch;
 
 use apis::validation::{is_dns1123_label, is_dns1123_subdomain};
 
+use crate::credential::{admit, Reason, SessionClaims, Verifier};
+use crate::proxy::auth::{bearer, BearerError};
 use crate::{Decision, SessionCache};
 
 /// The response header carrying the deny reason.
 pub const DENY_REASON_HEADER: &str = "x-mcp-deny-reason";
-/// No session header on the request.
+/// Trusted-header mode: no session header on the request.
 pub const SESSION_MISSING: &str = "session_missing";
-/// The session header is not one `<namespace>/<name>` value.
+/// Trusted-header mode: the session header is not one `<namespace>/<name>` value.
 pub const SESSION_MALFORMED: &str = "session_malformed";
+/// On an allow: the session, `<namespace>/<name>` (the names `mcp-access-gateway` forwards).
+pub const SESSION_HEADER: &str = "x-mcp-access-session";
+/// On an allow: the session's UID.
+pub const SESSION_UID_HEADER: &str = "x-mcp-access-session-uid";
+/// On an allow, when the session names one: its person.
+pub const SUBJECT_HEADER: &str = "x-mcp-access-subject";
+/// On an allow, when the session names one: its agent.
+pub const AGENT_HEADER: &str = "x-mcp-access-agent";
+/// RFC 9728's well-known path of a protected resource's metadata.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// How a check learns which session a request uses.
+#[derive(Clone, Debug)]
+pub enum CheckMode {
+    /// A session token in `Authorization: Bearer`, for the resource `public_url`.
+    Token {
+        verifier: Verifier,
+        /// The resource URI tokens name in `aud` (the verifier's audience).
+        public_url: String,
+    },
+    /// A header set by the deployment's own authentication layer (a name, not a credential).
+    TrustedHeader { header: HeaderName },
+}
 
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AuthzState {
     /// The session cache every check is answered from.
     pub cache: SessionCache,
-    /// The request header naming the session.
-    pub session_header: HeaderName,
+    /// How the session is named.
+    pub mode: Arc<CheckMode>,
     /// What `/metrics` encodes.
     pub registry: Arc<Registry>,
     pub metrics: AuthzMetrics,
@@ -70,19 +110,28 @@ impl AuthzMetrics {
         );
         metrics
     }
+
+    fn count(&self, result: &'static str) {
+        self.checks.get_or_create(&CheckLabels { result }).inc();
+    }
 }
 
-/// The sidecar's routes: its own endpoints, and the check on everything else.
-pub fn router(state: AuthzState) -> Router {
-    Router::new()
+/// The check listener: every path, every method is a check.
+pub fn check_router(state: AuthzState) -> Router {
+    Router::new().fallback(check).with_state(state)
+}
+
+/// The admin listener: readiness, metrics, the revocation long-poll and, in token mode, the
+/// RFC 9728 document the challenges point at; 404 for anything else.
+pub fn admin_router(state: AuthzState) -> Router {
+    let mut router = Router::new()
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/v1/sessions/{ns}/{name}/revoked", get(revoked))
-        // The rest of /v1 is ours too: never answered as a check (which could say 200).
-        .route("/v1", any(not_found))
-        .route("/v1/{*rest}", any(not_found))
-        .fallback(check)
-        .with_state(state)
+        .route("/v1/sessions/{ns}/{name}/revoked", get(revoked));
+    if let CheckMode::Token { public_url, .. } = state.mode.as_ref() {
+        router = router.route(&metadata_route(public_url), get(resource_metadata));
+    }
+    router.fallback(any(not_found)).with_state(state)
 }
 
 async fn not_found() -> StatusCode {
@@ -117,13 +166,61 @@ async fn metrics(State(app): State<AuthzState>) -> Response {
     }
 }
 
+/// The RFC 9728 document of the protected resource: its URI, the issuer of its tokens (once
+/// the keys were fetched) and the one bearer method read.
+async fn resource_metadata(State(app): State<AuthzState>) -> Response {
+    let CheckMode::Token {
+        verifier,
+        public_url,
+    } = app.mode.as_ref()
+    else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let issuers: Vec<String> = verifier
+        .source()
+        .current()
+        .map(|set| vec![set.issuer.clone()])
+        .unwrap_or_default();
+    Json(serde_json::json!({
+        "resource": public_url,
+        "authorization_servers": issuers,
+        "bearer_methods_supported": ["header"],
+    }))
+    .into_response()
+}
+
+/// `<origin>/.well-known/oauth-protected-resource<path>` (RFC 9728 §3.1).
+pub fn metadata_url(public_url: &str) -> String {
+    let (origin, path) = split_origin(public_url);
+    format!("{origin}{METADATA_PATH}{path}")
+}
+
+/// The admin route of the metadata document: its path part of [`metadata_url`].
+fn metadata_route(public_url: &str) -> String {
+    format!("{METADATA_PATH}{}", split_origin(public_url).1)
+}
+
+/// (`scheme://authority`, the path without a trailing `/`).
+fn split_origin(url: &str) -> (&str, &str) {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(i) => {
+            let (origin, path) = url.split_at(after_scheme + i);
+            (origin, path.trim_end_matches('/'))
+        }
+        None => (url, ""),
+    }
+}
+
 /// `<namespace>/<name>` as Kubernetes names them; anything else is malformed.
 fn parse_session(value: &str) -> Option<(&str, &str)> {
     let (ns, name) = value.trim().split_once('/')?;
     (is_dns1123_label(ns) && is_dns1123_subdomain(name)).then_some((ns, name))
 }
 
-fn deny(reason: &'static str) -> Response {
+/// A 401 for `reason`; in token mode with the RFC 6750 challenge (no `error=` when no token
+/// was sent at all).
+fn deny(reason: &'static str, challenge_for: Option<&str>) -> Response {
     let mut resp = (
         StatusCode::UNAUTHORIZED,
         Json(serde_json::json!({ "reason": reason })),
@@ -131,37 +228,121 @@ fn deny(reason: &'static str) -> Response {
         .into_response();
     resp.headers_mut()
         .insert(DENY_REASON_HEADER, HeaderValue::from_static(reason));
+    if let Some(public_url) = challenge_for {
+        let metadata = metadata_url(public_url);
+        let challenge = if reason == Reason::TokenMissing.as_str() {
+            format!("Bearer resource_metadata=\"{metadata}\"")
+        } else {
+            format!(
+                "Bearer resource_metadata=\"{metadata}\", error=\"invalid_token\", error_description=\"{reason}\""
+            )
+        };
+        if let Ok(v) = HeaderValue::from_str(&challenge) {
+            resp.headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, v);
+        }
+    }
     resp
 }
 
-async fn check(State(app): State<AuthzState>, headers: HeaderMap) -> Response {
-    let mut values = headers.get_all(&app.session_header).iter();
-    let reason = match (values.next(), values.next()) {
-        (None, _) => SESSION_MISSING,
-        // Two values could be read differently by the proxy and by us: refuse.
-        (Some(_), Some(_)) => SESSION_MALFORMED,
-        (Some(value), None) => match value.to_str().ok().and_then(parse_session) {
-            None => SESSION_MALFORMED,
-            Some((ns, name)) => {
-                let now = k8s_openapi::jiff::Timestamp::now();
-                match app.cache.authorize(ns, name, now).await {
-                    Decision::Allow => {
-                        app.metrics
-                            .checks
-                            .get_or_create(&CheckLabels { result: "allow" })
-                            .inc();
-                        return StatusCode::OK.into_response();
-                    }
-                    Decision::Deny(reason) => reason.as_str(),
+/// A 200 naming the session (the proxy may pass these headers on to the server). Values that
+/// are not valid header text are left out, never sent mangled.
+fn allow(identity: &[(&'static str, &str)]) -> Response {
+    let mut resp = StatusCode::OK.into_response();
+    for (name, value) in identity {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            resp.headers_mut().insert(*name, v);
+        }
+    }
+    resp
+}
+
+async fn check(State(app): State<AuthzState>, uri: Uri, headers: HeaderMap) -> Response {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    match app.mode.as_ref() {
+        CheckMode::Token {
+            verifier,
+            public_url,
+        } => match check_token(&app.cache, verifier, &headers, &uri, now).await {
+            Ok(claims) => {
+                app.metrics.count("allow");
+                let access = &claims.access;
+                let session = format!("{}/{}", access.session.namespace, access.session.name);
+                let mut identity = vec![
+                    (SESSION_HEADER, session.as_str()),
+                    (SESSION_UID_HEADER, access.session.uid.as_str()),
+                ];
+                if let Some(subject) = access.subject.as_deref() {
+                    identity.push((SUBJECT_HEADER, subject));
                 }
+                if let Some(agent) = access.agent.as_deref() {
+                    identity.push((AGENT_HEADER, agent));
+                }
+                allow(&identity)
+            }
+            Err(reason) => {
+                app.metrics.count(reason.as_str());
+                deny(reason.as_str(), Some(public_url))
             }
         },
+        CheckMode::TrustedHeader { header } => {
+            match check_header(&app.cache, header, &headers, now).await {
+                Ok(session) => {
+                    app.metrics.count("allow");
+                    allow(&[(SESSION_HEADER, &session)])
+                }
+                Err(reason) => {
+                    app.metrics.count(reason);
+                    deny(reason, None)
+                }
+            }
+        }
+    }
+}
+
+/// Token mode: the bearer token, verified, then its session decided live.
+async fn check_token(
+    cache: &SessionCache,
+    verifier: &Verifier,
+    headers: &HeaderMap,
+    uri: &Uri,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<SessionClaims, Reason> {
+    let token = bearer(headers, uri.query()).map_err(|e| match e {
+        BearerError::Missing => Reason::TokenMissing,
+        BearerError::Malformed => Reason::TokenInvalid,
+    })?;
+    let claims = verifier.verify(token).await.map_err(|e| Reason::from(&e))?;
+    let (decision, session) = cache
+        .authorize_session(claims.namespace(), claims.name(), now)
+        .await;
+    admit(&claims, decision, session.as_deref())?;
+    Ok(claims)
+}
+
+/// Trusted-header mode: the one header value names the session.
+async fn check_header(
+    cache: &SessionCache,
+    header: &HeaderName,
+    headers: &HeaderMap,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<String, &'static str> {
+    let mut values = headers.get_all(header).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Err(SESSION_MISSING),
+        // Two values could be read differently by the proxy and by us: refuse.
+        (Some(_), Some(_)) => return Err(SESSION_MALFORMED),
+        (Some(value), None) => value,
     };
-    app.metrics
-        .checks
-        .get_or_create(&CheckLabels { result: reason })
-        .inc();
-    deny(reason)
+    let (ns, name) = value
+        .to_str()
+        .ok()
+        .and_then(parse_session)
+        .ok_or(SESSION_MALFORMED)?;
+    match cache.authorize(ns, name, now).await {
+        Decision::Allow => Ok(format!("{ns}/{name}")),
+        Decision::Deny(reason) => Err(reason.as_str()),
+    }
 }
 
 async fn revoked(
@@ -188,7 +369,7 @@ async fn revoked(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_session;
+    use super::*;
 
     #[test]
     fn session_header_forms() {
@@ -211,5 +392,45 @@ mod tests {
         ] {
             assert_eq!(parse_session(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn metadata_urls_follow_rfc_9728() {
+        assert_eq!(
+            metadata_url("http://github.demo.svc:8086"),
+            "http://github.demo.svc:8086/.well-known/oauth-protected-resource"
+        );
+        assert_eq!(
+            metadata_url("https://mcp.example/github/mcp"),
+            "https://mcp.example/.well-known/oauth-protected-resource/github/mcp"
+        );
+        assert_eq!(
+            metadata_route("https://mcp.example/github/mcp"),
+            "/.well-known/oauth-protected-resource/github/mcp"
+        );
+        assert_eq!(
+            metadata_route("http://github.demo.svc:8086"),
+            "/.well-known/oauth-protected-resource"
+        );
+    }
+
+    #[test]
+    fn challenges_name_the_metadata_and_the_reason() {
+        let url = "http://github.demo.svc:8086";
+        let missing = deny(Reason::TokenMissing.as_str(), Some(url));
+        assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            missing.headers()["www-authenticate"],
+            "Bearer resource_metadata=\"http://github.demo.svc:8086/.well-known/oauth-protected-resource\""
+        );
+        let revoked = deny(Reason::SessionRevoked.as_str(), Some(url));
+        assert_eq!(
+            revoked.headers()["www-authenticate"],
+            "Bearer resource_metadata=\"http://github.demo.svc:8086/.well-known/oauth-protected-resource\", error=\"invalid_token\", error_description=\"session_revoked\""
+        );
+        assert_eq!(revoked.headers()[DENY_REASON_HEADER], "session_revoked");
+        // Trusted-header mode: no bearer challenge.
+        let header = deny(SESSION_MISSING, None);
+        assert!(header.headers().get("www-authenticate").is_none());
     }
 }
