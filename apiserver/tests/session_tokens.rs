@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apiserver::auth::{Attributes, Authorizer, Decision, UserInfo};
+use apiserver::store::Store;
 use apiserver::tokens::SigningKey;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -18,7 +19,6 @@ use serde_json::{json, Value};
 use support::server::{
     TestServer, TokenSetup, ADMIN_TOKEN, TEST_ISSUER, TEST_TOKEN_MAX_TTL, USER_TOKEN,
 };
-use apiserver::store::Store;
 use support::store_ext::StoreExt;
 use support::{mk_human_session, mk_session, revoke};
 
@@ -836,7 +836,7 @@ fn bad_key_configurations_stop_startup_naming_the_flag() {
         &s(&path("good.pub")),
     ]);
     std::fs::copy(path("good.pem"), path("open.pem")).unwrap();
-    chmod(&path("open.pem"), 0o640);
+    chmod(&path("open.pem"), 0o644);
     openssl(&[
         "ecparam",
         "-name",
@@ -904,7 +904,7 @@ fn bad_key_configurations_stop_startup_naming_the_flag() {
         (
             signing("open.pem"),
             "--session-token-signing-key-file",
-            "readable by group or others",
+            "readable by others",
         ),
         (
             signing("sec1.pem"),

@@ -33,7 +33,7 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{flag} {path}: the file is readable by group or others (mode {mode:04o}); it holds a private key: chmod 600 it")]
+    #[error("{flag} {path}: the file is readable by others, or by a group this process is not in (mode {mode:04o}); it holds a private key: chmod 600 it")]
     Permissions {
         flag: &'static str,
         path: String,
@@ -209,20 +209,21 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, KeyError> {
     })
 }
 
-/// A private key file must not be readable by group or others.
+/// A private key file must not be readable by others, nor by its group unless that group is
+/// one of this process's own (a Kubernetes Secret volume: `fsGroup`, mode 0440, the only
+/// way a non-root container reads a mounted Secret).
 fn check_private_mode(flag: &'static str, path: &Path) -> Result<(), KeyError> {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(path)
-            .map_err(|source| KeyError::Unreadable {
-                flag,
-                path: path.display().to_string(),
-                source,
-            })?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let meta = std::fs::metadata(path).map_err(|source| KeyError::Unreadable {
+            flag,
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mode = meta.permissions().mode();
+        let group_ok = mode & 0o070 == 0 || (meta.gid() != 0 && own_groups().contains(&meta.gid()));
+        if mode & 0o007 != 0 || !group_ok {
             return Err(KeyError::Permissions {
                 flag,
                 path: path.display().to_string(),
@@ -231,6 +232,29 @@ fn check_private_mode(flag: &'static str, path: &Path) -> Result<(), KeyError> {
         }
     }
     Ok(())
+}
+
+/// The process's group ids (effective and supplementary), from `/proc/self/status`; none
+/// when that cannot be read (fail closed: a group-readable key is then refused).
+#[cfg(unix)]
+fn own_groups() -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return Vec::new();
+    };
+    let mut groups = Vec::new();
+    for line in status.lines() {
+        if let Some(ids) = line.strip_prefix("Gid:") {
+            // real, effective, saved, filesystem: the effective one decides.
+            groups.extend(
+                ids.split_whitespace()
+                    .nth(1)
+                    .and_then(|g| g.parse::<u32>().ok()),
+            );
+        } else if let Some(ids) = line.strip_prefix("Groups:") {
+            groups.extend(ids.split_whitespace().filter_map(|g| g.parse::<u32>().ok()));
+        }
+    }
+    groups
 }
 
 /// The key files of one configuration, read.
