@@ -246,17 +246,22 @@ fn uid(object: &Value) -> Result<String> {
 }
 
 /// A started `mcp-access-authz` sidecar (binary `MCP_ACCESS_AUTHZ_BIN`) on the cluster's sync
-/// listener: the process, its port on 127.0.0.1, its token file and its log.
+/// listener: the process, its check and admin ports on 127.0.0.1, its token file and its log.
 pub struct SpawnedAuthz {
     pub child: std::process::Child,
+    /// The check listener (`--listen`): every path is a check.
     pub port: u16,
+    /// The admin listener (`--admin-listen`): `/readyz`, `/metrics`, the `/v1/` long-poll.
+    pub admin_port: u16,
     pub token_file: std::path::PathBuf,
     pub log: std::path::PathBuf,
 }
 
 /// Starts `mcp-access-authz` as gateway `name` with the Pod-bound `token` (written to
-/// `DIR/authz-<name>/token`), listening on a free port of 127.0.0.1, logging to
-/// `logs/authz-<name>.log`, with `extra` flags. Readiness is the caller's to wait for.
+/// `DIR/authz-<name>/token`), its check and admin listeners on free ports of 127.0.0.1,
+/// logging to `logs/authz-<name>.log`, with `extra` flags (which must choose how a check names
+/// its session: `--public-url` or `--trust-session-header`). Readiness is the caller's to wait
+/// for.
 pub fn spawn_authz(
     c: &LocalCluster,
     name: &str,
@@ -275,6 +280,7 @@ pub fn spawn_authz(
     let out = std::fs::File::create(&log)?;
     let err = out.try_clone()?;
     let port = crate::free_port()?;
+    let admin_port = crate::free_port()?;
     let child = Command::new(&bin)
         .args(["--sync-url", &c.sync_url()])
         .arg("--ca-file")
@@ -282,6 +288,7 @@ pub fn spawn_authz(
         .arg("--token-file")
         .arg(&token_file)
         .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
         .args(extra)
         .env_remove("SESSION_SYNC_STALE_WINDOW")
         .env("RUST_LOG", "info")
@@ -293,6 +300,7 @@ pub fn spawn_authz(
     Ok(SpawnedAuthz {
         child,
         port,
+        admin_port,
         token_file,
         log,
     })

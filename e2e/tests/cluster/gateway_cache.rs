@@ -2,6 +2,10 @@
 //! inside it) on the sync listener, with a Pod-bound token of a live MCPServer chain, while
 //! sessions change through kube-apiserver. What a proxy sees: 200, or 401 with the reason.
 //!
+//! What is under test here is the cache (cold, warm, stale, revocation, scope), so the sidecar
+//! runs with `--trust-session-header` and checks name the session in `X-MCP-Session`; the
+//! session-token check is proven by `gateway/tests/authz.rs` and `nginx_proxy.rs`.
+//!
 //! Needs `MCP_ACCESS_AUTHZ_BIN` (set by `hack/test.sh`).
 
 use std::path::PathBuf;
@@ -17,7 +21,10 @@ use super::{create_namespace, ok, session_yaml};
 /// A running sidecar with its own token file; killed on drop.
 pub(crate) struct Authz {
     child: Child,
+    /// The check listener.
     base: String,
+    /// The admin listener (`/readyz`, `/metrics`, the long-poll).
+    admin: String,
     token_file: PathBuf,
     log: PathBuf,
     rt: tokio::runtime::Runtime,
@@ -39,12 +46,15 @@ impl Authz {
         token: &str,
         extra: &[&str],
     ) -> Result<Self, String> {
+        let mut flags = vec!["--trust-session-header"];
+        flags.extend_from_slice(extra);
         let e2e::gateway::SpawnedAuthz {
             child,
             port,
+            admin_port,
             token_file,
             log,
-        } = e2e::gateway::spawn_authz(c, name, token, extra).map_err(|e| format!("{e:#}"))?;
+        } = e2e::gateway::spawn_authz(c, name, token, &flags).map_err(|e| format!("{e:#}"))?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -57,6 +67,7 @@ impl Authz {
         Ok(Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
             token_file,
             log,
             rt,
@@ -107,7 +118,7 @@ impl Authz {
     }
 
     fn ready(&self) -> Result<bool, String> {
-        let request = self.http.get(format!("{}/readyz", self.base));
+        let request = self.http.get(format!("{}/readyz", self.admin));
         // The request's timer needs the runtime: send inside it.
         Ok(self
             .rt
@@ -163,7 +174,7 @@ impl Authz {
         ns: &str,
         name: &str,
     ) -> std::thread::JoinHandle<Result<(u16, String), String>> {
-        let url = format!("{}/v1/sessions/{ns}/{name}/revoked", self.base);
+        let url = format!("{}/v1/sessions/{ns}/{name}/revoked", self.admin);
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -187,7 +198,7 @@ impl Authz {
     }
 
     fn metric(&self, name: &str) -> Result<f64, String> {
-        let request = self.http.get(format!("{}/metrics", self.base));
+        let request = self.http.get(format!("{}/metrics", self.admin));
         let text = self
             .rt
             .block_on(async { request.send().await?.text().await })

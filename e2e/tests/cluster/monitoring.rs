@@ -303,7 +303,10 @@ fn status_of(extra: &[&str], url: &str) -> Result<u16, String> {
 /// A running `mcp-access-authz` sidecar, killed on drop.
 struct Sidecar {
     child: Child,
+    /// The check listener.
     base: String,
+    /// The admin listener (`/readyz`, `/metrics`).
+    admin: String,
     log: PathBuf,
 }
 
@@ -316,16 +319,23 @@ impl Drop for Sidecar {
 
 impl Sidecar {
     fn start(c: &LocalCluster, token: &str) -> Result<Self, String> {
+        // The metrics are under test, not the credential: sessions are named by header.
         let e2e::gateway::SpawnedAuthz {
-            child, port, log, ..
-        } = e2e::gateway::spawn_authz(c, "monitoring", token, &[]).map_err(|e| format!("{e:#}"))?;
+            child,
+            port,
+            admin_port,
+            log,
+            ..
+        } = e2e::gateway::spawn_authz(c, "monitoring", token, &["--trust-session-header"])
+            .map_err(|e| format!("{e:#}"))?;
         let sidecar = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
             log,
         };
         sidecar.wait(Duration::from_secs(30), "ready", |s| {
-            Ok(curl(&format!("{}/readyz", s.base)).is_ok())
+            Ok(curl(&format!("{}/readyz", s.admin)).is_ok())
         })?;
         Ok(sidecar)
     }
@@ -474,7 +484,7 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
     sidecar.wait(Duration::from_secs(10), "denying", |s| {
         Ok(s.check(ns, "observed")? == 401)
     })?;
-    let gateway_text = curl(&format!("{}/metrics", sidecar.base))?;
+    let gateway_text = curl(&format!("{}/metrics", sidecar.admin))?;
     drop(sidecar);
     let applied = gateway_text
         .lines()

@@ -1,9 +1,13 @@
 //! A real nginx in front: `deploy/gateways/nginx.conf` (the configuration docs/gateways.md
 //! shows, byte for byte) with `auth_request` to the real `mcp-access-authz` sidecar, whose
 //! Pod-bound token belongs to a live MCPServer chain of the local cluster, and a stand-in MCP
-//! server on loopback behind it. What a client of nginx sees: 200 with the MCP server's body,
-//! or 401 with the deny reason in the body and in `X-MCP-Deny-Reason`; and how long after a
-//! Revocation write through kube-apiserver the first 401 reaches a client polling nginx.
+//! server on loopback behind it. Clients present session tokens minted through the
+//! `accesssessions/token` subresource (`kubectl create --raw`). What a client of nginx sees:
+//! 200 with the MCP server's body, or 401 with the deny reason in the body, in
+//! `X-MCP-Deny-Reason` and in the `WWW-Authenticate` challenge; what the MCP server sees: the
+//! session's identity from the sidecar, never the token or a client's session header; and how
+//! long after a Revocation write through kube-apiserver the first 401 reaches a client polling
+//! nginx.
 //!
 //! Needs `MCP_ACCESS_AUTHZ_BIN` and `MCP_ACCESS_NGINX_BIN` (set by `hack/test.sh`, which
 //! installs Debian's nginx when it is missing). `MCP_E2E_NGINX_TRIALS` sets the number of
@@ -32,6 +36,7 @@ const NGINX_CONF: &str = "deploy/gateways/nginx.conf";
 const PROXY_ADDR: &str = "127.0.0.1:8000";
 const UPSTREAM_ADDR: &str = "127.0.0.1:8080";
 const AUTHZ_ADDR: &str = "127.0.0.1:8086";
+const ADMIN_ADDR: &str = "127.0.0.1:9091";
 /// What the stand-in MCP server answers to everything.
 const UPSTREAM_BODY: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"server":"stand-in"}}"#;
 /// A generous bound on every revoke-to-deny through nginx (the target is a p99 of 100 ms,
@@ -51,12 +56,16 @@ fn tail(path: &Path, n: usize) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
-/// One request the stand-in MCP server received: method, path, `X-MCP-Session`.
-#[derive(Clone, Debug)]
+/// One request the stand-in MCP server received: method, path, and the headers that must
+/// come from the sidecar (`X-MCP-Access-Session`) or not at all (`Authorization`, a client's
+/// `X-MCP-Session`).
+#[derive(Clone, Debug, Default)]
 struct Seen {
     method: String,
     path: String,
-    session: String,
+    identity: String,
+    authorization: Option<String>,
+    client_session: Option<String>,
 }
 
 /// The stand-in MCP server: a loopback HTTP/1.1 server answering every request with 200 and
@@ -101,7 +110,12 @@ fn serve_upstream(conn: TcpStream, record: &Mutex<Vec<Seen>>) {
         let mut parts = line.split_whitespace();
         let method = parts.next().unwrap_or_default().to_string();
         let path = parts.next().unwrap_or_default().to_string();
-        let (mut length, mut session, mut close) = (0usize, String::new(), false);
+        let (mut length, mut close) = (0usize, false);
+        let mut seen = Seen {
+            method,
+            path,
+            ..Default::default()
+        };
         loop {
             let mut header = String::new();
             if reader.read_line(&mut header).unwrap_or(0) == 0 {
@@ -115,7 +129,9 @@ fn serve_upstream(conn: TcpStream, record: &Mutex<Vec<Seen>>) {
                 let value = value.trim();
                 match name.to_ascii_lowercase().as_str() {
                     "content-length" => length = value.parse().unwrap_or(0),
-                    "x-mcp-session" => session = value.to_string(),
+                    "x-mcp-access-session" => seen.identity = value.to_string(),
+                    "authorization" => seen.authorization = Some(value.to_string()),
+                    "x-mcp-session" => seen.client_session = Some(value.to_string()),
                     "connection" => close = value.eq_ignore_ascii_case("close"),
                     _ => {}
                 }
@@ -126,11 +142,7 @@ fn serve_upstream(conn: TcpStream, record: &Mutex<Vec<Seen>>) {
             return;
         }
         if let Ok(mut r) = record.lock() {
-            r.push(Seen {
-                method,
-                path,
-                session,
-            });
+            r.push(seen);
         }
         let response = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Upstream: stand-in\r\nContent-Length: {}\r\n{}\r\n{UPSTREAM_BODY}",
@@ -179,18 +191,20 @@ struct Proxy {
     upstream: Upstream,
     dir: PathBuf,
     base: String,
-    authz_base: String,
+    /// The sidecar's admin listener.
+    authz_admin: String,
     authz_log: PathBuf,
     rt: tokio::runtime::Runtime,
     http: reqwest::Client,
     client: kube::Client,
 }
 
-/// What nginx answered: status, `X-MCP-Deny-Reason`, body.
+/// What nginx answered: status, `X-MCP-Deny-Reason`, `WWW-Authenticate`, body.
 #[derive(Debug)]
 struct Answer {
     status: u16,
     header: String,
+    challenge: String,
     body: String,
 }
 
@@ -202,20 +216,31 @@ impl Answer {
             .unwrap_or_default()
     }
 
-    /// A 401 whose body and header both carry `reason`.
+    /// A 401 whose body, header and challenge all carry `reason` (the challenge names it
+    /// except for `token_missing`, which has no `error=`).
     fn is_denied(&self, reason: &str) -> bool {
-        self.status == 401 && self.header == reason && self.reason() == reason
+        let challenge = if reason == "token_missing" {
+            self.challenge.starts_with("Bearer resource_metadata=")
+                && !self.challenge.contains("error=")
+        } else {
+            self.challenge.starts_with("Bearer resource_metadata=")
+                && self.challenge.ends_with(&format!(
+                    "error=\"invalid_token\", error_description=\"{reason}\""
+                ))
+        };
+        self.status == 401 && self.header == reason && self.reason() == reason && challenge
     }
 }
 
 /// The shipped configuration with this test's ports; each address must be named once.
-fn shipped_config(proxy: u16, upstream: u16, authz: u16) -> Result<String, String> {
+fn shipped_config(proxy: u16, upstream: u16, authz: u16, admin: u16) -> Result<String, String> {
     let path = e2e::repo_root().join(NGINX_CONF);
     let mut conf = std::fs::read_to_string(&path).map_err(|e| format!("{NGINX_CONF}: {e}"))?;
     for (addr, port) in [
         (PROXY_ADDR, proxy),
         (UPSTREAM_ADDR, upstream),
         (AUTHZ_ADDR, authz),
+        (ADMIN_ADDR, admin),
     ] {
         // Outside comments, exactly once: the test then runs what the file says.
         let uses = conf
@@ -256,7 +281,9 @@ fn main_config(dir: &Path) -> String {
 }
 
 impl Proxy {
-    fn start(c: &LocalCluster, name: &str, token: &str) -> Result<Self, String> {
+    /// nginx and a sidecar with the gateway's Pod-bound `token`, checking session tokens for
+    /// the resource `public_url`.
+    fn start(c: &LocalCluster, name: &str, token: &str, public_url: &str) -> Result<Self, String> {
         let nginx_bin = std::env::var("MCP_ACCESS_NGINX_BIN")
             .map_err(|_| "MCP_ACCESS_NGINX_BIN is not set: run through hack/test.sh".to_string())?;
         let dir = c.dir.join(format!("nginx-{name}"));
@@ -284,14 +311,19 @@ impl Proxy {
             .map_err(|e| format!("kube client: {e:#}"))?;
 
         // The sidecar, on the cluster's sync listener with the gateway Pod's token.
-        let spawned = e2e::gateway::spawn_authz(c, &format!("nginx-{name}"), token, &[])
-            .map_err(|e| format!("{e:#}"))?;
-        let (authz_port, authz_log) = (spawned.port, spawned.log);
+        let spawned = e2e::gateway::spawn_authz(
+            c,
+            &format!("nginx-{name}"),
+            token,
+            &["--public-url", public_url],
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let (authz_port, admin_port, authz_log) = (spawned.port, spawned.admin_port, spawned.log);
         let authz = Killed(spawned.child);
 
         let upstream = Upstream::start()?;
         let proxy_port = free_port()?;
-        let conf = shipped_config(proxy_port, upstream.port, authz_port)?;
+        let conf = shipped_config(proxy_port, upstream.port, authz_port, admin_port)?;
         std::fs::write(dir.join("mcp-access.conf"), conf).map_err(|e| e.to_string())?;
         let main = dir.join("nginx.conf");
         std::fs::write(&main, main_config(&dir)).map_err(|e| e.to_string())?;
@@ -333,7 +365,7 @@ impl Proxy {
             authz: Some(authz),
             upstream,
             base: format!("http://127.0.0.1:{proxy_port}"),
-            authz_base: format!("http://127.0.0.1:{authz_port}"),
+            authz_admin: format!("http://127.0.0.1:{admin_port}"),
             dir,
             authz_log,
             rt,
@@ -367,7 +399,7 @@ impl Proxy {
                     ));
                 }
             }
-            let ready = self.http.get(format!("{}/readyz", self.authz_base));
+            let ready = self.http.get(format!("{}/readyz", self.authz_admin));
             let ready = self
                 .rt
                 .block_on(async { ready.send().await })
@@ -387,36 +419,53 @@ impl Proxy {
         }
     }
 
-    /// An MCP request through nginx, naming `session` (`ns/name`) if given.
-    fn call(&self, session: Option<&str>) -> Result<Answer, String> {
+    /// An MCP request through nginx with the session `token` if given, and `headers`.
+    fn call_with(&self, token: Option<&str>, headers: &[(&str, &str)]) -> Result<Answer, String> {
         let mut request = self
             .http
             .post(format!("{}/mcp/message", self.base))
             .header("Content-Type", "application/json")
             .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
-        if let Some(session) = session {
-            request = request.header("X-MCP-Session", session);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         self.rt.block_on(async {
             let resp = request.send().await.map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
-            let header = resp
-                .headers()
-                .get("x-mcp-deny-reason")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string();
+            let text = |name: &str| {
+                resp.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let (header, challenge) = (text("x-mcp-deny-reason"), text("www-authenticate"));
             let body = resp.text().await.map_err(|e| e.to_string())?;
             Ok(Answer {
                 status,
                 header,
+                challenge,
                 body,
             })
         })
     }
 
-    /// Issues a session of `server_uid` through kube-apiserver.
-    fn create_session(&self, ns: &str, name: &str, server_uid: &str) -> Result<(), String> {
+    /// An MCP request through nginx with the session `token` if given.
+    fn call(&self, token: Option<&str>) -> Result<Answer, String> {
+        self.call_with(token, &[])
+    }
+
+    /// Issues a session of MCPServer `server` (`server_uid`) through kube-apiserver.
+    fn create_session(
+        &self,
+        ns: &str,
+        name: &str,
+        server: &str,
+        server_uid: &str,
+    ) -> Result<(), String> {
         let api: Api<AccessSession> = Api::namespaced(self.client.clone(), ns);
         let session = AccessSession {
             api_version: apis::API_VERSION.into(),
@@ -428,7 +477,7 @@ impl Proxy {
             },
             spec: AccessSessionSpec {
                 server: ServerRef {
-                    name: "github".into(),
+                    name: server.into(),
                     uid: server_uid.into(),
                 },
                 teams: vec!["payments".into()],
@@ -471,28 +520,62 @@ impl Proxy {
             .map_err(|e| format!("create revocation of {ns}/{session}: {e}"))
     }
 
-    /// Calls through nginx until `pred` holds; the time it took.
+    /// Calls through nginx with `token` until `pred` holds; the time it took.
     fn wait_for(
         &self,
-        session: &str,
+        token: &str,
         what: &str,
         limit: Duration,
         pred: impl Fn(&Answer) -> bool,
     ) -> Result<Duration, String> {
         let started = Instant::now();
         loop {
-            let answer = self.call(Some(session))?;
+            let answer = self.call(Some(token))?;
             if pred(&answer) {
                 return Ok(started.elapsed());
             }
             if started.elapsed() > limit {
                 return Err(format!(
-                    "{session}: not {what} within {limit:?}, last answer {answer:?}: {}",
+                    "not {what} within {limit:?}, last answer {answer:?}: {}",
                     self.evidence()
                 ));
             }
         }
     }
+}
+
+/// The resource URI of MCPServer `server` in `ns`: the default audience of its session tokens
+/// and its gateway's `--public-url`.
+fn public_url(ns: &str, server: &str) -> String {
+    format!("http://{server}.{ns}.svc:8086")
+}
+
+/// A session token for `ns/name` through the `token` subresource (`kubectl create --raw`, as
+/// the cluster admin), for `audience` or the default one.
+fn mint(c: &LocalCluster, ns: &str, name: &str, audience: Option<&str>) -> Result<String, String> {
+    let path = format!(
+        "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions/{name}/token"
+    );
+    let spec = match audience {
+        Some(a) => serde_json::json!({"audiences": [a]}),
+        None => serde_json::json!({}),
+    };
+    let body = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
+    });
+    let out = c.kubectl_as(
+        &c.kubeconfig,
+        &["create", "--raw", &path, "-f", "-"],
+        Some(&body.to_string()),
+    );
+    ensure!(out.success, "token request for {ns}/{name}: {}", out.stderr);
+    let answer: serde_json::Value =
+        serde_json::from_str(&out.stdout).map_err(|e| format!("token request answer: {e}"))?;
+    answer["status"]["token"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| format!("no status.token for {ns}/{name}: {answer}"))
 }
 
 /// An MCPServer with its gateway chain and a Pod-bound token; (server uid, token).
@@ -512,56 +595,105 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Through nginx: an active session reaches the MCP server (200, its body); a revoked one,
-/// an unknown one, another server's and a request without the header get 401 with the reason
-/// in the body and in `X-MCP-Deny-Reason`, and never reach the MCP server; with the sidecar
-/// gone, nginx denies (500) instead of forwarding.
+/// Through nginx, with session tokens: an active session's token reaches the MCP server,
+/// which sees the session's identity and neither the token nor a client's session header; no
+/// token, a garbage token, a token for another resource, another server's session, and a bare
+/// `X-MCP-Session` naming an active session get 401 with the reason in the body, the header and
+/// the challenge, and never reach the MCP server; a revoked session's token is refused; with
+/// the sidecar gone, nginx denies (500) instead of forwarding.
 pub fn nginx_auth_request_passes_and_denies(c: &mut LocalCluster) -> Result<(), String> {
     let ns = "e2e-nginx";
     create_namespace(c, ns)?;
     let (alpha, token) = chain(c, ns, "alpha")?;
     let (beta, _) = chain(c, ns, "beta")?;
-    let mut proxy = Proxy::start(c, "answers", &token)?;
-    proxy.create_session(ns, "alice", &alpha)?;
-    proxy.create_session(ns, "bob", &beta)?;
+    let mut proxy = Proxy::start(c, "answers", &token, &public_url(ns, "alpha"))?;
+    proxy.create_session(ns, "alice", "alpha", &alpha)?;
+    proxy.create_session(ns, "bob", "beta", &beta)?;
+    let alice = mint(c, ns, "alice", None)?;
 
     // Active: forwarded, the MCP server's answer comes back as it is.
-    let alice = format!("{ns}/alice");
     proxy.wait_for(&alice, "allowed", Duration::from_secs(10), |a| {
         a.status == 200
     })?;
-    let answer = proxy.call(Some(&alice))?;
+    let answer = proxy.call_with(Some(&alice), &[("X-MCP-Session", &format!("{ns}/bob"))])?;
     ensure!(
         answer.status == 200 && answer.body == UPSTREAM_BODY && answer.header.is_empty(),
         "an active session through nginx: {answer:?}"
     );
     let seen = proxy.upstream.seen();
+    let last = seen.last().cloned().unwrap_or_default();
     ensure!(
-        seen.iter()
-            .any(|s| s.method == "POST" && s.path == "/mcp/message" && s.session == alice),
-        "the MCP server did not receive alice's request: {seen:?}"
+        last.method == "POST"
+            && last.path == "/mcp/message"
+            && last.identity == format!("{ns}/alice")
+            && last.authorization.is_none()
+            && last.client_session.is_none(),
+        "the MCP server must get alice's identity, no token, no client session header: {last:?}"
     );
 
     // Denied: 401 with the sidecar's reason, and nothing reaches the MCP server.
+    let bob_here = mint(c, ns, "bob", Some(&public_url(ns, "alpha")))?;
+    let alice_elsewhere = mint(c, ns, "alice", Some(&public_url(ns, "beta")))?;
     let before = proxy.upstream.seen().len();
-    for (session, reason) in [
-        (Some(format!("{ns}/nobody")), "session_not_found"),
-        (Some(format!("{ns}/bob")), "session_not_found"),
-        (Some("not a session".to_string()), "session_malformed"),
-        (None, "session_missing"),
+    let named = format!("{ns}/alice");
+    for (what, token, headers, reason) in [
+        ("no token", None, vec![], "token_missing"),
+        (
+            "a garbage token",
+            Some("not-a-token"),
+            vec![],
+            "token_invalid",
+        ),
+        (
+            "alice's token for beta's resource",
+            Some(alice_elsewhere.as_str()),
+            vec![],
+            "token_invalid",
+        ),
+        (
+            "beta's session minted for alpha's resource",
+            Some(bob_here.as_str()),
+            vec![],
+            "session_not_found",
+        ),
+        (
+            "X-MCP-Session naming an active session",
+            None,
+            vec![("X-MCP-Session", named.as_str())],
+            "token_missing",
+        ),
     ] {
-        let answer = proxy.call(session.as_deref())?;
+        let answer = proxy.call_with(token, &headers)?;
         ensure!(
             answer.is_denied(reason) && answer.body == format!("{{\"reason\": \"{reason}\"}}\n"),
-            "{session:?}: expected 401 {reason} in the body and the header, got {answer:?}"
+            "{what}: expected 401 {reason} in the body, the header and the challenge, got {answer:?}"
         );
     }
-
     let after = proxy.upstream.seen();
     ensure!(
         after.len() == before,
         "denied requests reached the MCP server: {:?}",
         &after[before..]
+    );
+
+    // The challenge's metadata document, through nginx.
+    let doc = proxy.rt.block_on(async {
+        let resp = proxy
+            .http
+            .get(format!(
+                "{}/.well-known/oauth-protected-resource",
+                proxy.base
+            ))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        resp.json::<serde_json::Value>()
+            .await
+            .map_err(|e| e.to_string())
+    })?;
+    ensure!(
+        doc["resource"] == public_url(ns, "alpha").as_str(),
+        "the RFC 9728 document through nginx: {doc}"
     );
 
     // Revoked through kube-apiserver: 401 session_revoked, from then on. The polls until the
@@ -592,7 +724,7 @@ pub fn nginx_auth_request_passes_and_denies(c: &mut LocalCluster) -> Result<(), 
 
     // Fail closed: without the sidecar nginx answers 500 and forwards nothing.
     proxy.authz.take();
-    let answer = proxy.call(Some(&format!("{ns}/nobody")))?;
+    let answer = proxy.call(Some(&bob_here))?;
     ensure!(
         answer.status == 500,
         "nginx with the sidecar stopped: {answer:?}"
@@ -616,12 +748,12 @@ pub fn nginx_revoke_to_deny(c: &mut LocalCluster) -> Result<(), String> {
         .filter(|n| *n > 0)
         .unwrap_or(40);
     let (uid, token) = chain(c, ns, "alpha")?;
-    let proxy = Proxy::start(c, "latency", &token)?;
+    let proxy = Proxy::start(c, "latency", &token, &public_url(ns, "alpha"))?;
     let mut ms = Vec::with_capacity(trials);
     for trial in 0..trials {
         let name = format!("s-{trial}");
-        let session = format!("{ns}/{name}");
-        proxy.create_session(ns, &name, &uid)?;
+        proxy.create_session(ns, &name, "alpha", &uid)?;
+        let session = mint(c, ns, &name, None)?;
         proxy.wait_for(&session, "allowed", Duration::from_secs(10), |a| {
             a.status == 200
         })?;
@@ -635,11 +767,11 @@ pub fn nginx_revoke_to_deny(c: &mut LocalCluster) -> Result<(), String> {
             }
             ensure!(
                 answer.status == 200 && answer.body == UPSTREAM_BODY,
-                "{session}: between the revocation and the deny, nginx answered {answer:?}"
+                "{ns}/{name}: between the revocation and the deny, nginx answered {answer:?}"
             );
             ensure!(
                 written.elapsed() < DENY_BOUND,
-                "{session}: still allowed {DENY_BOUND:?} after the Revocation write: {}",
+                "{ns}/{name}: still allowed {DENY_BOUND:?} after the Revocation write: {}",
                 proxy.evidence()
             );
         }
