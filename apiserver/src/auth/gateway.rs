@@ -2,6 +2,15 @@
 //! service-account token with audience [`GATEWAY_AUDIENCE`], confirmed by TokenReview, then
 //! the live Pod → ReplicaSet → Deployment → MCPServer controller chain, every UID checked.
 //!
+//! The chain must be the one the controllers build for that MCPServer (`controllers/src/
+//! mcpserver/desired.rs`): the Deployment is named after the server, carries the controllers'
+//! `managed-by` and `mcpserver` labels, and its Pod runs as the server's `<name>-gateway`
+//! ServiceAccount. Any other Deployment a namespace member points at the MCPServer (an owner
+//! reference anyone with `create deployments` can write) is refused. What stays trusted: whoever
+//! may edit the workloads of the server's namespace can edit the controllers' own Deployment
+//! (its image, its arguments) and so run anything as that gateway until the controllers restore
+//! it; the chain proves "the controllers' Deployment", not "the controllers' image".
+//!
 //! Kubernetes keeps accepting a bound token for up to a minute after its Pod is gone, so the
 //! chain is read from the live objects, never inferred from the token. A verified chain is
 //! reused for at most the re-verification period; an open watch re-verifies with
@@ -24,6 +33,18 @@ use super::{sha256, Digest, REVIEW_TIMEOUT};
 /// The audience a gateway's projected token must carry, and the only one the sync listener
 /// accepts.
 pub const GATEWAY_AUDIENCE: &str = "mcp-runtime-gateway";
+
+/// Label naming the component that manages an object, and the controllers' value of it (as
+/// `controllers::mcpserver::desired` writes them).
+const MANAGED_BY_LABEL: &str = "mcp-runtime.dev/managed-by";
+const MANAGED_BY: &str = "mcp-access-controllers";
+/// Label naming the MCPServer a workload belongs to.
+const SERVER_LABEL: &str = "mcp-runtime.dev/mcpserver";
+
+/// The ServiceAccount the controllers run a server's gateway Pod as.
+fn gateway_service_account(server: &str) -> String {
+    format!("{server}-gateway")
+}
 
 /// TokenReview extras of a token bound to a Pod.
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -60,6 +81,9 @@ pub enum GatewayRefusal {
     NotPodBound,
     #[error("the token's pod is not a live gateway of an MCPServer")]
     ChainBroken,
+    /// The chain reaches an MCPServer, but not through the workload the controllers made for it.
+    #[error("the token's pod is not the gateway the controllers run for its MCPServer")]
+    NotControllersWorkload,
     /// The authority that decides is unreachable: not a verdict (503, never cached).
     #[error("gateway authentication is unavailable: {0}")]
     Unavailable(String),
@@ -164,6 +188,7 @@ impl PodChainAuthenticator {
             &format!("{}/v1alpha1", apis::runtime::RUNTIME_GROUP),
             "MCPServer",
         )?;
+        controllers_workload(&server_ref.name, &deploy.metadata, account)?;
         let server: MCPServer =
             get(Api::namespaced(self.client.clone(), ns), &server_ref.name).await?;
         same_uid(&server.metadata, server_ref)?;
@@ -263,6 +288,33 @@ fn controller<'m>(
         .find(|r| r.controller == Some(true))
         .filter(|r| r.api_version == api_version && r.kind == kind)
         .ok_or(GatewayRefusal::ChainBroken)
+}
+
+/// The Deployment (controlled by MCPServer `server`) and the Pod's ServiceAccount are the ones
+/// the controllers make for that server: the Deployment is named `server` and labelled as its
+/// workload by the controllers, the Pod runs as `<server>-gateway`. Checked before the MCPServer
+/// is read: a hand-made Deployment pointing at it learns nothing more.
+fn controllers_workload(
+    server: &str,
+    deployment: &ObjectMeta,
+    pod_service_account: &str,
+) -> Result<(), GatewayRefusal> {
+    let label = |key: &str| {
+        deployment
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .map(String::as_str)
+    };
+    let ours = deployment.name.as_deref() == Some(server)
+        && label(MANAGED_BY_LABEL) == Some(MANAGED_BY)
+        && label(SERVER_LABEL) == Some(server)
+        && pod_service_account == gateway_service_account(server);
+    if ours {
+        Ok(())
+    } else {
+        Err(GatewayRefusal::NotControllersWorkload)
+    }
 }
 
 /// The object an owner reference named is the one it was made for (not a namesake).
@@ -389,6 +441,103 @@ mod tests {
             controller(&ObjectMeta::default(), "apps/v1", "ReplicaSet"),
             Err(GatewayRefusal::ChainBroken)
         );
+    }
+
+    fn controllers_deployment(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [
+                    ("app", name),
+                    (MANAGED_BY_LABEL, MANAGED_BY),
+                    (SERVER_LABEL, name),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_controllers_deployment_and_service_account_pass() {
+        assert_eq!(
+            controllers_workload(
+                "github",
+                &controllers_deployment("github"),
+                "github-gateway"
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_deployment_of_another_name_is_refused() {
+        // Every label right, but not the name the controllers give the server's Deployment.
+        let mut meta = controllers_deployment("github");
+        meta.name = Some("github-gateway".into());
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+        meta.name = None;
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+    }
+
+    #[test]
+    fn a_deployment_without_the_managed_by_label_is_refused() {
+        let mut meta = controllers_deployment("github");
+        meta.labels.as_mut().unwrap().remove(MANAGED_BY_LABEL);
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+        meta.labels
+            .as_mut()
+            .unwrap()
+            .insert(MANAGED_BY_LABEL.into(), "someone-else".into());
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+    }
+
+    #[test]
+    fn a_deployment_labelled_for_another_server_is_refused() {
+        let mut meta = controllers_deployment("github");
+        meta.labels
+            .as_mut()
+            .unwrap()
+            .insert(SERVER_LABEL.into(), "jira".into());
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+        meta.labels.as_mut().unwrap().remove(SERVER_LABEL);
+        assert_eq!(
+            controllers_workload("github", &meta, "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+        assert_eq!(
+            controllers_workload("github", &ObjectMeta::default(), "github-gateway"),
+            Err(GatewayRefusal::NotControllersWorkload)
+        );
+    }
+
+    #[test]
+    fn a_pod_of_another_service_account_is_refused() {
+        let meta = controllers_deployment("github");
+        for account in ["default", "jira-gateway", "github", "github-gateway-x"] {
+            assert_eq!(
+                controllers_workload("github", &meta, account),
+                Err(GatewayRefusal::NotControllersWorkload),
+                "{account}"
+            );
+        }
     }
 
     #[test]
