@@ -499,7 +499,8 @@ async fn the_issuer_is_published_and_rotation_publishes_both_keys() {
     let new = SigningKey::generate().unwrap();
     let (old_kid, new_kid) = (old.public.kid.clone(), new.public.kid.clone());
     let server =
-        TestServer::start_with_tokens(TokenSetup::Keys(new, vec![old.public.clone()])).await;
+        TestServer::start_with_tokens(TokenSetup::Keys(Box::new(new), vec![old.public.clone()]))
+            .await;
     create(&server, mk_session(NS, "s", SERVER_UID)).await;
 
     let config: Value = server

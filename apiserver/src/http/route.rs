@@ -102,13 +102,13 @@ impl Target {
             } => {
                 let watch = params.is_watch()?;
                 // `<name>/token` takes a POST (a create of the subresource) and nothing else.
-                if subresource.as_deref() == Some(apis::session_token::TOKEN_SUBRESOURCE) {
-                    if method != Method::POST || name.is_none() {
-                        return Err(ApiError::method_not_allowed(
-                            method.as_str(),
-                            &format!("{plural}/token"),
-                        ));
-                    }
+                if subresource.as_deref() == Some(apis::session_token::TOKEN_SUBRESOURCE)
+                    && (method != Method::POST || name.is_none())
+                {
+                    return Err(ApiError::method_not_allowed(
+                        method.as_str(),
+                        &format!("{plural}/token"),
+                    ));
                 }
                 let verb = match (method, name.is_some()) {
                     (&Method::POST, true)

@@ -59,7 +59,7 @@ pub enum TokenSetup {
     /// No signing key: the subresource answers 503.
     Disabled,
     /// This signing key, publishing also these verification keys.
-    Keys(SigningKey, Vec<PublicKey>),
+    Keys(Box<SigningKey>, Vec<PublicKey>),
 }
 
 impl TokenSetup {
@@ -67,7 +67,7 @@ impl TokenSetup {
         let (key, mut published) = match self {
             Self::Disabled => return SessionTokens::disabled(metrics),
             Self::Generated => (SigningKey::generate().expect("a P-256 key"), Vec::new()),
-            Self::Keys(key, published) => (key, published),
+            Self::Keys(key, published) => (*key, published),
         };
         published.insert(0, key.public.clone());
         SessionTokens::from_keys(
