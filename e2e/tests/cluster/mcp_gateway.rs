@@ -574,7 +574,9 @@ pub fn denies_with_each_reason(c: &mut LocalCluster) -> Result<(), String> {
     let r = run(c, &s, sdk, Some(&foreign), "basic", &[])?;
     expect_denied(&s, sdk, &r, "token_invalid", "another server's token")?;
 
-    // The query string is never read; two Authorization headers are refused.
+    // The query string is never read: a request carrying a token there is refused as
+    // token_invalid (RFC 6750: one method per request, and the query one is not offered),
+    // header or not; two Authorization headers are refused.
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
     let json_headers = [
         ("Content-Type", "application/json"),
@@ -589,7 +591,7 @@ pub fn denies_with_each_reason(c: &mut LocalCluster) -> Result<(), String> {
     )
     .map_err(e("a token in the query string"))?;
     ensure!(
-        raw.status == 401 && raw.header("x-mcp-deny-reason") == Some("token_missing"),
+        raw.status == 401 && raw.header("x-mcp-deny-reason") == Some("token_invalid"),
         "a token in the query string: {} {:?} {}",
         raw.status,
         raw.header("x-mcp-deny-reason"),
