@@ -328,6 +328,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         kubectl_access::status_reports_every_part,
     ),
     (
+        "kubectl_access_token_prints_a_session_token",
+        kubectl_access::token_prints_a_session_token,
+    ),
+    (
         "monitoring_rules_and_dashboard_match_the_scrapes",
         monitoring::rules_and_dashboard_match_the_scrapes,
     ),

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use apis::duration::GoDuration;
+use clap::builder::NonEmptyStringValueParser;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 /// Operate MCP Access from kubectl: `kubectl access <command>`.
@@ -45,6 +47,8 @@ pub enum Command {
     /// Complete or withdraw an enrollment.
     #[command(subcommand)]
     Enroll(EnrollCommand),
+    /// Request a session token for an AccessSession and print it (its `token` subresource).
+    Token(TokenArgs),
 }
 
 /// `-o` of a command that prints a list.
@@ -162,6 +166,32 @@ pub enum EnrollCommand {
         /// The Enrollment.
         name: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The AccessSession the token points at.
+    pub session: String,
+    /// Requested lifetime of the token, a Go duration in whole seconds (e.g. 10m, 1h30m); the
+    /// server's default when omitted or 0. The server may shorten it (its maximum, the
+    /// session's expiry): the token's `exp` is what counts.
+    #[arg(long, value_name = "DURATION", value_parser = parse_token_duration)]
+    pub duration: Option<GoDuration>,
+    /// Intended audience of the token (repeatable); else the MCPServer's resource URI.
+    #[arg(long = "audience", value_name = "URI", value_parser = NonEmptyStringValueParser::new())]
+    pub audiences: Vec<String>,
+}
+
+/// `token --duration`: a Go duration that `spec.expirationSeconds` can carry, as
+/// `kubectl create token --duration` takes it.
+pub fn parse_token_duration(s: &str) -> Result<GoDuration, String> {
+    let duration: GoDuration = s.parse()?;
+    if duration.std().subsec_nanos() != 0 {
+        return Err(format!(
+            "invalid duration {s:?}: cannot be expressed in units less than seconds"
+        ));
+    }
+    Ok(duration)
 }
 
 /// A kubectl-style duration: a number with `ms`, `s`, `m` or `h`, or plain seconds.
@@ -284,6 +314,65 @@ mod tests {
             Command::Enroll(EnrollCommand::Withdraw { .. })
         ));
         assert!(parse(&["enroll", "approve", "e1"]).is_err());
+    }
+
+    fn token(args: &[&str]) -> Result<TokenArgs, clap::Error> {
+        match parse(args)?.command {
+            Command::Token(args) => Ok(args),
+            other => panic!("not token: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn token_takes_a_session_a_duration_and_audiences() {
+        let args = token(&[
+            "token",
+            "bot-github",
+            "-n",
+            "demo",
+            "--duration",
+            "1h30m",
+            "--audience",
+            "https://a.example",
+            "--audience",
+            "https://b.example",
+        ])
+        .unwrap();
+        assert_eq!(args.session, "bot-github");
+        assert_eq!(
+            args.duration.map(GoDuration::std),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(args.audiences, ["https://a.example", "https://b.example"]);
+        let args = token(&["token", "bot-github"]).unwrap();
+        assert_eq!(args.duration, None);
+        assert!(args.audiences.is_empty());
+        assert!(parse(&["token"]).is_err(), "the session is required");
+    }
+
+    #[test]
+    fn connection_flags_reach_token() {
+        let cli = parse(&["token", "s1", "--context", "prod", "-n", "team-a"]).unwrap();
+        assert_eq!(cli.connection.namespace.as_deref(), Some("team-a"));
+        assert_eq!(cli.connection.context.as_deref(), Some("prod"));
+    }
+
+    #[test]
+    fn token_durations_are_go_durations_in_whole_seconds() {
+        assert_eq!(
+            parse_token_duration("10m").map(GoDuration::std),
+            Ok(Duration::from_secs(600))
+        );
+        assert_eq!(
+            parse_token_duration("1.5h").map(GoDuration::std),
+            Ok(Duration::from_secs(5400))
+        );
+        assert_eq!(parse_token_duration("0").map(GoDuration::is_zero), Ok(true));
+        for bad in ["1500ms", "10.5s", "10", "5d", "soon", ""] {
+            assert!(parse_token_duration(bad).is_err(), "{bad}");
+        }
+        assert!(token(&["token", "s1", "--duration", "90"]).is_err());
+        assert!(token(&["token", "s1", "--audience", ""]).is_err());
     }
 
     #[test]

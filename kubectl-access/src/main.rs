@@ -9,6 +9,7 @@ mod render;
 mod revoke;
 mod sessions;
 mod status;
+mod token;
 
 use std::io::Write;
 
@@ -33,6 +34,7 @@ async fn run(cli: Cli) -> Result<String> {
         Command::Retire(args) => revoke::retire(&ctx, args).await,
         Command::Enroll(EnrollCommand::Complete { name }) => enroll::complete(&ctx, name).await,
         Command::Enroll(EnrollCommand::Withdraw { name }) => enroll::withdraw(&ctx, name).await,
+        Command::Token(args) => token::token(&ctx, args).await,
     }
 }
 

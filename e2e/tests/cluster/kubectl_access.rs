@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use e2e::LocalCluster;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::{create_namespace, enrollment_yaml, ok, service_account_kubeconfig};
 
@@ -20,6 +21,7 @@ const NS_REVOKE: &str = "e2e-kx-revoke";
 const NS_RETIRE: &str = "e2e-kx-retire";
 const NS_ENROLL: &str = "e2e-kx-enroll";
 const NS_STATUS: &str = "e2e-kx-status";
+const NS_TOKEN: &str = "e2e-kx-token";
 
 /// What a command showed the user.
 #[derive(Debug)]
@@ -1110,5 +1112,143 @@ pub fn status_reports_every_part(c: &mut LocalCluster) -> Result<(), String> {
     c.start_apiserver().map_err(|e| format!("{e:#}"))?;
     c.wait_available(Duration::from_secs(90))
         .map_err(|e| format!("{e:#}"))?;
+    Ok(())
+}
+
+/// The claims of a compact JWS, decoded without checking the signature (the gateway's
+/// scenarios check that): the plugin's part is asking for the token and printing it.
+fn jwt_claims(token: &str) -> Result<Value, String> {
+    let parts: Vec<&str> = token.split('.').collect();
+    ensure!(parts.len() == 3, "not a compact JWS: {token:?}");
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(parts[1])
+        .map_err(|e| format!("the payload is not base64url: {e}"))?;
+    serde_json::from_slice(&payload).map_err(|e| format!("the payload is not JSON: {e}"))
+}
+
+/// The token of a successful `token` run: stdout is exactly one line, the token.
+fn printed_token(r: &Run, what: &str) -> Result<String, String> {
+    succeeded(r, what)?;
+    let token = r
+        .stdout
+        .strip_suffix('\n')
+        .filter(|t| !t.is_empty() && !t.contains('\n'))
+        .ok_or_else(|| format!("{what}: stdout is not one line: {r:?}"))?;
+    Ok(token.to_string())
+}
+
+fn lifetime(claims: &Value) -> Option<i64> {
+    Some(claims["exp"].as_i64()? - claims["iat"].as_i64()?)
+}
+
+pub fn token_prints_a_session_token(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = NS_TOKEN;
+    create_namespace(c, ns)?;
+    apply(
+        c,
+        ns,
+        &session("bot", "github", "srv-kx-tok", Some("alice@example.com")).yaml(),
+    )?;
+    let uid = get_json(c, ns, &["acs", "bot"])?["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(!uid.is_empty(), "session bot has no uid");
+
+    // The admin, through kubectl, with -n: the server's default lifetime and audience.
+    let admin = c.kubeconfig.clone();
+    let out = kubectl_access(&admin, &["token", "bot", "-n", ns], None)?;
+    let claims = jwt_claims(&printed_token(&out, "kubectl access token")?)?;
+    ensure!(
+        claims["access.mcp-runtime.dev"]["session"]
+            == json!({"namespace": ns, "name": "bot", "uid": uid})
+            && claims["access.mcp-runtime.dev"]["server"]
+                == json!({"name": "github", "uid": "srv-kx-tok"})
+            && claims["sub"] == format!("system:accesssession:{ns}:bot").as_str()
+            && claims["aud"] == json!([format!("http://github.{ns}.svc:8086")])
+            && lifetime(&claims) == Some(600),
+        "the token's claims: {claims}"
+    );
+
+    // --duration is spec.expirationSeconds, --audience spec.audiences (repeatable).
+    let asked = access(
+        &admin,
+        &[
+            "token",
+            "bot",
+            "-n",
+            ns,
+            "--duration",
+            "2m",
+            "--audience",
+            "https://a.example",
+            "--audience",
+            "https://b.example/mcp",
+        ],
+        None,
+    )?;
+    let claims = jwt_claims(&printed_token(&asked, "token --duration --audience")?)?;
+    ensure!(
+        lifetime(&claims) == Some(120)
+            && claims["aud"] == json!(["https://a.example", "https://b.example/mcp"]),
+        "--duration 2m and two audiences: {claims}"
+    );
+    let sub_second = access(
+        &admin,
+        &["token", "bot", "-n", ns, "--duration", "1500ms"],
+        None,
+    )?;
+    ensure!(
+        sub_second.code != 0 && sub_second.stdout.is_empty(),
+        "--duration 1500ms: {sub_second:?}"
+    );
+
+    // mcp-access-token-requester suffices; the context's namespace is the default.
+    let requester = bound_account(c, ns, "requester", "mcp-access-token-requester")?;
+    let theirs = until_allowed(|| kubectl_access(&requester, &["token", "bot"], None))?;
+    let claims = jwt_claims(&printed_token(&theirs, "token as the requester")?)?;
+    ensure!(
+        claims["access.mcp-runtime.dev"]["session"]["uid"] == uid.as_str(),
+        "the requester's token: {claims}"
+    );
+
+    // A viewer may read the session but not mint: the server's Forbidden, as kubectl prints
+    // it for the same request, exit 1, nothing on stdout.
+    let viewer = bound_account(c, ns, "viewer", "view")?;
+    let path =
+        format!("/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions/bot/token");
+    let body = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{}}"#;
+    let kubectl = c.kubectl_as(&viewer, &["create", "--raw", &path, "-f", "-"], Some(body));
+    let denied = access(&viewer, &["token", "bot"], None)?;
+    ensure!(
+        denied.code == 1
+            && denied.stdout.is_empty()
+            && denied.stderr.trim() == kubectl.stderr.trim()
+            && denied.stderr.trim()
+                == format!(
+                    "Error from server (Forbidden): accesssessions.access.mcp-runtime.dev \"bot\" is forbidden: User \"system:serviceaccount:{ns}:viewer\" cannot create resource \"accesssessions/token\" in API group \"access.mcp-runtime.dev\" in the namespace \"{ns}\""
+                ),
+        "viewer's token: {denied:?}; kubectl create --raw said {kubectl:?}"
+    );
+    let through = kubectl_access(&viewer, &["token", "bot"], None)?;
+    ensure!(
+        through.code == 1 && through.stdout.is_empty() && through.stderr == denied.stderr,
+        "kubectl access token as the viewer: {through:?}"
+    );
+
+    // A revoked session mints nothing: the server's Conflict.
+    apply(c, ns, &revocation_yaml("pull-bot", "bot"))?;
+    let revoked = access(&admin, &["token", "bot", "-n", ns], None)?;
+    ensure!(
+        revoked.code == 1
+            && revoked.stdout.is_empty()
+            && revoked.stderr.starts_with("Error from server (Conflict): "),
+        "token of a revoked session: {revoked:?}"
+    );
+    let missing = access(&admin, &["token", "nobody", "-n", ns], None)?;
+    ensure!(
+        missing.code == 1 && missing.stderr.starts_with("Error from server (NotFound): "),
+        "token of a missing session: {missing:?}"
+    );
     Ok(())
 }
