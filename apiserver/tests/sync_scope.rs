@@ -4,7 +4,7 @@
 //! `e2e/tests/cluster/gateway_*.rs`): what is under test is that no request shape reaches
 //! outside the gateway's server — namespaces, names, label and field selectors, pages,
 //! streaming lists, watches from a resourceVersion, Table rendering — and that nothing but
-//! reads of sessions is served.
+//! reads of sessions is served, besides the session-token keys and issuer.
 
 mod support;
 
@@ -17,9 +17,10 @@ use apiserver::auth::{
 };
 use apiserver::http::{AppState, HttpConfig, HttpMetrics, SyncState};
 use apiserver::store::PgStore;
+use apiserver::tokens::{SessionTokens, SigningKey, TokenMetrics};
 use async_trait::async_trait;
 use axum::body::Body;
-use http::{Method, Request};
+use http::{header, Method, Request};
 use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
@@ -33,6 +34,10 @@ const SERVER_A: &str = "uid-server-a";
 const SERVER_B: &str = "uid-server-b";
 const SESSIONS: &str = "/apis/access.mcp-runtime.dev/v1alpha1/accesssessions";
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+const ADMIN_TOKEN: &str = "admin-token";
+const ISSUER: &str = "https://mcp-access.sync.test";
+const JWKS: &str = "/openid/v1/jwks";
+const OPENID_CONFIGURATION: &str = "/.well-known/openid-configuration";
 
 fn ns_sessions(ns: &str) -> String {
     format!("/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions")
@@ -81,8 +86,51 @@ impl GatewayAuthenticator for Gateways {
     }
 }
 
+/// A response as a client reads it: status, content type, body.
+struct Raw {
+    code: u16,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    async fn of(response: axum::response::Response) -> Self {
+        let code = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        Self {
+            code,
+            content_type,
+            body: body.to_vec(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// A GET, with `Authorization: Bearer TOKEN` when a token is given.
+fn get_request(token: Option<&str>, path: &str) -> Request<Body> {
+    let mut request = Request::builder().uri(path);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(Body::empty()).unwrap()
+}
+
 struct Sync {
     sync: SyncState<PgStore>,
+    /// The API listener over the same state, as the server runs both.
+    api: AppState<PgStore>,
+    /// The session-token signing key's kid, and the verification key's published beside it.
+    signing_kid: String,
+    verification_kid: String,
     store: PgStore,
     gateways: Arc<Gateways>,
     /// Kept: watches end when the server's shutdown channel closes.
@@ -95,6 +143,20 @@ impl Sync {
         let db = TestDb::new().await;
         let store = db.store().await;
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+        // A signing key and, as during a rotation, a verification key beside it.
+        let signing = SigningKey::generate().expect("a P-256 key");
+        let verification = SigningKey::generate().expect("a P-256 key").public;
+        let (signing_kid, verification_kid) =
+            (signing.public.kid.clone(), verification.kid.clone());
+        let published = vec![signing.public.clone(), verification];
+        let tokens = SessionTokens::from_keys(
+            signing,
+            published,
+            ISSUER.into(),
+            Duration::from_secs(3600),
+            apis::session_token::DEFAULT_AUDIENCE_TEMPLATE.into(),
+            TokenMetrics::register(&mut Registry::default()),
+        );
         let app = AppState::new(
             store.clone(),
             // The API listener's users are not gateways.
@@ -106,9 +168,10 @@ impl Sync {
             HttpConfig::default(),
             HttpMetrics::register(&mut Registry::default()),
             shutdown,
-        );
+        )
+        .with_session_tokens(Arc::new(tokens));
         let gateways = Gateways::with(&[(A_TOKEN, NS, SERVER_A), (B_TOKEN, NS, SERVER_B)]);
-        let sync = SyncState::new(app, gateways.clone(), reverify);
+        let sync = SyncState::new(app.clone(), gateways.clone(), reverify);
         // A's sessions in its namespace; B's beside them; A's server UID in another
         // namespace (another namespace's server of that UID is not A's).
         for (ns, name, uid) in [
@@ -126,6 +189,9 @@ impl Sync {
         }
         Self {
             sync,
+            api: app,
+            signing_kid,
+            verification_kid,
             store,
             gateways,
             _shutdown: shutdown_tx,
@@ -151,6 +217,16 @@ impl Sync {
         let code = response.status().as_u16();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// A GET on the sync listener.
+    async fn sync_raw(&self, token: Option<&str>, path: &str) -> Raw {
+        Raw::of(self.sync.clone().handle(get_request(token, path)).await).await
+    }
+
+    /// A GET on the API listener.
+    async fn api_raw(&self, token: Option<&str>, path: &str) -> Raw {
+        Raw::of(self.api.clone().handle(get_request(token, path)).await).await
     }
 
     async fn get(&self, token: &str, path: &str) -> (u16, Value) {
@@ -443,4 +519,80 @@ async fn an_open_watch_ends_when_the_gateways_chain_breaks() {
     assert!(!ended);
     let (code, _) = s.get(A_TOKEN, SESSIONS).await;
     assert_eq!(code, 401);
+}
+
+#[tokio::test]
+async fn gateways_get_the_token_keys_and_issuer_of_the_api_listener() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    let jwks = s.sync_raw(Some(A_TOKEN), JWKS).await;
+    assert_eq!(jwks.code, 200, "{}", jwks.json());
+    assert_eq!(jwks.content_type, "application/jwk-set+json");
+    let set = jwks.json();
+    let kids: Vec<&str> = set["keys"]
+        .as_array()
+        .expect("a JWK Set")
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        kids,
+        [s.signing_kid.as_str(), s.verification_kid.as_str()],
+        "{set}"
+    );
+    assert_eq!(
+        (&set["keys"][0]["kty"], &set["keys"][0]["alg"]),
+        (&Value::from("EC"), &Value::from("ES256"))
+    );
+    // The very document the API listener serves: gateways trust what kubectl users fetch.
+    let from_api = s.api_raw(Some(ADMIN_TOKEN), JWKS).await;
+    assert_eq!(from_api.code, 200);
+    assert_eq!(jwks.body, from_api.body);
+    // Every gateway gets it, whichever its server.
+    assert_eq!(s.sync_raw(Some(B_TOKEN), JWKS).await.body, jwks.body);
+
+    let config = s.sync_raw(Some(A_TOKEN), OPENID_CONFIGURATION).await;
+    assert_eq!(config.code, 200, "{}", config.json());
+    assert_eq!(config.content_type, "application/json");
+    let document = config.json();
+    assert_eq!(document["issuer"], ISSUER, "{document}");
+    // Relative, so it names the JWKS of the listener it was fetched from.
+    assert_eq!(document["jwks_uri"], JWKS, "{document}");
+    assert_eq!(
+        document["id_token_signing_alg_values_supported"],
+        serde_json::json!(["ES256"])
+    );
+    let from_api = s.api_raw(Some(ADMIN_TOKEN), OPENID_CONFIGURATION).await;
+    assert_eq!(from_api.code, 200);
+    assert_eq!(config.body, from_api.body);
+}
+
+#[tokio::test]
+async fn the_token_keys_and_issuer_are_401_without_a_gateway() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    for path in [JWKS, OPENID_CONFIGURATION] {
+        // No Authorization header, an empty bearer, a token of no gateway, a user of the API
+        // listener (not a gateway).
+        for token in [None, Some(""), Some("not-a-gateway"), Some(ADMIN_TOKEN)] {
+            let refused = s.sync_raw(token, path).await;
+            let status = refused.json();
+            assert_eq!(
+                (
+                    refused.code,
+                    status["kind"].as_str(),
+                    status["reason"].as_str()
+                ),
+                (401, Some("Status"), Some("Unauthorized")),
+                "{path} with {token:?}: {status}"
+            );
+            assert!(
+                !String::from_utf8_lossy(&refused.body).contains(&s.signing_kid)
+                    && !String::from_utf8_lossy(&refused.body).contains(ISSUER),
+                "{path} with {token:?}: {status}"
+            );
+        }
+    }
+    // A gateway whose chain broke is refused as well.
+    s.gateways.break_chain(A_TOKEN);
+    assert_eq!(s.sync_raw(Some(A_TOKEN), JWKS).await.code, 401);
+    assert_eq!(s.sync_raw(Some(B_TOKEN), JWKS).await.code, 200);
 }
