@@ -1450,14 +1450,10 @@ pub fn gateway_token_of_a_deployment_the_controllers_did_not_make_is_unauthorize
     let bare_uid = controlled_by("bare")?;
     let mislabel_uid = controlled_by("mislabel")?;
     let wrongsa_uid = controlled_by("wrongsa")?;
+    // The controller reference: (apiVersion, kind, name, uid).
+    type Owner = (String, String, String, String);
     // (what, deployment name, service account, controller, labels for)
-    let cases: [(
-        &str,
-        &str,
-        String,
-        (String, String, String, String),
-        Option<&str>,
-    ); 4] = [
+    let cases: [(&str, &str, String, Owner, Option<&str>); 4] = [
         (
             "another name than the server's",
             "solo-copy",
