@@ -296,11 +296,7 @@ const SYNC_LISTENER: &str = "gateway sync listener";
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     process::init_tracing(cli.log_format);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(run(cli))
+    process::block_on(run(cli))
 }
 
 /// Runs the server until SIGINT/SIGTERM: the first signal drains (readiness false, watches

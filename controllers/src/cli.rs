@@ -50,11 +50,7 @@ pub use process::LogFormat;
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     process::init_tracing(cli.log_format);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(run(cli))
+    process::block_on(run(cli))
 }
 
 /// Serves metrics and probes, campaigns for the leader Lease and, while holding it, runs
@@ -105,7 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         &cli.leader,
         health,
         supervise(workloads, retirement, policies, hosts),
-        shutdown_signal(),
+        process::shutdown_signal(),
     );
     let host_api = async move {
         match host_api {
@@ -117,21 +113,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         ended = serving => ended.context("the metrics listener ended"),
         ended = host_api => ended.context("the Host API listener ended"),
         ended = leading => ended,
-    }
-}
-
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }
 

@@ -106,6 +106,15 @@ pub fn parse_stale_window(raw: &str) -> Result<Duration, String> {
     Ok(window)
 }
 
+/// Parses a positive Go duration (`10s`, `1m30s`): the timeouts of the gateway binaries.
+pub fn parse_positive_duration(raw: &str) -> Result<Duration, String> {
+    let d = apis::duration::parse_go_duration(raw)?.unsigned_abs();
+    if d.is_zero() {
+        return Err("must be positive".into());
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

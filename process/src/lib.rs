@@ -7,6 +7,8 @@ pub mod tls;
 
 use std::path::Path;
 
+use std::future::Future;
+
 use anyhow::Context;
 
 /// Log format of a binary (`--log-format`).
@@ -49,4 +51,30 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
         None => kube::Config::incluster().context("not in a cluster and no --kubeconfig given")?,
     };
     Ok(kube::Client::try_from(config)?)
+}
+
+/// Runs `main` on a multi-threaded runtime: the body of every binary's `main` after its flags
+/// and logging.
+pub fn block_on(main: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(main)
+}
+
+/// Resolves on SIGINT or SIGTERM (only SIGINT where SIGTERM cannot be watched).
+pub async fn shutdown_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
 }

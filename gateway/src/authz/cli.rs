@@ -10,7 +10,7 @@ use clap::{Args, Parser};
 use prometheus_client::registry::Registry;
 
 use super::http::{admin_router, check_router, AuthzMetrics, AuthzState, CheckMode};
-use crate::config::{parse_stale_window, CacheConfig, STALE_WINDOW_ENV};
+use crate::config::{parse_positive_duration, parse_stale_window, CacheConfig, STALE_WINDOW_ENV};
 use crate::credential::{JwksSource, Verifier};
 use crate::proxy::http::parse_public_url;
 use crate::{CacheMetrics, SessionCache};
@@ -50,7 +50,7 @@ pub struct SyncArgs {
     #[arg(long, env = STALE_WINDOW_ENV, default_value = "10m", value_parser = parse_stale_window)]
     pub stale_window: Duration,
     /// `timeoutSeconds` of each watch (Go duration); the watch then resumes where it ended.
-    #[arg(long, env = "GATEWAY_WATCH_TIMEOUT", default_value = "290s", value_parser = parse_positive)]
+    #[arg(long, env = "GATEWAY_WATCH_TIMEOUT", default_value = "290s", value_parser = parse_positive_duration)]
     pub watch_timeout: Duration,
 }
 
@@ -97,14 +97,6 @@ pub struct ServingArgs {
 /// The session header of --trust-session-header when none is named.
 pub const DEFAULT_SESSION_HEADER: &str = "x-mcp-session";
 
-fn parse_positive(raw: &str) -> Result<Duration, String> {
-    let d = apis::duration::parse_go_duration(raw)?.unsigned_abs();
-    if d.is_zero() {
-        return Err("must be positive".into());
-    }
-    Ok(d)
-}
-
 fn parse_header_name(raw: &str) -> Result<http::HeaderName, String> {
     http::HeaderName::from_bytes(raw.as_bytes()).map_err(|e| format!("{raw:?}: {e}"))
 }
@@ -113,11 +105,7 @@ fn parse_header_name(raw: &str) -> Result<http::HeaderName, String> {
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     process::init_tracing(cli.log_format);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(run(cli))
+    process::block_on(run(cli))
 }
 
 /// Starts the cache (and, in token mode, the key source) and serves both listeners until a
@@ -214,7 +202,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut stopped = stopping.subscribe();
     let server =
         axum::serve(listener, check_router(state.clone())).with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            process::shutdown_signal().await;
             let _ = stopping.send(true);
         });
     let admin =
@@ -234,20 +222,4 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             served.context("an HTTP listener failed").map(|_| ())
         }
     }
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
-    tracing::info!("shutting down");
 }

@@ -43,22 +43,15 @@ use crate::credential::{admit, Reason, SessionClaims, Verifier};
 use crate::proxy::auth::{bearer, BearerError};
 use crate::{Decision, SessionCache};
 
-/// The response header carrying the deny reason.
-pub const DENY_REASON_HEADER: &str = "x-mcp-deny-reason";
+use crate::credential::resource::{self, metadata_path};
+pub use crate::credential::resource::{
+    AGENT_HEADER, DENY_REASON_HEADER, METADATA_PATH, SESSION_HEADER, SESSION_UID_HEADER,
+    SUBJECT_HEADER,
+};
 /// Trusted-header mode: no session header on the request.
 pub const SESSION_MISSING: &str = "session_missing";
 /// Trusted-header mode: the session header is not one `<namespace>/<name>` value.
 pub const SESSION_MALFORMED: &str = "session_malformed";
-/// On an allow: the session, `<namespace>/<name>` (the names `mcp-access-gateway` forwards).
-pub const SESSION_HEADER: &str = "x-mcp-access-session";
-/// On an allow: the session's UID.
-pub const SESSION_UID_HEADER: &str = "x-mcp-access-session-uid";
-/// On an allow, when the session names one: its person.
-pub const SUBJECT_HEADER: &str = "x-mcp-access-subject";
-/// On an allow, when the session names one: its agent.
-pub const AGENT_HEADER: &str = "x-mcp-access-agent";
-/// RFC 9728's well-known path of a protected resource's metadata.
-pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
 /// How a check learns which session a request uses.
 #[derive(Clone, Debug)]
@@ -129,7 +122,7 @@ pub fn admin_router(state: AuthzState) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/sessions/{ns}/{name}/revoked", get(revoked));
     if let CheckMode::Token { public_url, .. } = state.mode.as_ref() {
-        router = router.route(&metadata_route(public_url), get(resource_metadata));
+        router = router.route(&metadata_path(public_url), get(resource_metadata));
     }
     router.fallback(any(not_found)).with_state(state)
 }
@@ -181,35 +174,7 @@ async fn resource_metadata(State(app): State<AuthzState>) -> Response {
         .current()
         .map(|set| vec![set.issuer.clone()])
         .unwrap_or_default();
-    Json(serde_json::json!({
-        "resource": public_url,
-        "authorization_servers": issuers,
-        "bearer_methods_supported": ["header"],
-    }))
-    .into_response()
-}
-
-/// `<origin>/.well-known/oauth-protected-resource<path>` (RFC 9728 §3.1).
-pub fn metadata_url(public_url: &str) -> String {
-    let (origin, path) = split_origin(public_url);
-    format!("{origin}{METADATA_PATH}{path}")
-}
-
-/// The admin route of the metadata document: its path part of [`metadata_url`].
-fn metadata_route(public_url: &str) -> String {
-    format!("{METADATA_PATH}{}", split_origin(public_url).1)
-}
-
-/// (`scheme://authority`, the path without a trailing `/`).
-fn split_origin(url: &str) -> (&str, &str) {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    match url[after_scheme..].find('/') {
-        Some(i) => {
-            let (origin, path) = url.split_at(after_scheme + i);
-            (origin, path.trim_end_matches('/'))
-        }
-        None => (url, ""),
-    }
+    Json(resource::metadata_document(public_url, &issuers)).into_response()
 }
 
 /// `<namespace>/<name>` as Kubernetes names them; anything else is malformed.
@@ -229,15 +194,7 @@ fn deny(reason: &'static str, challenge_for: Option<&str>) -> Response {
     resp.headers_mut()
         .insert(DENY_REASON_HEADER, HeaderValue::from_static(reason));
     if let Some(public_url) = challenge_for {
-        let metadata = metadata_url(public_url);
-        let challenge = if reason == Reason::TokenMissing.as_str() {
-            format!("Bearer resource_metadata=\"{metadata}\"")
-        } else {
-            format!(
-                "Bearer resource_metadata=\"{metadata}\", error=\"invalid_token\", error_description=\"{reason}\""
-            )
-        };
-        if let Ok(v) = HeaderValue::from_str(&challenge) {
+        if let Ok(v) = HeaderValue::from_str(&resource::challenge(public_url, reason)) {
             resp.headers_mut()
                 .insert(axum::http::header::WWW_AUTHENTICATE, v);
         }
@@ -392,26 +349,6 @@ mod tests {
         ] {
             assert_eq!(parse_session(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn metadata_urls_follow_rfc_9728() {
-        assert_eq!(
-            metadata_url("http://github.demo.svc:8086"),
-            "http://github.demo.svc:8086/.well-known/oauth-protected-resource"
-        );
-        assert_eq!(
-            metadata_url("https://mcp.example/github/mcp"),
-            "https://mcp.example/.well-known/oauth-protected-resource/github/mcp"
-        );
-        assert_eq!(
-            metadata_route("https://mcp.example/github/mcp"),
-            "/.well-known/oauth-protected-resource/github/mcp"
-        );
-        assert_eq!(
-            metadata_route("http://github.demo.svc:8086"),
-            "/.well-known/oauth-protected-resource"
-        );
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 pub mod claims;
 pub mod jwks;
+pub mod resource;
 pub mod verify;
 
 use std::sync::Arc;

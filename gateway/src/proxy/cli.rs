@@ -15,7 +15,7 @@ use super::serve::{serve, Limits};
 use super::session::Bindings;
 use super::upstream::{parse_upstream, Upstream};
 use crate::authz::cli::SyncArgs;
-use crate::config::CacheConfig;
+use crate::config::{parse_positive_duration, CacheConfig};
 use crate::credential::{JwksSource, Verifier};
 use crate::{CacheMetrics, SessionCache};
 
@@ -56,17 +56,17 @@ pub struct Cli {
     )]
     pub max_connections: usize,
     /// Time a client has to send a request head (Go duration).
-    #[arg(long, env = "MCP_ACCESS_GATEWAY_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive)]
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
     pub header_timeout: Duration,
     /// A connection with no request in flight this long is closed; also bounds how long a
     /// request body may take to arrive.
-    #[arg(long, env = "MCP_ACCESS_GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_positive)]
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_positive_duration)]
     pub idle_timeout: Duration,
     /// Time the upstream has to send a response head (504 after it).
-    #[arg(long, env = "MCP_ACCESS_GATEWAY_UPSTREAM_TIMEOUT", default_value = "60s", value_parser = parse_positive)]
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_UPSTREAM_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration)]
     pub upstream_timeout: Duration,
     /// Time to connect to the upstream (502 after it).
-    #[arg(long, env = "MCP_ACCESS_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_positive)]
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
     pub upstream_connect_timeout: Duration,
     /// Serve `/readyz`, `/metrics` and `/config/status` here instead of on `--listen`.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_ADMIN_LISTEN")]
@@ -76,23 +76,11 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
-fn parse_positive(raw: &str) -> Result<Duration, String> {
-    let d = apis::duration::parse_go_duration(raw)?.unsigned_abs();
-    if d.is_zero() {
-        return Err("must be positive".into());
-    }
-    Ok(d)
-}
-
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     process::init_tracing(cli.log_format);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(run(cli))
+    process::block_on(run(cli))
 }
 
 /// Starts the cache and the key source and serves until a signal (or until the sync task
@@ -189,7 +177,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     tokio::select! {
         ended = sync => anyhow::bail!("the session sync task ended: {ended:?}"),
         ended = key_task => anyhow::bail!("the session token key task ended: {ended:?}"),
-        _ = shutdown_signal() => {}
+        _ = process::shutdown_signal() => {}
     }
     let _ = stopping.send(true);
     let _ = main_server.await;
@@ -197,20 +185,4 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         let _ = admin.await;
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
-    tracing::info!("shutting down");
 }

@@ -32,10 +32,8 @@ use super::upstream::{upstream_headers, Upstream, UpstreamError};
 use crate::credential::{admit, Reason, SessionClaims, Verifier};
 use crate::SessionCache;
 
-/// The response header carrying the deny reason.
-pub const DENY_REASON_HEADER: &str = "x-mcp-deny-reason";
-/// The RFC 9728 path.
-pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+use crate::credential::resource;
+pub use crate::credential::resource::{DENY_REASON_HEADER, METADATA_PATH};
 
 /// Response bodies of the gateway.
 pub type ResponseBody = BoxBody<Bytes, BoxError>;
@@ -84,8 +82,7 @@ impl Gateway {
     /// The URL of the RFC 9728 document for `--public-url` (the path-suffixed form when the
     /// resource has a path, RFC 9728 §3.1).
     pub fn metadata_url(&self) -> String {
-        let (origin, path) = split_origin(&self.public_url);
-        format!("{origin}{METADATA_PATH}{path}")
+        resource::metadata_url(&self.public_url)
     }
 
     /// A 401 for `reason`, with the RFC 6750 challenge.
@@ -100,14 +97,7 @@ impl Gateway {
             StatusCode::UNAUTHORIZED,
             &json!({"error": "invalid_token", "reason": reason.as_str()}),
         );
-        let challenge = match reason {
-            Reason::TokenMissing => format!("Bearer resource_metadata=\"{}\"", self.metadata_url()),
-            r => format!(
-                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
-                self.metadata_url(),
-                r.as_str()
-            ),
-        };
+        let challenge = resource::challenge(&self.public_url, reason.as_str());
         if let Ok(v) = HeaderValue::from_str(&challenge) {
             resp.headers_mut().insert(WWW_AUTHENTICATE, v);
         }
@@ -130,11 +120,7 @@ impl Gateway {
         };
         json_response(
             StatusCode::OK,
-            &json!({
-                "resource": self.public_url,
-                "authorization_servers": servers,
-                "bearer_methods_supported": ["header"],
-            }),
+            &resource::metadata_document(&self.public_url, &servers),
         )
     }
 
@@ -424,18 +410,6 @@ fn single_value(headers: &http::HeaderMap, name: &str) -> Result<Option<String>,
     }
 }
 
-/// `scheme://authority` and the path (without a trailing slash; empty for `/`).
-fn split_origin(url: &str) -> (&str, &str) {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    match url[after_scheme..].find('/') {
-        Some(i) => {
-            let (origin, path) = url.split_at(after_scheme + i);
-            (origin, path.trim_end_matches('/'))
-        }
-        None => (url, ""),
-    }
-}
-
 /// Checks `--public-url`: an absolute http(s) URL with a host, no query or fragment; returned
 /// without a trailing slash.
 pub fn parse_public_url(raw: &str) -> Result<String, String> {
@@ -475,7 +449,5 @@ mod tests {
         ] {
             assert!(parse_public_url(bad).is_err(), "{bad}");
         }
-        assert_eq!(split_origin("http://h:1"), ("http://h:1", ""));
-        assert_eq!(split_origin("https://h/a/b"), ("https://h", "/a/b"));
     }
 }

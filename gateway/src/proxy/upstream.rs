@@ -18,14 +18,9 @@ use hyper_util::rt::TokioExecutor;
 use super::mcp::encode_header_value;
 use crate::credential::SessionClaims;
 
-/// `<namespace>/<name>` of the AccessSession.
-pub const SESSION_HEADER: &str = "x-mcp-access-session";
-/// The AccessSession's uid.
-pub const SESSION_UID_HEADER: &str = "x-mcp-access-session-uid";
-/// The person the session names (absent when it names none).
-pub const SUBJECT_HEADER: &str = "x-mcp-access-subject";
-/// The agent the session names (absent when it names none).
-pub const AGENT_HEADER: &str = "x-mcp-access-agent";
+pub use crate::credential::resource::{
+    AGENT_HEADER, SESSION_HEADER, SESSION_UID_HEADER, SUBJECT_HEADER,
+};
 /// The prefix no client may send.
 const IDENTITY_PREFIX: &str = "x-mcp-access-";
 
