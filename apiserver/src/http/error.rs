@@ -168,29 +168,7 @@ impl ApiError {
     /// 422 Invalid for a `TokenRequest` with bad fields, as kube-apiserver words it.
     pub fn invalid_token_request(name: &str, errors: &[FieldError]) -> Self {
         use apis::session_token::{TOKEN_REQUEST_GROUP, TOKEN_REQUEST_KIND};
-        let causes = errors
-            .iter()
-            .map(|e| StatusCause {
-                reason: Some(e.kind.cause_type().to_string()),
-                message: Some(e.message.clone()),
-                field: Some(e.field.clone()),
-            })
-            .collect();
-        Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            format!(
-                "{TOKEN_REQUEST_KIND}.{TOKEN_REQUEST_GROUP} {name:?} is invalid: {}",
-                apis::validation::join_errors(errors)
-            ),
-        )
-        .with_details(StatusDetails {
-            name: Some(name.to_string()),
-            group: Some(TOKEN_REQUEST_GROUP.to_string()),
-            kind: Some(TOKEN_REQUEST_KIND.to_string()),
-            causes: Some(causes),
-            ..Default::default()
-        })
+        Self::invalid_kind(TOKEN_REQUEST_KIND, TOKEN_REQUEST_GROUP, name, errors)
     }
 
     /// 422 Invalid for request parameters (not an object's fields).
@@ -200,6 +178,11 @@ impl ApiError {
 
     /// 422 Invalid with one cause per field error.
     pub fn invalid(resource: &ResourceInfo, name: &str, errors: &[FieldError]) -> Self {
+        Self::invalid_kind(resource.kind, apis::GROUP, name, errors)
+    }
+
+    /// 422 Invalid of `kind.group` `name`, one cause per field error.
+    fn invalid_kind(kind: &str, group: &str, name: &str, errors: &[FieldError]) -> Self {
         let causes = errors
             .iter()
             .map(|e| StatusCause {
@@ -212,16 +195,14 @@ impl ApiError {
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
             format!(
-                "{}.{} {name:?} is invalid: {}",
-                resource.kind,
-                apis::GROUP,
+                "{kind}.{group} {name:?} is invalid: {}",
                 apis::validation::join_errors(errors)
             ),
         )
         .with_details(StatusDetails {
             name: Some(name.to_string()),
-            group: Some(apis::GROUP.to_string()),
-            kind: Some(resource.kind.to_string()),
+            group: Some(group.to_string()),
+            kind: Some(kind.to_string()),
             causes: Some(causes),
             ..Default::default()
         })
