@@ -129,8 +129,8 @@ impl NetworkProtocol {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerNetwork {
-    /// Further pods allowed to reach the server port (its own gateway and the granted hosts
-    /// always are).
+    /// Further pods allowed to reach the server's gateway port (the granted hosts always are;
+    /// nothing reaches the MCP container itself).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress_from: Vec<PodPeer>,
     /// In-cluster destinations the server may reach. DNS is always allowed alongside.
@@ -192,7 +192,7 @@ pub struct ResolvedEgress {
 }
 
 /// Which MCPServers a group of hosts may use: the NetworkPolicy layer L2 opens exactly these
-/// routes (host pods → server pods on the server port) and nothing else.
+/// routes (host pods → server pods on the gateway port) and nothing else.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "mcp-runtime.dev",

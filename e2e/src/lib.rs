@@ -531,7 +531,7 @@ impl LocalCluster {
             .args(["--identity", name])
             .args(["--metrics-port", &metrics_port.to_string()])
             // Never pulled: the local cluster has no kubelet, Pods stay Pending.
-            .args(["--gateway-image", "mcp-access-authz:local"])
+            .args(["--gateway-image", "mcp-access-gateway:local"])
             .args(["--gateway-sync-url", &self.sync_url()])
             .arg("--gateway-sync-ca-file")
             .arg(self.sync_ca())

@@ -599,7 +599,7 @@ fn run_to_exit(c: &LocalCluster, args: &[String]) -> Result<(bool, String), Stri
         .args(["--identity", "host-api-config"])
         .args(["--lease-name", "host-api-config"])
         .args(["--metrics-port", &free_port()?.to_string()])
-        .args(["--gateway-image", "mcp-access-authz:local"])
+        .args(["--gateway-image", "mcp-access-gateway:local"])
         .args(["--gateway-sync-url", &c.sync_url()])
         .arg("--gateway-sync-ca-file")
         .arg(c.sync_ca())
