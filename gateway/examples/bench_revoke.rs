@@ -117,6 +117,9 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let log = std::fs::File::create(cluster.dir.join("logs/authz-bench.log"))?;
     let sidecar = Sidecar(
         Command::new(need("MCP_ACCESS_AUTHZ_BIN")?)
@@ -126,6 +129,9 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
             .arg("--token-file")
             .arg(&token_file)
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            // The cache's revoke-to-deny, by session name: no token needed for what is measured.
+            .arg("--trust-session-header")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -136,7 +142,13 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let result = rt.block_on(run(cluster, args, &chain.server_uid, &token_file, port));
+    let result = rt.block_on(run(
+        cluster,
+        args,
+        &chain.server_uid,
+        &token_file,
+        (port, admin_port),
+    ));
     drop(sidecar);
     result
 }
@@ -164,7 +176,7 @@ async fn run(
     args: &Args,
     server_uid: &str,
     token_file: &std::path::Path,
-    port: u16,
+    (port, admin_port): (u16, u16),
 ) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig)?;
@@ -178,10 +190,11 @@ async fn run(
     let revocations: Api<Revocation> = Api::namespaced(client, NS);
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
+    let admin = format!("http://127.0.0.1:{admin_port}");
 
     let deadline = Instant::now() + Duration::from_secs(60);
     while !http
-        .get(format!("{base}/readyz"))
+        .get(format!("{admin}/readyz"))
         .send()
         .await
         .is_ok_and(|r| r.status() == 200)
@@ -257,7 +270,7 @@ async fn run(
                     bail!("{name} was never allowed");
                 }
             }
-            let poll_url = format!("{base}/v1/sessions/{NS}/{name}/revoked");
+            let poll_url = format!("{admin}/v1/sessions/{NS}/{name}/revoked");
             let poll_client = http.clone();
             let poll = tokio::spawn(async move {
                 let resp = poll_client.get(poll_url).send().await?;
