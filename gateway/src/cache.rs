@@ -11,9 +11,10 @@
 //!   the first retry after an auth failure without delay (the token file is read again);
 //! - any other failure keeps the snapshot, which then ages out through the stale window.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ use crate::client;
 use crate::config::{CacheConfig, Clock};
 use crate::decision::{evaluate, expires_at, Decision, DenyReason};
 use crate::metrics::CacheMetrics;
-use crate::state::{Lookup, State};
+use crate::state::{Key, Lookup, State};
 
 /// A session cache. Cheap to clone; every clone shares one snapshot.
 #[derive(Clone)]
@@ -72,8 +73,13 @@ pub struct SyncStatus {
 
 pub(crate) struct Shared {
     state: RwLock<State>,
-    /// The state's generation after each change subscribers must see.
+    /// The state's generation after each change every subscriber must see: a new snapshot,
+    /// authority dropped or regained.
     changes: watch::Sender<u64>,
+    /// Per session, the generation after each change of that session alone (a watch event):
+    /// only its own subscribers wake, so one revocation of many sessions costs each open
+    /// stream one wake-up, not one per revoked session. Entries live while subscribed.
+    session_changes: Mutex<HashMap<Key, watch::Sender<u64>>>,
     /// Bumped when a request outside the sync loop (get-on-miss) dropped authority, so the
     /// loop abandons its watch and relists.
     invalidated: watch::Sender<u64>,
@@ -123,6 +129,51 @@ impl Shared {
             self.changes.send_replace(after);
         }
         result
+    }
+
+    /// [`Shared::update`] for a change of the session `key` alone: wakes that session's
+    /// subscribers, and everyone only when authority was regained.
+    fn update_session<R>(&self, key: Key, f: impl FnOnce(&mut State) -> R) -> R {
+        let now = Instant::now();
+        let mut st = self.write();
+        let before = st.generation();
+        let had_authority = st.authority(now, self.window).is_ok();
+        let result = f(&mut st);
+        let after = st.generation();
+        let regained = !had_authority && st.authority(now, self.window).is_ok();
+        drop(st);
+        if regained {
+            self.changes.send_replace(after);
+        } else if after != before {
+            let mut subscribed = self.session_changes();
+            if let Some(sender) = subscribed.get(&key) {
+                if sender.receiver_count() == 0 {
+                    subscribed.remove(&key);
+                } else {
+                    sender.send_replace(after);
+                }
+            }
+        }
+        result
+    }
+
+    fn session_changes(&self) -> std::sync::MutexGuard<'_, HashMap<Key, watch::Sender<u64>>> {
+        self.session_changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receiver of `key`'s own changes (see [`Shared::session_changes`]).
+    fn subscribe_session(&self, key: Key) -> watch::Receiver<u64> {
+        let mut subscribed = self.session_changes();
+        // Entries of sessions nobody watches any more go as the map doubles (amortized O(1)).
+        if subscribed.len() >= 64 && subscribed.len().is_power_of_two() {
+            subscribed.retain(|_, sender| sender.receiver_count() > 0);
+        }
+        subscribed
+            .entry(key)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
     }
 
     pub(crate) fn sync_age_seconds(&self) -> f64 {
@@ -193,6 +244,7 @@ impl SessionCache {
         let shared = Arc::new(Shared {
             state: RwLock::new(State::new()),
             changes: watch::channel(0).0,
+            session_changes: Mutex::new(HashMap::new()),
             invalidated: watch::channel(0).0,
             client,
             window: config.stale_window,
@@ -313,9 +365,11 @@ impl SessionCache {
         let cache = self.clone();
         let (ns, name) = (ns.to_string(), name.to_string());
         let mut changes = self.shared.changes.subscribe();
+        let mut own_changes = self.shared.subscribe_session((ns.clone(), name.clone()));
         async move {
             loop {
                 changes.borrow_and_update();
+                own_changes.borrow_and_update();
                 let now = (cache.shared.clock)();
                 let (decision, session) = cache.decide(&ns, &name, now).await;
                 if let Decision::Deny(reason) = decision {
@@ -340,6 +394,11 @@ impl SessionCache {
                 };
                 tokio::select! {
                     changed = changes.changed() => {
+                        if changed.is_err() {
+                            return DenyReason::SyncNotReady;
+                        }
+                    }
+                    changed = own_changes.changed() => {
                         if changed.is_err() {
                             return DenyReason::SyncNotReady;
                         }
@@ -534,13 +593,16 @@ fn apply(shared: &Shared, event: WatchEvent<AccessSession>) -> After {
     let now = Instant::now();
     match event {
         WatchEvent::Added(s) | WatchEvent::Modified(s) => {
-            if let Some(revoked_at) = shared.update(|st| st.upsert(s, now)) {
+            let key = crate::state::key_of(&s);
+            if let Some(revoked_at) = shared.update_session(key, |st| st.upsert(s, now)) {
                 shared
                     .metrics
                     .revocation_applied(revoked_at, (shared.clock)());
             }
         }
-        WatchEvent::Deleted(s) => shared.update(|st| st.remove(&s, now)),
+        WatchEvent::Deleted(s) => {
+            shared.update_session(crate::state::key_of(&s), |st| st.remove(&s, now))
+        }
         WatchEvent::Bookmark(b) => {
             shared.update(|st| st.bookmark(Some(b.metadata.resource_version), now));
         }

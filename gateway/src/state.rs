@@ -92,7 +92,7 @@ fn newly_revoked(held: Option<&Arc<AccessSession>>, next: &AccessSession) -> Opt
         .map(|r| r.revoked_at.0)
 }
 
-fn key_of(s: &AccessSession) -> Key {
+pub(crate) fn key_of(s: &AccessSession) -> Key {
     (
         s.metadata.namespace.clone().unwrap_or_default(),
         s.metadata.name.clone().unwrap_or_default(),
