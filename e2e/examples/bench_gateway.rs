@@ -443,7 +443,7 @@ async fn stream_cut(
     tokens: &[String],
     subject: &str,
     revocation: &str,
-) -> Result<Vec<f64>> {
+) -> Result<(Instant, Vec<f64>)> {
     let client = reqwest::Client::builder()
         .http1_only()
         .tcp_nodelay(true)
@@ -510,10 +510,95 @@ async fn stream_cut(
             .context("a stream outlived its session's revocation by 30 s")??;
     }
     let ends = ends.lock().map(|e| e.clone()).unwrap_or_default();
-    Ok(ends
-        .iter()
-        .map(|end| end.saturating_duration_since(answered).as_secs_f64() * 1000.0)
-        .collect())
+    Ok((
+        answered,
+        ends.iter()
+            .map(|end| end.saturating_duration_since(answered).as_secs_f64() * 1000.0)
+            .collect(),
+    ))
+}
+
+/// A second watcher of the gateway's own feed (the sync listener, with the gateway's Pod
+/// token): when the first and the last of `expect` sessions of `subject` arrived revoked, so
+/// the apiserver's delivery can be told apart from the gateway's fan-out.
+struct Probe {
+    task: tokio::task::JoinHandle<Result<(Instant, Instant)>>,
+}
+
+impl Probe {
+    async fn start(c: &LocalCluster, token: &str, subject: &str, expect: usize) -> Result<Self> {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(c.sync_ca())?)?;
+        let client = reqwest::Client::builder()
+            .add_root_certificate(ca)
+            .build()?;
+        let url = format!("{}{GROUP}/accesssessions", c.sync_url());
+        let list: Value = client
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let rv = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let mut response = client
+            .get(format!(
+                "{url}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}"
+            ))
+            .bearer_auth(token)
+            .send()
+            .await?
+            .error_for_status()?;
+        let subject = subject.to_string();
+        let task = tokio::spawn(async move {
+            let (mut first, mut seen, mut buf) = (None, 0usize, Vec::new());
+            while let Some(chunk) = response.chunk().await? {
+                buf.extend_from_slice(&chunk);
+                while let Some(at) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=at).collect();
+                    let Ok(event) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    let o = &event["object"];
+                    if o["spec"]["subject"]["user"] == subject.as_str()
+                        && o["status"]["phase"] == "Revoked"
+                    {
+                        let now = Instant::now();
+                        let first = *first.get_or_insert(now);
+                        seen += 1;
+                        if seen == expect {
+                            return Ok((first, now));
+                        }
+                    }
+                }
+            }
+            bail!("the probe's watch ended after {seen} of {expect} revoked sessions")
+        });
+        Ok(Self { task })
+    }
+}
+
+/// (sum, count) of the gateway's `mcp_gateway_stream_cut_seconds` (the cache saw the session
+/// unusable -> the stream ended).
+async fn gateway_means(gateway_mcp_url: &str) -> Result<(f64, f64)> {
+    let base = gateway_mcp_url.trim_end_matches("/mcp");
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await?
+        .text()
+        .await?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        value("mcp_gateway_stream_cut_seconds_sum"),
+        value("mcp_gateway_stream_cut_seconds_count"),
+    ))
 }
 
 fn row(figure: &str, values: &[String]) {
@@ -599,6 +684,7 @@ async fn main() -> Result<()> {
     let conc = concurrent(&targets, args.requests, args.concurrency, &token).await?;
 
     let mut cuts = Vec::new();
+    let mut breakdown = Vec::new();
     for &count in &args.streams {
         let trials = if count == 1 { args.trials } else { 1 };
         eprintln!("revoke -> stream cut: {count} stream(s), {trials} trial(s)");
@@ -618,16 +704,43 @@ async fn main() -> Result<()> {
             }
             // The gateway learns of new sessions through its watch.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            all.extend(
-                stream_cut(
-                    &kube,
-                    &gateway.url(),
-                    &tokens,
-                    &subject,
-                    &format!("rvk-{count}-{trial}"),
-                )
-                .await?,
-            );
+            let before = gateway_means(&gateway.url()).await?;
+            let probe = if count > 1 {
+                Some(Probe::start(c, &pod_token, &subject, count).await?)
+            } else {
+                None
+            };
+            let (answered, ends) = stream_cut(
+                &kube,
+                &gateway.url(),
+                &tokens,
+                &subject,
+                &format!("rvk-{count}-{trial}"),
+            )
+            .await?;
+            if let Some(probe) = probe {
+                // Where the time went: a second watcher of the feed, and the gateway's own
+                // histogram of cache -> stream end, over this trial.
+                let after = gateway_means(&gateway.url()).await?;
+                let (sum, n) = (after.0 - before.0, after.1 - before.1);
+                let cut_mean = if n > 0.0 { sum / n * 1000.0 } else { f64::NAN };
+                let (first, last) = ends
+                    .iter()
+                    .fold((f64::MAX, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let (fed_first, fed_last) =
+                    tokio::time::timeout(Duration::from_secs(30), probe.task).await???;
+                let ms = |t: Instant| {
+                    (t.saturating_duration_since(answered).as_secs_f64()
+                        - answered.saturating_duration_since(t).as_secs_f64())
+                        * 1000.0
+                };
+                breakdown.push(format!(
+                    "{count} streams, ms after the 201: a second watcher of the feed got the first revoked session at {:.1} and the last at {:.1}; the streams ended from {first:.1} to {last:.1}; the gateway's mean cache -> stream end {cut_mean:.1}",
+                    ms(fed_first),
+                    ms(fed_last),
+                ));
+            }
+            all.extend(ends);
         }
         cuts.push((count, p50_p99(all)));
     }
@@ -673,6 +786,9 @@ async fn main() -> Result<()> {
             &format!("revoke -> stream cut, {count} stream(s)"),
             &[format!("p50 {p50:.1}"), format!("p99 {p99:.1}")],
         );
+    }
+    for line in &breakdown {
+        println!("  {line}");
     }
     let gw_overhead_p99 = p50_p99(seq[1].clone()).1 - p50_p99(seq[0].clone()).1;
     let nginx_overhead_p99 = p50_p99(seq[2].clone()).1 - p50_p99(seq[0].clone()).1;

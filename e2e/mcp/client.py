@@ -1,6 +1,7 @@
 """An MCP client built only with the official Python SDK (`mcp` 2.3): `mcp.Client` over the
 SDK's Streamable HTTP transport, with a bearer token, in `mode="legacy"` (initialize handshake)
-or `mode="2026-07-28"` (no handshake). Used by e2e/tests/cluster/mcp_gateway.rs against
+or `mode="2026-07-28"` (no handshake); or, with `--transport sse`, over the SDK's legacy
+HTTP+SSE transport (`sse_client`, `--url` the GET /sse endpoint; initialize handshake). Used by e2e/tests/cluster/mcp_gateway.rs against
 `mcp-access-gateway` and by hand against e2e/mcp/upstream.py.
 
 Scenarios (`--scenario`):
@@ -34,6 +35,7 @@ from mcp.client.auth.utils import (
     extract_resource_metadata_from_www_auth,
     handle_protected_resource_response,
 )
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -78,6 +80,22 @@ def http_client(token: str | None, errors: HttpErrors) -> httpx2.AsyncClient:
         timeout=httpx2.Timeout(30.0, read=300.0),
         event_hooks={"response": [errors]},
     )
+
+
+def sse_transport(url: str, token: str | None, errors: HttpErrors) -> Any:
+    """The SDK's legacy HTTP+SSE client transport, its HTTP client recording errors as above."""
+
+    def factory(
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+    ) -> httpx2.AsyncClient:
+        client = http_client(token, errors)
+        if headers:
+            client.headers.update(headers)
+        return client
+
+    return sse_client(url, timeout=30.0, sse_read_timeout=300.0, httpx_client_factory=factory)
 
 
 def tool_text(result: Any) -> str:
@@ -149,6 +167,7 @@ async def main() -> int:
     parser.add_argument("--url", required=True, help="the MCP endpoint, e.g. http://127.0.0.1:PORT/mcp")
     parser.add_argument("--token-file", help="file holding the bearer token (none: no Authorization header)")
     parser.add_argument("--mode", default="legacy", help='"legacy" or a modern version such as "2026-07-28"')
+    parser.add_argument("--transport", default="streamable-http", choices=["streamable-http", "sse"])
     parser.add_argument("--scenario", default="basic", choices=["basic", "count", "prm"])
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--delay-ms", type=int, default=50)
@@ -159,7 +178,12 @@ async def main() -> int:
         with open(args.token_file, encoding="utf-8") as f:
             token = f.read().strip()
 
-    out: dict[str, Any] = {"kind": "result", "mode": args.mode, "scenario": args.scenario}
+    out: dict[str, Any] = {
+        "kind": "result",
+        "mode": args.mode,
+        "scenario": args.scenario,
+        "transport": args.transport,
+    }
     if args.scenario == "prm":
         await run_prm(args.url, token, out)
         out["ok"] = "metadata" in out
@@ -169,7 +193,10 @@ async def main() -> int:
     errors = HttpErrors()
     try:
         async with http_client(token, errors) as http:
-            transport = streamable_http_client(args.url, http_client=http)
+            if args.transport == "sse":
+                transport = sse_transport(args.url, token, errors)
+            else:
+                transport = streamable_http_client(args.url, http_client=http)
             async with Client(transport, mode=args.mode, read_timeout_seconds=120) as client:
                 if args.scenario == "basic":
                     await run_basic(client, out)

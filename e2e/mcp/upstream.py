@@ -7,7 +7,8 @@ Tools:
                                 whether an Authorization header reached this server (it must not)
   count(n, delay_ms)         -> "counted N", after N progress notifications `delay_ms` apart
 
-Served over Streamable HTTP at /mcp on 127.0.0.1, on a port the kernel picks: the socket is
+Served over Streamable HTTP at /mcp and over the legacy HTTP+SSE transport (2024-11-05) at
+/sse with messages posted to /messages/, on 127.0.0.1, on a port the kernel picks: the socket is
 bound here and handed to uvicorn, and its address is printed to stdout as one line,
 `mcp-upstream listening on 127.0.0.1:PORT`, once bound.
 """
@@ -68,6 +69,8 @@ def main() -> None:
     host, port = sock.getsockname()
 
     app = mcp.streamable_http_app(host="127.0.0.1")
+    # The SDK's legacy transport beside it: its routes need no lifespan of their own.
+    app.router.routes.extend(mcp.sse_app(host="127.0.0.1").routes)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     print(f"mcp-upstream listening on {host}:{port}", flush=True)

@@ -36,6 +36,9 @@ pub enum Sdk {
     PythonLegacy,
     /// `mcp.Client(..., mode="2026-07-28")`: no handshake, the 2026-07-28 protocol.
     Python2026,
+    /// `mcp.Client(..., mode="legacy")` over the SDK's legacy HTTP+SSE transport
+    /// (`sse_client`: `GET /sse`, messages posted to the URL of its `endpoint` event).
+    PythonSse,
     /// `@modelcontextprotocol/sdk`'s `Client` over `StreamableHTTPClientTransport`.
     TypeScript,
 }
@@ -46,14 +49,15 @@ impl Sdk {
         match self {
             Sdk::PythonLegacy => "python mode=legacy",
             Sdk::Python2026 => "python mode=2026-07-28",
+            Sdk::PythonSse => "python HTTP+SSE",
             Sdk::TypeScript => "typescript",
         }
     }
 
-    /// The SDKs this environment has: both Python modes always, TypeScript when
+    /// The SDKs this environment has: the Python ones always, TypeScript when
     /// `MCP_ACCESS_MCP_NODE_DIR` is set.
     pub fn available() -> Vec<Sdk> {
-        let mut all = vec![Sdk::PythonLegacy, Sdk::Python2026];
+        let mut all = vec![Sdk::PythonLegacy, Sdk::Python2026, Sdk::PythonSse];
         if std::env::var_os("MCP_ACCESS_MCP_NODE_DIR").is_some() {
             all.push(Sdk::TypeScript);
         }
@@ -63,16 +67,19 @@ impl Sdk {
     fn command(self) -> Result<Command> {
         let dir = crate::repo_root().join("e2e/mcp");
         Ok(match self {
-            Sdk::PythonLegacy | Sdk::Python2026 => {
+            Sdk::PythonLegacy | Sdk::Python2026 | Sdk::PythonSse => {
                 let mut cmd = Command::new(python()?);
                 cmd.arg(dir.join("client.py")).args([
                     "--mode",
-                    if self == Sdk::PythonLegacy {
-                        "legacy"
-                    } else {
+                    if self == Sdk::Python2026 {
                         "2026-07-28"
+                    } else {
+                        "legacy"
                     },
                 ]);
+                if self == Sdk::PythonSse {
+                    cmd.args(["--transport", "sse"]);
+                }
                 cmd
             }
             Sdk::TypeScript => {
@@ -455,7 +462,13 @@ pub fn spawn_client(
     let id = uuid::Uuid::new_v4().simple().to_string();
     let log = dir.join(format!("{id}.log"));
     let mut cmd = sdk.command()?;
-    cmd.args(["--url", url, "--scenario", scenario]).args(extra);
+    // The legacy transport starts at the server's SSE endpoint, beside the MCP endpoint.
+    let url = match (sdk, url.strip_suffix("/mcp")) {
+        (Sdk::PythonSse, Some(base)) => format!("{base}/sse"),
+        _ => url.to_string(),
+    };
+    cmd.args(["--url", &url, "--scenario", scenario])
+        .args(extra);
     if let Some(token) = token {
         let file = dir.join(format!("{id}.token"));
         std::fs::write(&file, token)?;

@@ -26,7 +26,9 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 /// The upstream: `POST /mcp` echoes the headers it got (and assigns an `Mcp-Session-Id` to
 /// `initialize`); a body with method `stream` is answered with an SSE stream that sends one
-/// event and stays open; `/hang` never answers.
+/// event and stays open, and `flood` with an endless stream of 64 KiB events; `/hang` never
+/// answers. The legacy HTTP+SSE transport: `GET /sse` announces
+/// `/messages/?session_id=L1` and stays open; `POST /messages/` is 202.
 async fn upstream() -> SocketAddr {
     async fn mcp(headers: HeaderMap, body: Bytes) -> Response {
         let msg: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -34,6 +36,18 @@ async fn upstream() -> SocketAddr {
             .iter()
             .map(|(k, v)| (k.as_str().to_string(), json!(v.to_str().unwrap_or(""))))
             .collect();
+        if msg["method"] == "flood" {
+            let event = Bytes::from(format!(
+                "event: message\ndata: \"{}\"\n\n",
+                "x".repeat(64 * 1024)
+            ));
+            let stream = futures::stream::repeat_with(move || Ok::<_, Infallible>(event.clone()));
+            return (
+                [("content-type", "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response();
+        }
         if msg["method"] == "stream" {
             let first = format!(
                 "event: message\ndata: {}\n\n",
@@ -60,8 +74,23 @@ async fn upstream() -> SocketAddr {
         std::future::pending::<()>().await;
         StatusCode::OK
     }
+    async fn sse() -> Response {
+        let endpoint = Bytes::from_static(b"event: endpoint\ndata: /messages/?session_id=L1\n\n");
+        let stream = futures::stream::iter([Ok::<_, Infallible>(endpoint)])
+            .chain(futures::stream::pending());
+        (
+            [("content-type", "text/event-stream")],
+            Body::from_stream(stream),
+        )
+            .into_response()
+    }
+    async fn messages() -> StatusCode {
+        StatusCode::ACCEPTED
+    }
     let app = Router::new()
         .route("/mcp", post(mcp))
+        .route("/sse", axum::routing::get(sse))
+        .route("/messages/", post(messages))
         .route("/hang", any(hang));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -148,8 +177,10 @@ impl Gateway {
         }
     }
 
+    /// What it wrote: stderr, then its log lines (stdout).
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+            + &std::fs::read_to_string(self._dir.join("stdout.log")).unwrap_or_default()
     }
 
     async fn ready(&self) {
@@ -591,4 +622,279 @@ async fn bounded_bodies_header_checks_and_upstream_failures() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--public-url"));
+}
+
+/// The legacy HTTP+SSE transport: the transport session its `endpoint` event announces is held
+/// to the AccessSession that opened the stream; a revocation ends the stream with an error for
+/// each request posted on it and still unanswered.
+#[tokio::test]
+async fn a_legacy_sse_stream_is_bound_to_its_session() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "gina", SERVER_UID, HOUR).await;
+    server.create_session(NS, "hank", SERVER_UID, HOUR).await;
+    let gw = Gateway::start(&server, &format!("http://{up}"), &[]);
+    gw.ready().await;
+    let gina = server.mint_token(NS, "gina").await;
+    let hank = server.mint_token(NS, "hank").await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .get(format!("{}/sse", gw.base))
+        .bearer_auth(&gina)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        std::str::from_utf8(&first)
+            .unwrap()
+            .contains("session_id=L1"),
+        "the endpoint event passes as it is"
+    );
+    let post = |token: &str, query: &str, body: Value| {
+        http.post(format!("{}/messages/?{query}", gw.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let call = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow"}});
+    // Another AccessSession may not post into gina's stream.
+    let resp = post(&hank, "session_id=L1", ping(1)).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = post(&gina, "session_id=L1&sessionId=L2", ping(1))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400, "a transport session named twice");
+    assert_eq!(
+        post(&gina, "session_id=L1", call).await.unwrap().status(),
+        202
+    );
+    assert_eq!(
+        post(
+            &gina,
+            "session_id=L1",
+            json!({"jsonrpc":"2.0","method":"notifications/initialized"})
+        )
+        .await
+        .unwrap()
+        .status(),
+        202
+    );
+
+    server.revoke(NS, "gina").await;
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = stream.next().await {
+            rest.extend_from_slice(&chunk.expect("the stream ends cleanly"));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the legacy stream was not cut");
+    let text = String::from_utf8(rest).unwrap();
+    let errors: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(errors.len(), 1, "one error per owed request: {text:?}");
+    assert_eq!(
+        errors[0]["id"], 7,
+        "the posted tools/call is answered: {text:?}"
+    );
+    assert_eq!(errors[0]["error"]["data"]["reason"], "session_revoked");
+    // The transport session stays another's for hank, and gina's token is refused.
+    assert_eq!(
+        post(&hank, "session_id=L1", ping(2))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let resp = post(&gina, "session_id=L1", ping(3)).await.unwrap();
+    assert_eq!(denial(resp).await.1, "session_revoked");
+}
+
+/// The listener's limits, as a client sees them: a head that never completes and a silent
+/// connection are closed after `--header-timeout`; an idle keep-alive connection after
+/// `--idle-timeout`; past `--max-connections` a connection waits until one closes; and a
+/// client that never reads cannot hold a revoked stream open: its connection is aborted.
+#[tokio::test]
+async fn connection_limits_and_a_client_that_never_reads() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "ivy", SERVER_UID, HOUR).await;
+    let gw = Gateway::start(
+        &server,
+        &format!("http://{up}"),
+        &[
+            "--header-timeout",
+            "1s",
+            "--idle-timeout",
+            "2s",
+            "--max-connections",
+            "3",
+        ],
+    );
+    gw.ready().await;
+    let ivy = server.mint_token(NS, "ivy").await;
+    let addr = gw.base.strip_prefix("http://").unwrap().to_string();
+
+    /// Reads until the peer closes; how long that took (None: still open after `limit`).
+    async fn closed_within(conn: &mut TcpStream, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(limit, async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return started.elapsed(),
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+
+    // A head that never completes, and a connection that says nothing: closed after ~1 s.
+    let mut partial = TcpStream::connect(&addr).await.unwrap();
+    partial
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut silent = TcpStream::connect(&addr).await.unwrap();
+    let took = closed_within(&mut partial, Duration::from_secs(10)).await;
+    assert!(
+        took.is_some(),
+        "a partial head held its connection for 10 s"
+    );
+    let took = closed_within(&mut silent, Duration::from_secs(10)).await;
+    assert!(took.is_some(), "a silent connection was held for 10 s");
+
+    // An idle keep-alive connection: one request answered, then closed after ~2 s of nothing.
+    let body = ping(1).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ivy}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(request.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 4096];
+    let n = idle.read(&mut head).await.unwrap();
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head[..n])
+    );
+    let took = closed_within(&mut idle, Duration::from_secs(15)).await;
+    assert!(took.is_some(), "an idle connection was held for 15 s");
+
+    // The cap: three connections held open by streams, a fourth waits for one of them.
+    let mut held = Vec::new();
+    for id in 0..3 {
+        let resp_body = json!({"jsonrpc":"2.0","id":id,"method":"stream"}).to_string();
+        let mut conn = TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ivy}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{resp_body}",
+                resp_body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let n = conn.read(&mut head).await.unwrap();
+        assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(conn);
+    }
+    let fourth = {
+        let http = reqwest::Client::new();
+        let url = format!("{}/mcp", gw.base);
+        let ivy = ivy.clone();
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(ivy)
+                .json(&ping(9))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !fourth.is_finished(),
+        "a fourth connection was served past the cap of 3"
+    );
+    drop(held.pop());
+    let status = tokio::time::timeout(Duration::from_secs(10), fourth)
+        .await
+        .expect("the fourth connection is served once one closes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200);
+    drop(held);
+
+    // A client that never reads a flooding stream: after the revocation the gateway cannot
+    // write the closing event, so it aborts the connection.
+    let open_streams = || async {
+        let text = reqwest::get(format!("{}/metrics", gw.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("mcp_gateway_open_streams "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the held streams are gone",
+        || async { open_streams().await == 0.0 },
+    )
+    .await;
+    let flood = json!({"jsonrpc":"2.0","id":5,"method":"flood"}).to_string();
+    let mut stuck = TcpStream::connect(&addr).await.unwrap();
+    stuck
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ivy}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{flood}",
+                flood.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // Positive control: the stream is open (and, unread, fills the socket buffers).
+    eventually(
+        Duration::from_secs(10),
+        "the flood stream is open",
+        || async { open_streams().await == 1.0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.revoke(NS, "ivy").await;
+    eventually(
+        Duration::from_secs(5),
+        "the unread stream's connection is aborted",
+        || async { open_streams().await == 0.0 },
+    )
+    .await;
+    assert!(
+        gw.log()
+            .contains("a cut stream was not read; aborting its connection"),
+        "the abort path was not taken:\n{}",
+        gw.log()
+    );
+    drop(stuck);
 }

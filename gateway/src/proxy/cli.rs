@@ -116,6 +116,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.upstream_timeout,
         ),
         bindings: Bindings::new(65_536, Duration::from_secs(24 * 3600)),
+        legacy_streams: Default::default(),
         metrics,
         registry,
         public_url: cli.public_url.clone(),

@@ -20,9 +20,13 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::legacy::{EndpointScan, Owed};
 use super::metrics::ProxyMetrics;
 use super::sse::SseFramer;
 use crate::credential::Reason;
+
+/// What a legacy `endpoint` event is reported to.
+pub type OnEndpoint = Arc<dyn Fn(&str) -> Arc<Owed> + Send + Sync>;
 
 /// Boxed errors of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,6 +42,9 @@ pub struct CutContext {
     pub abort_connection: Arc<Notify>,
     /// Called once with the reason when the session stops being usable.
     pub on_cut: Arc<dyn Fn(Reason) + Send + Sync>,
+    /// For a GET SSE stream: called with the transport session its legacy HTTP+SSE
+    /// `endpoint` event announces (see [`super::legacy`]); returns what the stream owes.
+    pub on_endpoint: Option<OnEndpoint>,
 }
 
 struct Shared {
@@ -49,6 +56,10 @@ struct Shared {
 pub struct CutBody {
     inner: Incoming,
     framer: Option<SseFramer>,
+    /// Reading a GET stream's first events for a legacy `endpoint` event.
+    endpoint: Option<(EndpointScan, OnEndpoint)>,
+    /// The answers a legacy stream owes, once its endpoint event was seen.
+    owed: Option<Arc<Owed>>,
     ids: Vec<Value>,
     cut: oneshot::Receiver<(Reason, Instant)>,
     /// Set once the cut was seen: the closing bytes (if any) still to send.
@@ -78,6 +89,11 @@ impl CutBody {
         });
         let watcher_shared = shared.clone();
         let metrics = ctx.metrics.clone();
+        let endpoint = ctx
+            .on_endpoint
+            .clone()
+            .filter(|_| sse)
+            .map(|f| (EndpointScan::default(), f));
         let watcher = tokio::spawn(async move {
             let reason = until.await;
             let at = Instant::now();
@@ -98,6 +114,8 @@ impl CutBody {
         Self {
             inner,
             framer: sse.then(|| SseFramer::new(max_event_bytes)),
+            endpoint,
+            owed: None,
             ids,
             cut: rx,
             closing: None,
@@ -145,6 +163,9 @@ impl Body for CutBody {
         if this.cut_at.is_none() {
             if let Poll::Ready(Ok((reason, at))) = Pin::new(&mut this.cut).poll(cx) {
                 this.cut_at = Some(at);
+                if let Some(owed) = &this.owed {
+                    this.ids.extend(owed.take());
+                }
                 this.closing = Some(match this.framer.as_mut() {
                     Some(f) => f.cut(reason.as_str(), &this.ids),
                     None => Bytes::new(),
@@ -188,6 +209,13 @@ impl Body for CutBody {
                             let ready = f.push(&data);
                             if ready.is_empty() {
                                 continue;
+                            }
+                            if let Some(owed) = &this.owed {
+                                owed.passed(&ready);
+                            } else if let Some((scan, on_endpoint)) = this.endpoint.as_mut() {
+                                if let Some(id) = scan.feed(&ready) {
+                                    this.owed = Some(on_endpoint(&id));
+                                }
                             }
                             Poll::Ready(Some(Ok(Frame::data(ready))))
                         }

@@ -6,7 +6,7 @@
 //!   (the last three move to `--admin-listen` when it is given, and are 404 here then).
 //!
 //! Everything else: bearer token → offline verification → live session decision →
-//! `Mcp-Session-Id` binding → bounded body → routing-header check → upstream, the response
+//! `Mcp-Session-Id` (or legacy HTTP+SSE `session_id`) binding → bounded body → routing-header check → upstream, the response
 //! wrapped so it ends when the session stops being usable.
 
 use std::sync::Arc;
@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::auth::{bearer, BearerError};
-use super::cut::{BoxError, CutBody, CutContext};
+use super::cut::{BoxError, CutBody, CutContext, OnEndpoint};
+use super::legacy;
 use super::mcp::{check_routing_headers, Posted, SESSION_ID_HEADER};
 use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
 use super::session::{Bindings, Check};
@@ -44,6 +45,8 @@ pub struct Gateway {
     pub verifier: Verifier,
     pub upstream: Upstream,
     pub bindings: Bindings,
+    /// Open legacy HTTP+SSE streams and the answers they owe.
+    pub legacy_streams: legacy::Streams,
     pub metrics: ProxyMetrics,
     pub registry: Registry,
     /// `--public-url`, without a trailing slash.
@@ -184,6 +187,7 @@ impl Gateway {
                 "public_url": self.public_url,
                 "upstream": self.upstream.base().to_string(),
                 "mcp_session_bindings": self.bindings.len(),
+                "legacy_sse_streams": self.legacy_streams.len(),
             }),
         )
     }
@@ -282,7 +286,16 @@ impl Gateway {
                 )
             }
         };
-        if let Some(id) = &mcp_session {
+        let legacy_session = match legacy::session_param(req.uri().query()) {
+            Ok(id) => id.map(legacy::binding_key),
+            Err(legacy::MalformedSessionId) => {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "invalid_request", "reason": "legacy_session_id_malformed"}),
+                )
+            }
+        };
+        for id in mcp_session.iter().chain(legacy_session.iter()) {
             match self.bindings.check(id, &session_uid, Instant::now()) {
                 Check::Pass => {}
                 Check::OtherSession => {
@@ -385,10 +398,23 @@ impl Gateway {
         }
         let gateway = Arc::clone(self);
         let on_cut_uid = session_uid.clone();
+        if let (Some(key), true) = (&legacy_session, head.status.is_success()) {
+            self.legacy_streams.owe(key, &ids);
+        }
+        let on_endpoint = (parts.method == http::Method::GET).then(|| {
+            let gateway = Arc::clone(self);
+            let uid = session_uid.clone();
+            Arc::new(move |id: &str| {
+                let key = legacy::binding_key(id);
+                gateway.bindings.bind(&key, &uid, Instant::now());
+                gateway.legacy_streams.open(key)
+            }) as OnEndpoint
+        });
         let ctx = CutContext {
             metrics: self.metrics.clone(),
             abort_connection: abort,
             on_cut: Arc::new(move |reason| gateway.bindings.cut(&on_cut_uid, reason)),
+            on_endpoint,
         };
         let until = {
             let cache = self.cache.clone();

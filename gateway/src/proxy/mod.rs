@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cli;
 pub mod cut;
 pub mod http;
+pub mod legacy;
 pub mod mcp;
 pub mod metrics;
 pub mod serve;
