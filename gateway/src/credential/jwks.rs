@@ -225,6 +225,16 @@ impl JwksSource {
         }
     }
 
+    /// Replaces the set (a rotation, in tests).
+    #[cfg(test)]
+    pub(crate) fn replace_for_tests(&self, keys: Keys, issuer: impl Into<String>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(KeySet {
+            keys,
+            issuer: issuer.into(),
+            fetched_at: SystemTime::now(),
+        }));
+    }
+
     /// The last good set, if any was ever fetched.
     pub fn current(&self) -> Option<Arc<KeySet>> {
         self.current

@@ -27,7 +27,8 @@ pub mod jwks;
 pub mod resource;
 pub mod verify;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use apis::AccessSession;
@@ -148,6 +149,43 @@ pub fn admit(
 pub struct Verifier {
     source: Arc<JwksSource>,
     audience: String,
+    verified: Arc<Mutex<Verified>>,
+}
+
+/// Most tokens remembered as verified; when full, all are forgotten at once (bounded memory,
+/// and only tokens that passed verification ever enter, so a flood of garbage cannot evict).
+const VERIFIED_CAPACITY: usize = 4096;
+
+/// Tokens whose signature, issuer, audience and claims were verified under one key set: a
+/// request repeating a token skips the signature check (the costliest step by far) but never
+/// the time checks, and the live session is consulted on every request regardless. Forgotten
+/// as a whole when the key set changes (rotation, a removed key).
+#[derive(Debug, Default)]
+struct Verified {
+    under: Option<Arc<KeySet>>,
+    tokens: HashMap<String, SessionClaims>,
+}
+
+impl Verified {
+    /// The claims of `token` if it was verified under `set`.
+    fn get(&mut self, token: &str, set: &Arc<KeySet>) -> Option<SessionClaims> {
+        if !self.under.as_ref().is_some_and(|u| Arc::ptr_eq(u, set)) {
+            self.under = Some(set.clone());
+            self.tokens.clear();
+            return None;
+        }
+        self.tokens.get(token).cloned()
+    }
+
+    fn insert(&mut self, token: &str, set: &Arc<KeySet>, claims: &SessionClaims) {
+        if !self.under.as_ref().is_some_and(|u| Arc::ptr_eq(u, set)) {
+            return;
+        }
+        if self.tokens.len() >= VERIFIED_CAPACITY {
+            self.tokens.clear();
+        }
+        self.tokens.insert(token.to_string(), claims.clone());
+    }
 }
 
 impl Verifier {
@@ -156,7 +194,29 @@ impl Verifier {
         Self {
             source,
             audience: audience.into(),
+            verified: Arc::default(),
         }
+    }
+
+    fn verified(&self) -> std::sync::MutexGuard<'_, Verified> {
+        self.verified.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Verifies `bearer` against `set`, or takes it from the tokens already verified under
+    /// `set` (re-checking the times).
+    fn verify_under(
+        &self,
+        bearer: &str,
+        set: &Arc<KeySet>,
+        now: i64,
+    ) -> Result<SessionClaims, TokenError> {
+        if let Some(claims) = self.verified().get(bearer, set) {
+            verify::check_times(&claims, now)?;
+            return Ok(claims);
+        }
+        let claims = verify(bearer, &set.keys, &set.issuer, &self.audience, now)?;
+        self.verified().insert(bearer, set, &claims);
+        Ok(claims)
     }
 
     /// The key source.
@@ -191,13 +251,13 @@ impl Verifier {
                 self.source.current().ok_or(TokenError::KeysUnavailable)?
             }
         };
-        match verify(bearer, &set.keys, &set.issuer, &self.audience, now) {
+        match self.verify_under(bearer, &set, now) {
             Err(TokenError::UnknownKid) => {
                 if !self.source.refresh_for_unknown_kid().await {
                     return Err(TokenError::UnknownKid);
                 }
                 let set = self.source.current().ok_or(TokenError::KeysUnavailable)?;
-                verify(bearer, &set.keys, &set.issuer, &self.audience, now)
+                self.verify_under(bearer, &set, now)
             }
             other => other,
         }
@@ -312,6 +372,40 @@ mod tests {
             verifier.verify_at(&long, NOW).await.unwrap_err().reason(),
             "token_invalid"
         );
+    }
+
+    #[tokio::test]
+    async fn a_repeated_token_skips_the_signature_but_not_the_clock_or_a_key_change() {
+        let key = TestKey::new("k1");
+        let source = Arc::new(JwksSource::fixed(key.keys(), ISS));
+        let verifier = Verifier::new(source.clone(), AUD);
+        let token = key.sign(&claims());
+        assert!(verifier.verify_at(&token, NOW).await.is_ok());
+        assert_eq!(
+            verifier.verified().tokens.len(),
+            1,
+            "remembered once verified"
+        );
+        // A tampered copy is another string: verified on its own, and refused.
+        let mut tampered = token.clone();
+        tampered.pop();
+        assert!(verifier.verify_at(&tampered, NOW).await.is_err());
+        assert_eq!(
+            verifier.verified().tokens.len(),
+            1,
+            "refused tokens are not remembered"
+        );
+        // The clock still rules a remembered token.
+        let err = verifier.verify_at(&token, NOW + 3600).await.unwrap_err();
+        assert_eq!(err, TokenError::Expired);
+        // A new key set (rotation: k1 gone) forgets every remembered token.
+        let next = TestKey::new("k2");
+        source.replace_for_tests(next.keys(), ISS);
+        assert_eq!(
+            verifier.verify_at(&token, NOW).await.unwrap_err().reason(),
+            "token_invalid"
+        );
+        assert!(verifier.verify_at(&next.sign(&claims()), NOW).await.is_ok());
     }
 
     #[test]

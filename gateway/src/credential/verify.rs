@@ -81,6 +81,17 @@ pub fn verify(
     if !claims.aud.iter().any(|a| a == audience) {
         return Err(TokenError::Invalid("audience"));
     }
+    check_times(&claims, now)?;
+    if !claims.well_formed() {
+        return Err(TokenError::Invalid("private claim"));
+    }
+    Ok(claims)
+}
+
+/// The time checks of [`verify`] alone, for claims whose signature was verified before:
+/// `exp` after `iat`, `iat` and `nbf` not in the future, `exp` not past, with
+/// [`LEEWAY_SECONDS`]. `now` is Unix seconds.
+pub fn check_times(claims: &SessionClaims, now: i64) -> Result<(), TokenError> {
     // Wide integers: no claim value can overflow a comparison into an acceptance.
     let (now, leeway) = (i128::from(now), i128::from(LEEWAY_SECONDS));
     let (exp, iat) = (i128::from(claims.exp), i128::from(claims.iat));
@@ -93,10 +104,7 @@ pub fn verify(
     if exp + leeway <= now {
         return Err(TokenError::Expired);
     }
-    if !claims.well_formed() {
-        return Err(TokenError::Invalid("private claim"));
-    }
-    Ok(claims)
+    Ok(())
 }
 
 #[cfg(test)]
