@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::client;
 use crate::config::{CacheConfig, Clock};
 use crate::decision::{evaluate, expires_at, Decision, DenyReason};
-use crate::metrics::CacheMetrics;
+use crate::metrics::{CacheMetrics, SyncAgeSource};
 use crate::state::{Key, Lookup, State};
 
 /// A session cache. Cheap to clone; every clone shares one snapshot.
@@ -71,7 +71,7 @@ pub struct SyncStatus {
     pub sync_age_seconds: f64,
 }
 
-pub(crate) struct Shared {
+struct Shared {
     state: RwLock<State>,
     /// The state's generation after each change every subscriber must see: a new snapshot,
     /// authority dropped or regained.
@@ -176,10 +176,6 @@ impl Shared {
             .subscribe()
     }
 
-    pub(crate) fn sync_age_seconds(&self) -> f64 {
-        self.read().sync_age_seconds(Instant::now())
-    }
-
     fn invalidate(&self, why: &str) {
         tracing::warn!(reason = why, "session authority dropped; relisting");
         self.metrics.invalidations.inc();
@@ -210,6 +206,12 @@ impl Shared {
 
     fn api(&self) -> Api<AccessSession> {
         Api::all(self.client.clone())
+    }
+}
+
+impl SyncAgeSource for Shared {
+    fn sync_age_seconds(&self) -> f64 {
+        self.read().sync_age_seconds(Instant::now())
     }
 }
 
@@ -254,7 +256,7 @@ impl SessionCache {
             clock: config.clock,
             metrics,
         });
-        shared.metrics.sync_age.attach(&shared);
+        shared.metrics.sync_age.attach(shared.clone());
         let span = tracing::info_span!("session_sync", sync_url = %config.sync_url);
         let task = tokio::spawn(tracing::Instrument::instrument(
             sync_loop(shared.clone()),

@@ -12,8 +12,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::cache::Shared;
-
 /// Upper bounds of the revoke-to-deny buckets, in seconds.
 pub const REVOKE_TO_DENY_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -113,20 +111,37 @@ mod tests {
     }
 }
 
+/// What the sync-age gauge reads at scrape time (the cache's state; kept apart so this module
+/// does not depend on the cache).
+pub(crate) trait SyncAgeSource: Send + Sync {
+    /// Seconds since the last proof of being caught up; -1 without authority.
+    fn sync_age_seconds(&self) -> f64;
+}
+
 /// Computed at scrape time from the cache's state, so it grows while nothing arrives.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SyncAge(Arc<Mutex<Weak<Shared>>>);
+#[derive(Clone, Default)]
+pub(crate) struct SyncAge(Arc<Mutex<Option<Weak<dyn SyncAgeSource>>>>);
+
+impl std::fmt::Debug for SyncAge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SyncAge").field(&self.seconds()).finish()
+    }
+}
 
 impl SyncAge {
-    pub(crate) fn attach(&self, shared: &Arc<Shared>) {
+    pub(crate) fn attach(&self, source: Arc<dyn SyncAgeSource>) {
         if let Ok(mut slot) = self.0.lock() {
-            *slot = Arc::downgrade(shared);
+            *slot = Some(Arc::downgrade(&source));
         }
     }
 
     fn seconds(&self) -> f64 {
-        let shared = self.0.lock().ok().and_then(|w| w.upgrade());
-        shared.map_or(-1.0, |s| s.sync_age_seconds())
+        let source = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|w| w.as_ref().and_then(Weak::upgrade));
+        source.map_or(-1.0, |s| s.sync_age_seconds())
     }
 }
 
