@@ -8,6 +8,7 @@
 #
 #   hack/bench-gateway.sh
 #   hack/bench-gateway.sh --requests 5000 --concurrency 16 --streams 1,500 --trials 20
+#   hack/bench-gateway.sh --requests 200 --streams 500 --breakdown   # where the cut time goes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

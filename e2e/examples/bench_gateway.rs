@@ -17,7 +17,10 @@
 //!   stream's end timed from the API's 201 (p50/p99 over the streams; for 1 stream over
 //!   `--trials` revocations).
 //!
-//! Usage: `bench_gateway [--requests 2000] [--concurrency 16] [--streams 1,500] [--trials 20]`;
+//! With `--breakdown`, a second watcher of the feed in this process times when the revoked
+//! sessions reached a watcher, beside the gateway's own cut histogram.
+//!
+//! Usage: `bench_gateway [--requests 2000] [--concurrency 16] [--streams 1,500] [--trials 20] [--breakdown]`;
 //! needs `MCP_ACCESS_APISERVER_BIN`, `MCP_ACCESS_GATEWAY_BIN`, `MCP_ACCESS_CONTROLLERS_BIN`,
 //! `MCP_ACCESS_NGINX_BIN` and `KUBE_APISERVER`, `KUBE_CONTROLLER_MANAGER`, `ETCD`.
 
@@ -43,6 +46,9 @@ struct Args {
     concurrency: usize,
     streams: Vec<usize>,
     trials: usize,
+    /// Also watch the feed from the bench (a second watcher: it adds load, so it is off by
+    /// default) to tell the apiserver's delivery from the gateway's fan-out.
+    breakdown: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -51,9 +57,14 @@ fn parse_args() -> Result<Args> {
         concurrency: 16,
         streams: vec![1, 500],
         trials: 20,
+        breakdown: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--breakdown" {
+            args.breakdown = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--requests" => args.requests = value.parse()?,
@@ -705,7 +716,7 @@ async fn main() -> Result<()> {
             // The gateway learns of new sessions through its watch.
             tokio::time::sleep(Duration::from_millis(500)).await;
             let before = gateway_means(&gateway.url()).await?;
-            let probe = if count > 1 {
+            let probe = if count > 1 && args.breakdown {
                 Some(Probe::start(c, &pod_token, &subject, count).await?)
             } else {
                 None
