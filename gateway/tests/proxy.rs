@@ -196,6 +196,15 @@ impl Gateway {
         .await;
     }
 
+    /// Asks with `token` until the answer is 401 `reason` (the cache learns by its watch).
+    async fn eventually_denied(&self, token: &str, reason: &str, limit: Duration) {
+        let what = format!("the token is refused with {reason}");
+        eventually(limit, &what, || async {
+            denial(self.post(Some(token), ping(8)).await).await.1 == reason
+        })
+        .await;
+    }
+
     async fn post(&self, token: Option<&str>, body: Value) -> reqwest::Response {
         let mut req = reqwest::Client::new()
             .post(format!("{}/mcp", self.base))
@@ -332,56 +341,16 @@ async fn allow_and_every_deny_reason() {
 
     // session_revoked, session_not_found, session_expired: the token still verifies.
     server.revoke(NS, "bob").await;
-    let gw_base = gw.base.clone();
-    let bob2 = bob.clone();
-    eventually(Duration::from_secs(5), "bob is session_revoked", || {
-        let (base, bob) = (gw_base.clone(), bob2.clone());
-        async move {
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/mcp"))
-                .bearer_auth(bob)
-                .json(&ping(8))
-                .send()
-                .await
-                .unwrap();
-            denial(resp).await.1 == "session_revoked"
-        }
-    })
-    .await;
+    gw.eventually_denied(&bob, "session_revoked", Duration::from_secs(5))
+        .await;
     let carol = server.mint_token(NS, "carol").await;
     server.create_session(NS, "dave", SERVER_UID, HOUR).await;
     let dave = server.mint_token(NS, "dave").await;
     server.delete_session(NS, "dave").await;
-    let dave2 = dave.clone();
-    eventually(Duration::from_secs(5), "dave is session_not_found", || {
-        let (base, dave) = (gw_base.clone(), dave2.clone());
-        async move {
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/mcp"))
-                .bearer_auth(dave)
-                .json(&ping(9))
-                .send()
-                .await
-                .unwrap();
-            denial(resp).await.1 == "session_not_found"
-        }
-    })
-    .await;
-    let carol2 = carol.clone();
-    eventually(Duration::from_secs(10), "carol is session_expired", || {
-        let (base, carol) = (gw_base.clone(), carol2.clone());
-        async move {
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/mcp"))
-                .bearer_auth(carol)
-                .json(&ping(10))
-                .send()
-                .await
-                .unwrap();
-            denial(resp).await.1 == "session_expired"
-        }
-    })
-    .await;
+    gw.eventually_denied(&dave, "session_not_found", Duration::from_secs(5))
+        .await;
+    gw.eventually_denied(&carol, "session_expired", Duration::from_secs(10))
+        .await;
 
     // RFC 9728 metadata, status and metrics are the gateway's own.
     for path in [
@@ -425,21 +394,8 @@ async fn allow_and_every_deny_reason() {
     // cache_stale: the feed gone past the stale window.
     let mut server = server;
     server.stop();
-    let alice2 = alice.clone();
-    eventually(Duration::from_secs(15), "alice is cache_stale", || {
-        let (base, alice) = (gw_base.clone(), alice2.clone());
-        async move {
-            let resp = reqwest::Client::new()
-                .post(format!("{base}/mcp"))
-                .bearer_auth(alice)
-                .json(&ping(11))
-                .send()
-                .await
-                .unwrap();
-            denial(resp).await.1 == "cache_stale"
-        }
-    })
-    .await;
+    gw.eventually_denied(&alice, "cache_stale", Duration::from_secs(15))
+        .await;
     assert_eq!(
         reqwest::get(format!("{}/readyz", gw.base))
             .await

@@ -54,6 +54,20 @@ pub struct SyncArgs {
     pub watch_timeout: Duration,
 }
 
+impl SyncArgs {
+    /// The session cache's configuration these flags make.
+    pub fn cache_config(&self) -> CacheConfig {
+        let mut config = CacheConfig::new(
+            self.sync_url.clone(),
+            self.ca_file.clone(),
+            self.token_file.clone(),
+        );
+        config.stale_window = self.stale_window;
+        config.watch_timeout = self.watch_timeout;
+        config
+    }
+}
+
 /// The sidecar's own listeners and how a check names its session.
 #[derive(Debug, Args)]
 pub struct ServingArgs {
@@ -124,13 +138,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let cache_metrics = CacheMetrics::register(&mut registry);
     let authz_metrics = AuthzMetrics::register(&mut registry);
-    let mut config = CacheConfig::new(
-        cli.sync.sync_url.clone(),
-        cli.sync.ca_file.clone(),
-        cli.sync.token_file.clone(),
-    );
-    config.stale_window = cli.sync.stale_window;
-    config.watch_timeout = cli.sync.watch_timeout;
+    let config = cli.sync.cache_config();
     let (mode, key_task) = match (&cli.serving.public_url, cli.serving.trust_session_header) {
         (Some(public_url), false) => {
             let keys = Arc::new(

@@ -15,7 +15,7 @@ use super::serve::{serve, Limits};
 use super::session::Bindings;
 use super::upstream::{parse_upstream, Upstream};
 use crate::authz::cli::SyncArgs;
-use crate::config::{parse_positive_duration, CacheConfig};
+use crate::config::parse_positive_duration;
 use crate::credential::{JwksSource, Verifier};
 use crate::{CacheMetrics, SessionCache};
 
@@ -94,13 +94,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let cache_metrics = CacheMetrics::register(&mut registry);
     let metrics = ProxyMetrics::register(&mut registry);
-    let mut config = CacheConfig::new(
-        cli.sync.sync_url.clone(),
-        cli.sync.ca_file.clone(),
-        cli.sync.token_file.clone(),
-    );
-    config.stale_window = cli.sync.stale_window;
-    config.watch_timeout = cli.sync.watch_timeout;
+    let config = cli.sync.cache_config();
     let keys = Arc::new(
         JwksSource::new(&config).context("invalid --sync-url, --ca-file or --token-file")?,
     );
