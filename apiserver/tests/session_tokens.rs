@@ -818,26 +818,32 @@ fn bad_key_configurations_stop_startup_naming_the_flag() {
     .unwrap();
     chmod(&tokens, 0o600);
 
-    openssl(&[
-        "genpkey",
-        "-algorithm",
-        "EC",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-out",
-        &s(&path("good.pem")),
-    ]);
-    chmod(&path("good.pem"), 0o600);
-    openssl(&[
-        "pkey",
-        "-in",
-        &s(&path("good.pem")),
-        "-pubout",
-        "-out",
-        &s(&path("good.pub")),
-    ]);
+    // A private key of `algorithm` (with `-pkeyopt` options) readable by the owner only.
+    let genkey = |name: &str, algorithm: &str, options: &[&str]| {
+        let out = s(&path(name));
+        let mut args = vec!["genpkey", "-algorithm", algorithm];
+        for option in options {
+            args.extend(["-pkeyopt", option]);
+        }
+        args.extend(["-out", &out]);
+        openssl(&args);
+        chmod(&path(name), 0o600);
+    };
+    let public_of = |private: &str, public: &str| {
+        openssl(&[
+            "pkey",
+            "-in",
+            &s(&path(private)),
+            "-pubout",
+            "-out",
+            &s(&path(public)),
+        ]);
+    };
+    genkey("good.pem", "EC", &["ec_paramgen_curve:P-256"]);
+    public_of("good.pem", "good.pub");
     std::fs::copy(path("good.pem"), path("open.pem")).unwrap();
     chmod(&path("open.pem"), 0o644);
+    // SEC1 ("EC PRIVATE KEY"), not PKCS#8.
     openssl(&[
         "ecparam",
         "-name",
@@ -848,32 +854,9 @@ fn bad_key_configurations_stop_startup_naming_the_flag() {
         &s(&path("sec1.pem")),
     ]);
     chmod(&path("sec1.pem"), 0o600);
-    openssl(&[
-        "genpkey",
-        "-algorithm",
-        "EC",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-384",
-        "-out",
-        &s(&path("p384.pem")),
-    ]);
-    chmod(&path("p384.pem"), 0o600);
-    openssl(&[
-        "pkey",
-        "-in",
-        &s(&path("p384.pem")),
-        "-pubout",
-        "-out",
-        &s(&path("p384.pub")),
-    ]);
-    openssl(&[
-        "genpkey",
-        "-algorithm",
-        "ED25519",
-        "-out",
-        &s(&path("ed.pem")),
-    ]);
-    chmod(&path("ed.pem"), 0o600);
+    genkey("p384.pem", "EC", &["ec_paramgen_curve:P-384"]);
+    public_of("p384.pem", "p384.pub");
+    genkey("ed.pem", "ED25519", &[]);
     std::fs::write(path("garbage.pem"), "not a key\n").unwrap();
     chmod(&path("garbage.pem"), 0o600);
 
