@@ -671,6 +671,19 @@ async fn main() -> Result<()> {
     let token = kube
         .session_with_token("bench", &server_uid, "bench@example.com")
         .await?;
+    // The gateway learns of the session through its watch (its first session: before it,
+    // the gateway knows no server uid to check a get-on-miss against).
+    let probe_client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while one_request(&probe_client, &gateway.url(), &token)
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the gateway did not admit the bench session within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let targets = vec![
         (
