@@ -14,13 +14,13 @@
 //!   nginx's p50/p99 minus direct's;
 //! - revoke → stream cut: N open `tools/call` SSE streams through the gateway, each of its own
 //!   session, all of one subject; one Revocation of that subject through kube-apiserver; each
-//!   stream's end timed from the API's 201 (p50/p99 over the streams; for 1 stream over
-//!   `--trials` revocations).
+//!   stream's end timed from the API's 201 (p50/p99 over every stream of `--big-trials`
+//!   revocations; for 1 stream over `--trials` revocations).
 //!
 //! With `--breakdown`, a second watcher of the feed in this process times when the revoked
 //! sessions reached a watcher, beside the gateway's own cut histogram.
 //!
-//! Usage: `bench_gateway [--requests 2000] [--concurrency 16] [--streams 1,500] [--trials 20] [--breakdown]`;
+//! Usage: `bench_gateway [--requests 2000] [--concurrency 16] [--streams 1,500] [--trials 20] [--big-trials 1] [--breakdown]`;
 //! needs `MCP_ACCESS_APISERVER_BIN`, `MCP_ACCESS_GATEWAY_BIN`, `MCP_ACCESS_CONTROLLERS_BIN`,
 //! `MCP_ACCESS_NGINX_BIN` and `KUBE_APISERVER`, `KUBE_CONTROLLER_MANAGER`, `ETCD`.
 
@@ -46,6 +46,8 @@ struct Args {
     concurrency: usize,
     streams: Vec<usize>,
     trials: usize,
+    /// Revocations timed for each count of streams above 1.
+    big_trials: usize,
     /// Also watch the feed from the bench (a second watcher: it adds load, so it is off by
     /// default) to tell the apiserver's delivery from the gateway's fan-out.
     breakdown: bool,
@@ -57,6 +59,7 @@ fn parse_args() -> Result<Args> {
         concurrency: 16,
         streams: vec![1, 500],
         trials: 20,
+        big_trials: 1,
         breakdown: false,
     };
     let mut it = std::env::args().skip(1);
@@ -73,6 +76,7 @@ fn parse_args() -> Result<Args> {
                 args.streams = value.split(',').map(str::parse).collect::<Result<_, _>>()?
             }
             "--trials" => args.trials = value.parse()?,
+            "--big-trials" => args.big_trials = value.parse()?,
             _ => bail!("unknown flag {flag}"),
         }
     }
@@ -710,7 +714,11 @@ async fn main() -> Result<()> {
     let mut cuts = Vec::new();
     let mut breakdown = Vec::new();
     for &count in &args.streams {
-        let trials = if count == 1 { args.trials } else { 1 };
+        let trials = if count == 1 {
+            args.trials
+        } else {
+            args.big_trials
+        };
         eprintln!("revoke -> stream cut: {count} stream(s), {trials} trial(s)");
         let mut all = Vec::new();
         for trial in 0..trials {

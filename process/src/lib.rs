@@ -56,7 +56,26 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
 /// Runs `main` on a multi-threaded runtime: the body of every binary's `main` after its flags
 /// and logging.
 pub fn block_on(main: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
+    block_on_threads(0, main)
+}
+
+/// Runs `main` on `threads` worker threads: 1 is a single-threaded runtime (every task on this
+/// thread, no wake-up ever crosses threads: what a per-pod proxy wants, as linkerd2-proxy does
+/// on one core), 0 one worker per core, N that many.
+pub fn block_on_threads(
+    threads: usize,
+    main: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let mut builder = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")?

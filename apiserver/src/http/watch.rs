@@ -213,9 +213,19 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
     Ok(stream_response(rx))
 }
 
+/// Most lines written as one chunk: a burst of events (one revocation of many sessions) goes
+/// out in a few writes instead of one per event, and the client reads it in a few reads.
+const LINES_PER_CHUNK: usize = 256;
+
 fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream =
-        futures::StreamExt::map(ReceiverStream::new(rx), Ok::<_, std::convert::Infallible>);
+    let stream = ReceiverStream::new(rx)
+        .ready_chunks(LINES_PER_CHUNK)
+        .map(|lines| {
+            Ok::<_, std::convert::Infallible>(match <[Bytes; 1]>::try_from(lines) {
+                Ok([one]) => one,
+                Err(lines) => Bytes::from(lines.concat()),
+            })
+        });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
