@@ -16,12 +16,12 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::feed::set_resource_version;
+use super::error::{Result, StoreError};
+use super::fanout::Subscription;
+use super::port::{now, Preconditions, SessionSignals, Store, Written};
+use super::query::{ListAt, ListQuery, ObjectList};
+use super::rv::{set_resource_version, ContinueToken, ResourceVersion};
 use super::transact::{self, Backend};
-use super::{
-    now, ContinueToken, ListAt, ListQuery, ObjectList, Preconditions, ResourceVersion, Result,
-    SessionSignals, Store, StoreError, Subscription, Written,
-};
 
 /// The epoch of every resourceVersion the memory store hands out.
 const EPOCH: u32 = 1;
