@@ -376,6 +376,16 @@ impl Fanout {
         (state.epoch, state.head)
     }
 
+    /// The sequence after which every event of the current epoch is still in the ring (the
+    /// head when the ring is empty): a subscription from before it must replay.
+    pub(crate) fn horizon(&self) -> u64 {
+        let state = self.state();
+        state
+            .ring
+            .front()
+            .map_or(state.head, |first| first.seq().saturating_sub(1))
+    }
+
     /// The last event fanned out in the current epoch, if it is known.
     pub(crate) fn last(&self) -> Option<Arc<Event>> {
         self.state().last.clone()
@@ -440,6 +450,12 @@ impl Fanout {
             liveness.reader_ok_at = liveness.reader_ok_at.max(started);
         }
         state.settle();
+    }
+
+    /// Fans out one event committed just now, after the head.
+    pub(crate) fn publish(&self, event: Arc<Event>) {
+        let mut state = self.state();
+        self.fan_out(&mut state, event);
     }
 
     fn fan_out(&self, state: &mut State, event: Arc<Event>) {
@@ -800,4 +816,148 @@ enum Attach {
     NotCovered,
     /// The subscription is at an epoch the fan-out has not switched to yet.
     EpochAhead,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source with no log behind the ring.
+    struct NoLog;
+
+    #[async_trait]
+    impl Replay for NoLog {
+        async fn read_after(&self, _epoch: u32, _after: u64) -> Result<Vec<Arc<Event>>> {
+            Ok(Vec::new())
+        }
+        fn nudge(&self) {}
+    }
+
+    fn mk_fanout(buffer: usize, ring: usize, bound: Option<Duration>) -> Arc<Fanout> {
+        let limits = FanoutLimits {
+            buffer,
+            ring_capacity: ring,
+            ring_bytes: 1000,
+            epoch_wait: Duration::from_millis(10),
+        };
+        Fanout::new(1, 0, limits, bound, Arc::new(NoLog))
+    }
+
+    fn mk_event(seq: u64, size: usize) -> Arc<Event> {
+        Arc::new(Event {
+            rv: ResourceVersion::new(1, seq),
+            event_type: EventType::Added,
+            resource: "accesssessions".into(),
+            namespace: "team-a".into(),
+            name: format!("s{seq}"),
+            object: serde_json::json!({"metadata": {"name": format!("s{seq}")}}),
+            before: None,
+            rendered: EventRenderings::default(),
+            size,
+        })
+    }
+
+    /// A subscription from the start, attached to the live queue by its first event.
+    async fn attached(fanout: &Arc<Fanout>) -> Subscription {
+        let mut sub = fanout
+            .subscription(ResourceVersion::new(1, 0))
+            .expect("subscribes");
+        fanout.publish(mk_event(1, 10));
+        assert_eq!(sub.next().await.expect("first event").seq(), 1);
+        assert_eq!(fanout.subscriber_count(), 1);
+        sub
+    }
+
+    fn expired(result: Result<Arc<Event>>) -> String {
+        match result {
+            Err(StoreError::Expired(message)) => message,
+            other => panic!("expected Expired, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_ring_keeps_the_newest_events_within_its_count_and_bytes() {
+        let fanout = mk_fanout(8, 3, None);
+        for seq in 1..=5 {
+            fanout.publish(mk_event(seq, 100));
+        }
+        assert_eq!(fanout.ring_usage(), (3, 300));
+        assert_eq!(fanout.horizon(), 2);
+        // One event over the byte bound alone still stays: the newest is always kept.
+        fanout.publish(mk_event(6, 5000));
+        assert_eq!(fanout.ring_usage(), (1, 5000));
+        assert_eq!(fanout.horizon(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_gap_in_the_sequence_cuts_everyone_off_as_behind_retention() {
+        let fanout = mk_fanout(8, 8, None);
+        let mut sub = attached(&fanout).await;
+        fanout.publish(mk_event(5, 10));
+        assert_eq!(fanout.subscriber_count(), 0);
+        let message = expired(sub.next().await);
+        assert!(
+            message.contains("fell behind the retained log"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_epoch_switch_expires_every_subscriber_and_the_old_epoch() {
+        let fanout = mk_fanout(8, 8, None);
+        let mut sub = attached(&fanout).await;
+        fanout.switch_epoch(2, 40);
+        assert_eq!(fanout.position(), (2, 40));
+        assert!(fanout.has_retired(1));
+        assert!(expired(sub.next().await).contains("the epoch changed"));
+        let mut late = fanout
+            .subscription(ResourceVersion::new(1, 1))
+            .expect("subscribes");
+        assert!(expired(late.next().await).contains("the epoch changed"));
+    }
+
+    #[tokio::test]
+    async fn a_stale_source_cuts_everyone_off_refuses_new_watches_and_recovers() {
+        let bound = Duration::from_millis(100);
+        let fanout = mk_fanout(8, 8, Some(bound));
+        let mut sub = attached(&fanout).await;
+        // Fresh proofs: nothing changes.
+        assert!(fanout.check_liveness(Instant::now()).is_none());
+        assert!(fanout.is_live());
+
+        let later = Instant::now() + bound * 3;
+        match fanout.check_liveness(later) {
+            Some(LivenessChange::Stalled { subscribers, .. }) => assert_eq!(subscribers, 1),
+            _ => panic!("expected the feed to stall"),
+        }
+        assert!(!fanout.is_live());
+        assert!(expired(sub.next().await).contains("stalled"));
+        assert!(matches!(
+            fanout.subscription(ResourceVersion::new(1, 1)),
+            Err(StoreError::Unavailable(_))
+        ));
+
+        // Both proofs fresh again: the reader answered and the heartbeat's head is reached.
+        let now = Instant::now();
+        fanout.publish_page(Vec::new(), now);
+        fanout.confirm_head(1, 1, now);
+        assert!(matches!(
+            fanout.check_liveness(now),
+            Some(LivenessChange::Recovered)
+        ));
+        assert!(fanout.subscription(ResourceVersion::new(1, 1)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_bookmark_moves_to_the_head_only_once_everything_up_to_it_arrived() {
+        let fanout = mk_fanout(8, 8, None);
+        let mut sub = attached(&fanout).await;
+        fanout.publish(mk_event(2, 10));
+        // Event 2 is queued, not yet read: the bookmark stays at what was delivered.
+        assert_eq!(sub.bookmark().expect("bookmark").seq, 1);
+        assert_eq!(sub.next().await.expect("event 2").seq(), 2);
+        fanout.publish(mk_event(3, 10));
+        assert_eq!(sub.next().await.expect("event 3").seq(), 3);
+        assert_eq!(sub.bookmark().expect("bookmark").seq, 3);
+    }
 }
