@@ -360,6 +360,14 @@ impl TryFrom<(&ServingArgs, &AuthMode)> for Serving {
     }
 }
 
+impl StorageArgs {
+    /// The store settings these flags describe: DSN (with its sslmode), TLS, limits. Reads
+    /// the CA file.
+    pub fn store_config(&self) -> Result<StoreConfig, ConfigError> {
+        Storage::try_from(self)?.store_config()
+    }
+}
+
 impl TryFrom<&StorageArgs> for Storage {
     type Error = ConfigError;
 

@@ -12,4 +12,5 @@ pub mod server;
 pub mod store;
 pub mod tasks;
 pub mod tokens;
+pub mod wiring;
 pub use process::tls;

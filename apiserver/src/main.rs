@@ -7,5 +7,5 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
-    apiserver::cli::main()
+    apiserver::wiring::main()
 }

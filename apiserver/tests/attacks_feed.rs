@@ -815,9 +815,9 @@ fn storage(dsn: &str, ca: Option<&std::path::Path>) -> anyhow::Result<StoreConfi
         args.push("--database-ca-file".into());
         args.push(ca.display().to_string());
     }
-    apiserver::cli::Cli::try_parse_from(args)?
+    Ok(apiserver::cli::Cli::try_parse_from(args)?
         .storage
-        .store_config()
+        .store_config()?)
 }
 
 async fn start_store(dsn: &str, ca: Option<&std::path::Path>) -> anyhow::Result<PgStore> {

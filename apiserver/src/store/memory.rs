@@ -1,8 +1,11 @@
 //! An in-memory implementation of the storage port for handler tests without PostgreSQL. It
 //! runs the same generic transaction and kind strategies as [`super::PgStore`]; what the
-//! SQL narrows by index it decides with the pure rules directly. It keeps no change log:
-//! `subscribe` (watch) is answered 503; lists at an exact resourceVersion (continue tokens)
-//! are served from the recent committed states, as PostgreSQL serves them from its log.
+//! SQL narrows by index it decides with the pure rules directly. Watches are served by the
+//! same fan-out PostgreSQL's tail feeds (`fanout.rs`), fed here by each commit as it installs
+//! its state; it keeps no change log beyond the fan-out's ring, so a watch resumed before the
+//! ring's start is answered 410 Expired, as one before PostgreSQL's retained log is. Lists at
+//! an exact resourceVersion (continue tokens) are served from the recent committed states, as
+//! PostgreSQL serves them from its log.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,12 +19,14 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::feed::set_resource_version;
-use super::transact::{self, Backend};
-use super::{
-    now, ContinueToken, ListAt, ListQuery, ObjectList, Preconditions, ResourceVersion, Result,
-    SessionSignals, Store, StoreError, Subscription, Written,
+use super::error::{Result, StoreError};
+use super::fanout::{
+    Event, EventRenderings, EventType, Fanout, FanoutLimits, Replay, Subscription,
 };
+use super::port::{now, Preconditions, SessionSignals, Store, Written};
+use super::query::{ListAt, ListQuery, ObjectList};
+use super::rv::{set_resource_version, ContinueToken, ResourceVersion};
+use super::transact::{self, Backend};
 
 /// The epoch of every resourceVersion the memory store hands out.
 const EPOCH: u32 = 1;
@@ -141,11 +146,36 @@ impl Shared {
     }
 }
 
+/// Events kept in the fan-out's ring by [`MemoryStore::new`], and queued per watcher.
+const RING: usize = 1024;
+const WATCHER_BUFFER: usize = 1024;
+
 /// The in-memory store. Cheap to clone; clones share the state.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryStore {
     state: Arc<Mutex<Shared>>,
     signals: Arc<SessionSignals>,
+    /// Serves watches; every commit publishes its events here, in commit order.
+    fanout: Arc<Fanout>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_watch_limits(RING, WATCHER_BUFFER)
+    }
+}
+
+/// The memory store's replay: it keeps no log beyond the fan-out's ring, so there is never
+/// anything to replay (a subscription behind the ring is expired).
+struct NoLog;
+
+#[async_trait]
+impl Replay for NoLog {
+    async fn read_after(&self, _epoch: u32, _after: u64) -> Result<Vec<Arc<Event>>> {
+        Ok(Vec::new())
+    }
+
+    fn nudge(&self) {}
 }
 
 impl MemoryStore {
@@ -153,17 +183,74 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// A store whose watch fan-out keeps `ring` recent events (a watch may resume from any of
+    /// them, older ones are 410) and queues `watcher_buffer` events per watcher (a watcher
+    /// that falls further behind is cut off with 410).
+    pub fn with_watch_limits(ring: usize, watcher_buffer: usize) -> Self {
+        let limits = FanoutLimits {
+            buffer: watcher_buffer,
+            ring_capacity: ring,
+            ring_bytes: usize::MAX,
+            epoch_wait: std::time::Duration::ZERO,
+        };
+        Self {
+            state: Arc::default(),
+            signals: Arc::default(),
+            fanout: Fanout::new(EPOCH, 0, limits, None, Arc::new(NoLog)),
+        }
+    }
+
+    /// Number of live watch subscribers.
+    pub fn live_subscribers(&self) -> usize {
+        self.fanout.subscriber_count()
+    }
+
     async fn begin(&self) -> MemoryTx {
         let guard = self.state.clone().lock_owned().await;
         let staged = guard.current.clone();
-        MemoryTx { guard, staged }
+        MemoryTx {
+            guard,
+            staged,
+            events: Vec::new(),
+            fanout: self.fanout.clone(),
+        }
     }
 }
 
-/// A transaction: holds the state's lock and works on a copy, installed on commit.
+/// A transaction: holds the state's lock and works on a copy, installed on commit with the
+/// events of its writes.
 struct MemoryTx {
     guard: OwnedMutexGuard<Shared>,
     staged: State,
+    /// The change events of the writes so far, in sequence order.
+    events: Vec<Event>,
+    fanout: Arc<Fanout>,
+}
+
+/// The change event of a write at `seq`: `object` after it (for DELETED, the last state),
+/// `before` the state it replaced.
+fn change(
+    seq: u64,
+    event_type: EventType,
+    key: &ObjectKey,
+    object: &Value,
+    before: Option<&Value>,
+) -> Event {
+    let rv = ResourceVersion::new(EPOCH, seq);
+    let mut object = object.clone();
+    set_resource_version(&mut object, rv);
+    let encoded = |v: &Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+    Event {
+        rv,
+        event_type,
+        resource: key.resource.to_string(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        size: encoded(&object) + before.map_or(0, encoded),
+        object,
+        before: before.cloned(),
+        rendered: EventRenderings::default(),
+    }
 }
 
 #[async_trait]
@@ -188,6 +275,8 @@ impl Backend for MemoryTx {
                         return Err(StoreError::Internal(format!("{key:?} exists")));
                     }
                     s.seq += 1;
+                    self.events
+                        .push(change(s.seq, EventType::Added, &key, &body, None));
                     s.objects.insert(key.clone(), (s.seq, body));
                     versions.push((key, ResourceVersion::new(EPOCH, s.seq)));
                 }
@@ -195,16 +284,27 @@ impl Backend for MemoryTx {
                     s.seq += 1;
                     let seq = s.seq;
                     match s.objects.get_mut(&key) {
-                        Some(slot) => *slot = (seq, body),
+                        Some(slot) => {
+                            self.events.push(change(
+                                seq,
+                                EventType::Modified,
+                                &key,
+                                &body,
+                                Some(&slot.1),
+                            ));
+                            *slot = (seq, body);
+                        }
                         None => return Err(StoreError::Internal(format!("{key:?} is gone"))),
                     }
                     versions.push((key, ResourceVersion::new(EPOCH, seq)));
                 }
                 Write::Remove { key } => {
                     s.seq += 1;
-                    if s.objects.remove(&key).is_none() {
+                    let Some((_, last)) = s.objects.remove(&key) else {
                         return Err(StoreError::Internal(format!("{key:?} is gone")));
-                    }
+                    };
+                    self.events
+                        .push(change(s.seq, EventType::Deleted, &key, &last, Some(&last)));
                     versions.push((key, ResourceVersion::new(EPOCH, s.seq)));
                 }
                 Write::ReserveName { key, .. } => {
@@ -234,6 +334,10 @@ impl Backend for MemoryTx {
             }
         }
         shared.current = self.staged;
+        // Published while the state's lock is held: watchers see commits in their order.
+        for event in self.events {
+            self.fanout.publish(Arc::new(event));
+        }
         Ok(())
     }
 }
@@ -448,9 +552,28 @@ impl Store for MemoryStore {
         ))
     }
 
-    async fn subscribe(&self, _from: ResourceVersion) -> Result<Subscription> {
-        Err(StoreError::Unavailable(
-            "the in-memory store keeps no change log to watch".into(),
-        ))
+    async fn subscribe(&self, from: ResourceVersion) -> Result<Subscription> {
+        // Checked as PostgreSQL's store checks it, the ring standing for the retained log.
+        let (epoch, head) = self.fanout.position();
+        if from.epoch != epoch {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from}: the change history was reset (the epoch \
+                 changed: a restored database or an operator's --rotate-epoch); relist"
+            )));
+        }
+        if from.seq > head {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} is ahead of the current state ({}); relist",
+                ResourceVersion::new(epoch, head)
+            )));
+        }
+        let horizon = self.fanout.horizon();
+        if from.seq < horizon {
+            return Err(StoreError::Expired(format!(
+                "too old resource version: {from} ({})",
+                ResourceVersion::new(epoch, horizon)
+            )));
+        }
+        self.fanout.subscription(from)
     }
 }

@@ -13,8 +13,9 @@
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
+use super::error::{Result, StoreError};
+use super::query::ObjectList;
 use super::rv::ResourceVersion;
-use super::{ObjectList, Result, StoreError};
 use apis::Kind;
 
 /// Items of a list as served JSON, in list order. An error after the first item means the
@@ -71,7 +72,7 @@ pub fn served_json<K: Kind>(stored: &str, rv: ResourceVersion) -> Result<Bytes> 
     }
     let mut body: serde_json::Value = serde_json::from_str(stored)
         .map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))?;
-    super::feed::set_resource_version(&mut body, rv);
+    super::rv::set_resource_version(&mut body, rv);
     let object: K = serde_json::from_value(body)
         .map_err(|e| StoreError::Internal(format!("stored {} is unreadable: {e}", K::KIND)))?;
     typed_json(object)

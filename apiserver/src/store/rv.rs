@@ -15,6 +15,17 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Largest epoch value (exclusive).
 pub const EPOCH_LIMIT: u32 = 1 << 20;
 
+/// Writes `metadata.resourceVersion` into a stored body (stored bodies carry none: the
+/// version is the row's sequence number, known only once written).
+pub(crate) fn set_resource_version(object: &mut serde_json::Value, rv: ResourceVersion) {
+    if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.insert(
+            "resourceVersion".into(),
+            serde_json::Value::String(rv.to_string()),
+        );
+    }
+}
+
 /// A position in the change log of one epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ResourceVersion {

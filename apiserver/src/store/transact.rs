@@ -19,10 +19,10 @@ use rand::Rng;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{
-    ListAt, ListQuery, Preconditions, ResourceVersion, Result, SessionChanges, SessionEvent,
-    SessionSignals, Store, StoreError, Written,
-};
+use super::error::{Result, StoreError};
+use super::port::{Preconditions, SessionChanges, SessionEvent, SessionSignals, Store, Written};
+use super::query::{ListAt, ListQuery};
+use super::rv::ResourceVersion;
 
 /// Hook rounds one write may take before it is declared a bug (each round loads facts the
 /// previous one asked for; the kinds here need at most four).
@@ -155,7 +155,7 @@ fn session_changes(
             continue;
         };
         if let Some(at) = after.spec.expires_at.as_ref().map(|t| t.0) {
-            crate::store::fold_earliest(&mut changes.earliest_expiry, at);
+            super::port::fold_earliest(&mut changes.earliest_expiry, at);
         }
         let transition = match write {
             Write::Create { .. } => requested

@@ -32,12 +32,13 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::pool_err;
+use super::error::pool_err;
+use super::history::History;
 use super::tx::WriteTx;
-use crate::store::feed::Feed;
+use crate::store::error::{Result, StoreError};
+use crate::store::port::{SessionChanges, SessionSignals};
 use crate::store::rv::ResourceVersion;
 use crate::store::transact::{Backend, OnCommit};
-use crate::store::{Result, SessionChanges, SessionSignals, StoreError};
 
 /// Mutations in one group at most. Each that writes takes a subtransaction id; PostgreSQL
 /// caches 64 per transaction before other sessions' snapshots get slower.
@@ -69,7 +70,7 @@ struct Tally {
 async fn run(
     mut queue: mpsc::UnboundedReceiver<Job>,
     pool: Pool,
-    feed: Arc<Feed>,
+    history: Arc<History>,
     tally: Arc<Tally>,
 ) {
     let mut received = Vec::with_capacity(MAX_GROUP);
@@ -85,7 +86,7 @@ async fn run(
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         // A panicking hook must not take the writer down: the group's transaction is
         // dropped (its connection closed, so rolled back) and its callers are told.
-        if AssertUnwindSafe(run_group(&pool, &feed, group, &tally))
+        if AssertUnwindSafe(run_group(&pool, &history, group, &tally))
             .catch_unwind()
             .await
             .is_err()
@@ -97,15 +98,15 @@ async fn run(
 
 impl Writer {
     /// The queue and the task that drains it.
-    /// The feed hears of every sequence acknowledged, and of a database found behind them.
+    /// The history hears of every sequence acknowledged, and of a database found behind them.
     pub fn new(
         pool: Pool,
-        feed: Arc<Feed>,
+        history: Arc<History>,
         wait: Duration,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (queue, receiver) = mpsc::unbounded_channel();
         let tally = Arc::<Tally>::default();
-        let task = run(receiver, pool, feed, tally.clone());
+        let task = run(receiver, pool, history, tally.clone());
         (Self { queue, wait, tally }, task)
     }
 
@@ -309,7 +310,7 @@ impl Backend for GroupTx {
     }
 }
 
-async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>, tally: &Tally) {
+async fn run_group(pool: &Pool, history: &History, mut group: Vec<Job>, tally: &Tally) {
     // Every mutation's first reads, each once, read with the lock.
     let mut prefetch = Vec::new();
     let mut seen = HashSet::new();
@@ -321,7 +322,7 @@ async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>, tally: &Tally)
         }
     }
     let mut mutations: Vec<Box<dyn Mutation>> = group.into_iter().map(|j| j.mutation).collect();
-    let mut ran = attempt(pool, feed, &mut mutations, &prefetch, false).await;
+    let mut ran = attempt(pool, history, &mut mutations, &prefetch, false).await;
     // The database refused a held write: nothing of the group stands. Run it again, each
     // mutation's writes sent when it commits, in its own savepoint: the one refused fails
     // alone. (A group of one has its answer: the refusal.)
@@ -331,7 +332,7 @@ async fn run_group(pool: &Pool, feed: &Feed, mut group: Vec<Job>, tally: &Tally)
             mutations = mutations.len(),
             "the database refused a write of a group; running each mutation again in its own savepoint"
         );
-        ran = attempt(pool, feed, &mut mutations, &prefetch, true).await;
+        ran = attempt(pool, history, &mut mutations, &prefetch, true).await;
     }
     let Attempt { kept, outcome, .. } = ran;
     for (i, mutation) in mutations.into_iter().enumerate() {
@@ -368,19 +369,19 @@ impl Attempt {
 /// in its own savepoint, instead of holding them for the `COMMIT`.
 async fn attempt(
     pool: &Pool,
-    feed: &Feed,
+    history: &History,
     mutations: &mut [Box<dyn Mutation>],
     prefetch: &[Read],
     careful: bool,
 ) -> Attempt {
-    let mark = feed.mark();
+    let mark = history.mark();
     let begun = match pool.get().await.map_err(pool_err) {
         Ok(client) => WriteTx::begin(client, prefetch.to_vec()).await,
         Err(e) => Err(e),
     };
     // Sequence numbers this process acknowledged before must never be handed out again: the
-    // database is an older copy (the feed rotates the epoch; the writes are retried there).
-    let begun = begun.and_then(|tx| match feed.went_back(mark, tx.epoch(), tx.seq()) {
+    // database is an older copy (the tail rotates the epoch; the writes are retried there).
+    let begun = begun.and_then(|tx| match history.went_back(mark, tx.epoch(), tx.seq()) {
         Some(reason) => Err(StoreError::Unavailable(reason)),
         None => Ok(tx),
     });
@@ -420,7 +421,7 @@ async fn attempt(
     let mut tx = tx.lock().await;
     let outcome = tx.finish(wrote).await;
     if wrote && outcome.is_ok() {
-        feed.observe(tx.epoch(), tx.seq());
+        history.observe(tx.epoch(), tx.seq());
     }
     // With nothing written a failed ROLLBACK changes no answer (the connection is closed).
     Attempt {

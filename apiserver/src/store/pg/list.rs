@@ -14,12 +14,27 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
+use super::error::{pg_err, pool_err};
+use super::history::{History, Mark};
 use super::tx::{fact_of, run_reads};
-use super::{pg_err, PgStore};
-use crate::store::feed::{set_resource_version, Mark};
+use crate::store::error::{Result, StoreError};
+use crate::store::port::now;
+use crate::store::query::{ListAt, ListQuery, ObjectList};
 use crate::store::raw::{self, RawItems, RawList};
-use crate::store::rv::{ContinueToken, ResourceVersion};
-use crate::store::{now, ListAt, ListQuery, ObjectList, Result, StoreError};
+use crate::store::rv::{set_resource_version, ContinueToken, ResourceVersion};
+
+/// What reads need of the store: the pool, and the history their heads are checked against.
+#[derive(Clone)]
+pub(super) struct Reader {
+    pub pool: deadpool_postgres::Pool,
+    pub history: Arc<History>,
+}
+
+impl Reader {
+    async fn client(&self) -> Result<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(pool_err)
+    }
+}
 
 /// Where the change log stands: its epoch, its head and the horizon after which every change
 /// is still in the log.
@@ -50,15 +65,15 @@ pub(super) async fn head(client: &impl GenericClient) -> Result<Head> {
 }
 
 /// The [`Head`] a list reads at, recorded as handed out; one behind what this process handed
-/// out before `mark` means an older copy of the database was put back (503: the feed rotates
+/// out before `mark` means an older copy of the database was put back (503: the tail rotates
 /// the epoch, and the list is retried there).
-async fn checked_head(store: &PgStore, mark: Mark, client: &impl GenericClient) -> Result<Head> {
+async fn checked_head(store: &Reader, mark: Mark, client: &impl GenericClient) -> Result<Head> {
     let head = head(client).await?;
-    let feed = &store.inner.feed;
-    if let Some(reason) = feed.went_back(mark, head.epoch, head.seq) {
+    let history = &store.history;
+    if let Some(reason) = history.went_back(mark, head.epoch, head.seq) {
         return Err(StoreError::Unavailable(reason));
     }
-    feed.observe(head.epoch, head.seq);
+    history.observe(head.epoch, head.seq);
     Ok(head)
 }
 
@@ -98,7 +113,7 @@ async fn complete<K: Strategy>(
     })
 }
 
-pub(super) async fn get<K: Strategy>(store: &PgStore, namespace: &str, name: &str) -> Result<K> {
+pub(super) async fn get<K: Strategy>(store: &Reader, namespace: &str, name: &str) -> Result<K> {
     let client = store.client().await?;
     let stmt = client
         .prepare_cached(
@@ -272,8 +287,8 @@ fn labels_match(selector: &LabelSelector, value: Option<Value>) -> bool {
     selector.matches(labels.as_ref())
 }
 
-pub(super) async fn list<K: Strategy>(store: &PgStore, query: &ListQuery) -> Result<ObjectList<K>> {
-    let mark = store.inner.feed.mark();
+pub(super) async fn list<K: Strategy>(store: &Reader, query: &ListQuery) -> Result<ObjectList<K>> {
+    let mark = store.history.mark();
     let mut client = store.client().await?;
     let tx = client
         .build_transaction()
@@ -379,7 +394,7 @@ async fn fill<T, P>(
 /// short transaction of its own at that snapshot's resourceVersion (served from the change
 /// log's before-images, as continue pages are), so a slow reader holds neither a
 /// connection nor a snapshot, and memory does not grow with the list.
-pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) -> Result<RawList> {
+pub(super) async fn list_raw<K: Strategy>(store: &Reader, query: &ListQuery) -> Result<RawList> {
     if K::COMPLETES_READS {
         return raw::from_typed(list::<K>(store, query).await?);
     }
@@ -389,7 +404,7 @@ pub(super) async fn list_raw<K: Strategy>(store: &PgStore, query: &ListQuery) ->
             labels: !query.labels.is_empty(),
         },
     );
-    let mark = store.inner.feed.mark();
+    let mark = store.history.mark();
     let mut client = store.client().await?;
     let tx = client
         .build_transaction()
@@ -479,7 +494,7 @@ fn raw_chunk<K: Strategy>(
 /// The chunks of a streamed list after its first: each read in a transaction of its own at
 /// the list's resourceVersion.
 struct Chunks {
-    store: PgStore,
+    store: Reader,
     page: Arc<PageQuery>,
     labels: Arc<LabelSelector>,
     rv: ResourceVersion,

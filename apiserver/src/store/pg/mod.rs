@@ -1,11 +1,21 @@
-//! The PostgreSQL store (DESIGN §3): configuration, the pool, the write gate and the
-//! background tasks. Reads are in `list`, the write transaction in `tx`, the SQL of the
-//! facts kinds ask for in `sessions` and `revocations`.
+//! The PostgreSQL adapter of the storage port (DESIGN §3): configuration, the pool, the write
+//! gate and the background tasks. Connecting (with TLS) is in `connect`, the schema in
+//! `migrate`, the epoch in `epoch`, reads in `list`, the write transaction in `tx` (queued by
+//! `group`), the SQL of the facts kinds ask for in `sessions` and `revocations`, the LISTEN
+//! tail that feeds the watch fan-out in `tail`, and how far the history went in `history`.
+//! Its modules import one another, never this file.
 
+pub(super) mod connect;
+mod epoch;
+mod error;
 mod group;
+mod history;
 mod list;
+pub(super) mod migrate;
+mod params;
 mod revocations;
 mod sessions;
+pub(super) mod tail;
 mod tx;
 
 pub use sessions::NEXT_SESSION_EXPIRY_SQL;
@@ -19,17 +29,22 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
-use super::connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
-use super::epoch;
-use super::feed::{Feed, FeedLimits, FeedMetrics};
+use tokio::sync::Notify;
+
+use super::error::{Result, StoreError};
+use super::fanout::{Fanout, FanoutLimits, FeedMetrics, Subscription};
+use super::port::{Preconditions, SessionSignals, Store, Written};
+use super::query::{ListQuery, ObjectList};
+use super::raw::RawList;
 use super::rv::ResourceVersion;
 use super::transact;
-use super::{
-    apply_migrations, ListQuery, ObjectList, Preconditions, Result, SessionSignals, Store,
-    StoreError, Subscription, Written,
-};
 use crate::tasks::Background;
+use connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
+use error::{pg_err, pool_err};
 use group::Writer;
+use history::History;
+use migrate::apply_migrations;
+use tail::{LogReplay, Tail, TailLimits};
 
 /// Store settings.
 #[derive(Clone, Debug)]
@@ -99,59 +114,14 @@ struct Inner {
     pool: Pool,
     /// The queue of this process's one writer (group commit).
     writer: Writer,
-    feed: Arc<Feed>,
+    /// The watch fan-out the tail feeds.
+    fanout: Arc<Fanout>,
+    /// What reads need: the pool and the history their heads are checked against.
+    reader: list::Reader,
     config: StoreConfig,
     /// The change feed and the log trimmer, aborted when the last clone is dropped.
     tasks: Background,
     signals: Arc<SessionSignals>,
-}
-
-pub(super) fn pg_err(e: tokio_postgres::Error) -> StoreError {
-    use tokio_postgres::error::SqlState;
-    match e.as_db_error() {
-        // A statement, lock or idle-transaction timeout, a cancel, or a server going away:
-        // the request may succeed when retried, so 503 with Retry-After, never 500.
-        Some(db)
-            if [
-                SqlState::QUERY_CANCELED,
-                SqlState::LOCK_NOT_AVAILABLE,
-                SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-                SqlState::ADMIN_SHUTDOWN,
-                SqlState::CRASH_SHUTDOWN,
-                SqlState::CANNOT_CONNECT_NOW,
-                SqlState::TOO_MANY_CONNECTIONS,
-                // Only ever the echo of an earlier failure in the same transaction: a
-                // statement pipelined after the sync-state lock request (which timed out)
-                // can report first. The lock's own error is the cause.
-                SqlState::IN_FAILED_SQL_TRANSACTION,
-            ]
-            .contains(db.code()) =>
-        {
-            StoreError::Unavailable(format!("{}: {}", db.code().code(), db.message()))
-        }
-        Some(db) => StoreError::Internal(format!("{}: {}", db.code().code(), db.message())),
-        // tokio-postgres names only the step ("error performing TLS handshake"); the cause
-        // (e.g. the certificate is not valid for the host name) is its source. Neither
-        // carries the DSN or a password.
-        None => {
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                message.push_str(": ");
-                message.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            StoreError::Unavailable(message)
-        }
-    }
-}
-
-pub(super) fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
-    match e {
-        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
-        // Timeouts (wait, create, recycle) and a closed pool: retry later.
-        e => StoreError::Unavailable(e.to_string()),
-    }
 }
 
 impl PgStore {
@@ -211,21 +181,38 @@ impl PgStore {
             .recycle_timeout(Some(config.pool_timeout))
             .build()
             .map_err(|e| StoreError::Internal(e.to_string()))?;
-        let feed = Feed::new(
-            pool.clone(),
+        let limits = TailLimits {
+            page_bytes: config.page_bytes.max(1),
+            staleness_bound: config.staleness_bound,
+        };
+        let wake = Arc::new(Notify::new());
+        let replay = LogReplay {
+            pool: pool.clone(),
+            limits,
+            wake: wake.clone(),
+        };
+        let fanout = Fanout::new(
             epoch,
             head,
-            FeedLimits {
+            FanoutLimits {
                 buffer: config.watcher_buffer,
                 ring_capacity: config.ring_capacity,
                 ring_bytes: config.ring_bytes,
-                page_bytes: config.page_bytes.max(1),
-                staleness_bound: config.staleness_bound,
+                epoch_wait: config.staleness_bound,
             },
+            Some(config.staleness_bound),
+            Arc::new(replay),
         );
+        let history = History::new(fanout.clone(), wake.clone());
+        let tail = Arc::new(Tail {
+            fanout: fanout.clone(),
+            history: history.clone(),
+            limits,
+            wake,
+        });
         let mut tasks = Background::default();
-        tasks.spawn("change feed", feed.clone().run(session, tls));
-        let (writer, writing) = Writer::new(pool.clone(), feed.clone(), config.pool_timeout);
+        tasks.spawn("change feed", tail.run(session, tls));
+        let (writer, writing) = Writer::new(pool.clone(), history.clone(), config.pool_timeout);
         tasks.spawn("writer", writing);
         let trimmer = Trimmer {
             pool: pool.clone(),
@@ -242,9 +229,13 @@ impl PgStore {
         });
         Ok(Self {
             inner: Arc::new(Inner {
+                reader: list::Reader {
+                    pool: pool.clone(),
+                    history,
+                },
                 pool,
                 writer,
-                feed,
+                fanout,
                 config,
                 tasks,
                 signals: Arc::default(),
@@ -277,13 +268,13 @@ impl PgStore {
 
     /// Number of live change-feed subscribers.
     pub fn live_subscribers(&self) -> usize {
-        self.inner.feed.subscriber_count()
+        self.inner.fanout.subscriber_count()
     }
 
     /// Whether the change feed currently vouches for delivering every committed change
     /// within its staleness bound (part of readiness).
     pub fn change_feed_live(&self) -> bool {
-        self.inner.tasks.all_running() && self.inner.feed.is_live()
+        self.inner.tasks.all_running() && self.inner.fanout.is_live()
     }
 
     /// Resolves with a report when the change feed or the log trimmer ends or panics (they
@@ -294,12 +285,12 @@ impl PgStore {
 
     /// The change feed's metrics (head, lag, cut-offs), to register before serving.
     pub fn change_feed_metrics(&self) -> FeedMetrics {
-        self.inner.feed.metrics()
+        self.inner.fanout.metrics()
     }
 
     /// Events and encoded bytes held in the change feed's in-memory ring.
     pub fn change_feed_ring(&self) -> (usize, usize) {
-        self.inner.feed.ring_usage()
+        self.inner.fanout.ring_usage()
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -368,15 +359,15 @@ impl PgStore {
 #[async_trait]
 impl Store for PgStore {
     async fn get<K: Strategy>(&self, namespace: &str, name: &str) -> Result<K> {
-        list::get(self, namespace, name).await
+        list::get(&self.inner.reader, namespace, name).await
     }
 
     async fn list<K: Strategy>(&self, query: &ListQuery) -> Result<ObjectList<K>> {
-        list::list(self, query).await
+        list::list(&self.inner.reader, query).await
     }
 
-    async fn list_raw<K: Strategy>(&self, query: &ListQuery) -> Result<crate::store::RawList> {
-        list::list_raw::<K>(self, query).await
+    async fn list_raw<K: Strategy>(&self, query: &ListQuery) -> Result<RawList> {
+        list::list_raw::<K>(&self.inner.reader, query).await
     }
 
     async fn create<K: Strategy>(
@@ -497,11 +488,10 @@ impl Store for PgStore {
     async fn server_fenced(&self, server_uid: &str, namespace: &str) -> Result<bool> {
         let client = self.client().await?;
         let (sql, params) = revocations::fenced(server_uid, namespace);
-        let bound: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-            .iter()
-            .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-            .collect();
-        let row = client.query_one(&sql, &bound).await.map_err(pg_err)?;
+        let row = client
+            .query_one(&sql, &params::bound(&params))
+            .await
+            .map_err(pg_err)?;
         Ok(row.get::<_, bool>(0))
     }
 
@@ -542,6 +532,6 @@ impl Store for PgStore {
                 ResourceVersion::new(epoch, horizon)
             )));
         }
-        self.inner.feed.subscription(from)
+        self.inner.fanout.subscription(from)
     }
 }

@@ -4,8 +4,8 @@
 use apis::locks::Fence;
 use apis::Revocation;
 
-use super::tx::Params;
-use crate::store::{Result, StoreError};
+use super::params::Params;
+use crate::store::error::{Result, StoreError};
 
 /// Whether a fence covers the server uid in a namespace: one installed there, or a
 /// cluster-wide one.

@@ -6,7 +6,7 @@ use apis::strategy::ObjectKey;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::tx::Params;
+use super::params::Params;
 
 /// Whether a name is reserved by a deleted object.
 pub(super) fn name_reserved(key: &ObjectKey) -> (String, Params) {

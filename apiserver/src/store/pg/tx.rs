@@ -7,14 +7,13 @@ use apis::strategy::{Fact, ObjectKey, Read, Write};
 use apis::{AccessSession, Kind, Revocation};
 use deadpool_postgres::GenericClient;
 use serde_json::Value;
-use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::pg_err;
+use super::error::pg_err;
+use super::params::{bound, Params};
 use super::{revocations, sessions};
-use crate::store::feed::set_resource_version;
-use crate::store::rv::ResourceVersion;
-use crate::store::{Result, StoreError};
+use crate::store::error::{Result, StoreError};
+use crate::store::rv::{set_resource_version, ResourceVersion};
 
 /// Sent after every run of writes: moves the sync-state sequence to the last one written
 /// (the row is already locked by this transaction) and queues the commit notification for
@@ -31,17 +30,6 @@ pub(super) struct StoredRow {
 
 pub(super) const LOAD_SQL: &str =
     "SELECT seq, uid, body FROM objects WHERE resource = $1 AND namespace = $2 AND name = $3";
-
-/// Bound parameters of one statement.
-pub(super) type Params = Vec<Box<dyn ToSql + Sync + Send>>;
-
-/// `params` as a statement takes them.
-fn bound(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
-    params
-        .iter()
-        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
-        .collect()
-}
 
 /// One read as SQL: its statement text and parameters.
 pub(super) struct ReadQuery {

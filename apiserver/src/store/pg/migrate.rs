@@ -3,29 +3,29 @@
 
 use tokio_postgres::Client;
 
-use super::{Result, StoreError};
+use crate::store::error::{Result, StoreError};
 
 /// Every migration, in order. Files are never edited once released; add a new one instead.
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (
         1,
         "initial",
-        include_str!("../../../migrations/0001_initial.sql"),
+        include_str!("../../../../migrations/0001_initial.sql"),
     ),
     (
         2,
         "scoped_fences",
-        include_str!("../../../migrations/0002_scoped_fences.sql"),
+        include_str!("../../../../migrations/0002_scoped_fences.sql"),
     ),
     (
         3,
         "session_expiry",
-        include_str!("../../../migrations/0003_session_expiry.sql"),
+        include_str!("../../../../migrations/0003_session_expiry.sql"),
     ),
     (
         4,
         "epoch_identity",
-        include_str!("../../../migrations/0004_epoch_identity.sql"),
+        include_str!("../../../../migrations/0004_epoch_identity.sql"),
     ),
 ];
 

@@ -10,16 +10,18 @@
 //! the live database at start and whenever its change feed reconnects, and rotates when any
 //! differs, when an operator set `rotate_requested`, or when `--rotate-epoch` asks for it. What
 //! these cannot see (a file-level copy of the same cluster put back on the same timeline) is
-//! caught by running replicas, which remember how far the history went (`feed.rs`).
+//! caught by running replicas, which remember how far the history went (`history.rs`).
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::rv::EPOCH_LIMIT;
-use super::{Result, StoreError};
+use super::error::pg_err;
+use crate::store::error::{Result, StoreError};
+use crate::store::rv::EPOCH_LIMIT;
 
-/// The channel every committing transaction notifies (the feed's).
-use super::feed::CHANNEL;
+/// The channel every committing transaction and every rotation notifies; the tail LISTENs on
+/// it (`tail.rs`).
+pub(crate) const CHANNEL: &str = "mcp_access_changes";
 
 /// The live database's identity, as SQL expressions.
 const SYSTEM_ID: &str = "(SELECT system_identifier FROM pg_control_system())::text";
@@ -131,7 +133,7 @@ fn identity_refused(e: &tokio_postgres::Error) -> bool {
 }
 
 fn db_err(e: tokio_postgres::Error) -> StoreError {
-    super::pg::pg_err(e)
+    pg_err(e)
 }
 
 /// Reads the sync-state row and the live identity.
