@@ -20,7 +20,7 @@ use support::server::{
     TestServer, TokenSetup, ADMIN_TOKEN, TEST_ISSUER, TEST_TOKEN_MAX_TTL, USER_TOKEN,
 };
 use support::store_ext::StoreExt;
-use support::{mk_human_session, mk_session, revoke};
+use support::{in_hours, mk_human_session, mk_session, revoke};
 
 const NS: &str = "demo";
 const SERVER_UID: &str = "srv-uid-1";
@@ -204,7 +204,10 @@ async fn a_token_names_its_session_and_verifies_with_the_published_jwks() {
 #[tokio::test]
 async fn a_token_never_outlives_the_max_ttl_or_its_session() {
     let server = TestServer::start().await;
-    create(&server, mk_session(NS, "long", SERVER_UID)).await;
+    // Longer than the maximum lifetime by far: the cap, not the session, sets `exp`.
+    let mut long = mk_session(NS, "long", SERVER_UID);
+    long.spec.expires_at = Some(in_hours(24));
+    create(&server, long).await;
     let mut short = mk_session(NS, "short", SERVER_UID);
     let ends = Timestamp::now()
         .checked_add(SignedDuration::from_secs(300))
