@@ -827,4 +827,45 @@ mod tests {
             );
         }
     }
+
+    /// The digests of every child, pinned: a change to how bodies are built or hashed would
+    /// make every live child look changed and re-apply the whole fleet once.
+    #[test]
+    fn digests_are_pinned() {
+        let server = server("tools", "github", 8080);
+        let servers = [&server];
+        let inputs = Inputs {
+            servers: &servers,
+            context_labels: None,
+            live_workspace: Some("2Gi"),
+        };
+        let got: Vec<String> = children(
+            &host("agent", Some("agent-env"), None),
+            &settings(),
+            &inputs,
+        )
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.kind.as_str(),
+                c.body["metadata"]["annotations"][crate::mcpserver::desired::DESIRED_DIGEST]
+                    .as_str()
+                    .unwrap()
+            )
+        })
+        .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 7] = [
+        "ServiceAccount ef4644fe97fc910681a3bc8cef473a3879970ac804c97ef28eeeb78be3df5e1a",
+        "Role 943690f3a95c0ee04b9ccf4369f97e36995403714c9eff37e7bec76fabb7bd64",
+        "RoleBinding d052bff0fb68f15c679ee6bb873201241918be7efb55337686a8b209f2d03f7c",
+        "PersistentVolumeClaim 3e2f835c8666446ad84eb11bfba07a31ce6d199f3739a9fd614d9ba6279ad0b1",
+        "NetworkPolicy 5ecb98dc5ea17f8f4a13a779ce5b728367d2f5fd1f0851a75ac68ea3d3cf6629",
+        "Service 8ae280da82f76bbc3aec0a1e49686822b463cd758ca5216ef85d8e9879215c20",
+        "Deployment f9e5f8bd249fc04653175eb1106e214b2740afee29b384fd5335e827b35ef826",
+    ];
 }

@@ -615,4 +615,35 @@ mod tests {
         // Absent object.
         assert!(!up_to_date(desired, &Value::Null));
     }
+
+    /// The digests of every child, pinned: a change to how bodies are built or hashed would
+    /// make every live child look changed and re-apply the whole fleet once.
+    #[test]
+    fn digests_are_pinned() {
+        let secret = EnvSecret {
+            name: "github-env".into(),
+            keys: vec!["GITHUB_TOKEN".into()],
+        };
+        let got: Vec<String> = children(&server(Some(secret)), &settings())
+            .unwrap()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c.kind.as_str(),
+                    c.body["metadata"]["annotations"][DESIRED_DIGEST]
+                        .as_str()
+                        .unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 4] = [
+        "ServiceAccount 8e5573bd53ff05183190738f287dca95a99f8dbd0fc6d3fdea84439deb9a6fbb",
+        "ConfigMap 9987befc8e1a144aa8a61171926bd8e6dbaad9ee860e5289c356ac980fefeb92",
+        "Service 1b41be99e65c63d42e5863d549f46186970ee3d7424ae863e3529b9014243240",
+        "Deployment 34155fa583b0dd0b9934db387b100ebffe911c130b58fa66dd492c8006fae30f",
+    ];
 }

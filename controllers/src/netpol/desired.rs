@@ -914,4 +914,45 @@ mod tests {
         }
         assert_eq!(PolicyType::parse("l0-deny-some"), None);
     }
+
+    /// The digests of every policy, pinned: a change to how bodies are built or hashed would
+    /// make every live policy look changed and re-apply them all once.
+    #[test]
+    fn digests_are_pinned() {
+        let egress = BTreeMap::new();
+        let servers = [mk_server("team-a", "github", 8080)];
+        let contexts = [mk_context("team-b", "dev", &[("team-a", "github")])];
+        let inv = Inventory {
+            servers: &servers,
+            contexts: &contexts,
+            egress: &egress,
+        };
+        let got: Vec<String> = policies(&inv, &settings())
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{} {}",
+                    p.namespace,
+                    p.name,
+                    p.body["metadata"]["annotations"][crate::mcpserver::desired::DESIRED_DIGEST]
+                        .as_str()
+                        .unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 10] = [
+        "team-a/mcp-l0-deny-all 4324333c00ab7aafdaf82ef27e08ae9127daa8c22af8c2b1c2a7e841bde48957",
+        "team-a/mcp-l1-dns 99246112419250140e52dd7cdf226dfe5a893be4d07a2b0ec062a1a65bf5f860",
+        "team-a/mcp-l1-gateway-sync 8d4ddc127b86886427b7d380c84575d65b09d30ce7ac4df52f94cb5380a6109c",
+        "team-a/mcp-l1-kube-api ea50598735fdb35e49afeddaca31ab23f02479c9b230b6372bebcfe06fb48862",
+        "team-a/mcp-l2-ingress.github.team-b.dev 5cbaf10a8d6bccbcad572946d2639de076a676f957215ef4cc75fd6531a9953e",
+        "team-b/mcp-l0-deny-all 763c298636c514247a3efc3c2ee4c259905bdaf2ab3c94d3a51885c9c3a23131",
+        "team-b/mcp-l1-dns a52452d67674f4db17e0ec7dad70a34cb4bff857945475d31a318f125a3395f1",
+        "team-b/mcp-l1-gateway-sync 8f29869724ec6425b16135e5d6465e47e690236640ab6a0b07a5fde377a3c1b4",
+        "team-b/mcp-l1-kube-api 1523e760e71460482e4fc500bacb32fefc09c3f47c1d530d5193454b3693bc50",
+        "team-b/mcp-l2-egress.dev.team-a.github 40e63d54ecfc5ce0d792f56918be0a2a24d386776834111e83644f02298939b8",
+    ];
 }
