@@ -12,7 +12,6 @@
 //!   `server_retired` Revocation) before its objects may go.
 #![forbid(unsafe_code)]
 
-pub mod apply;
 pub mod children;
 pub mod cli;
 pub mod host;

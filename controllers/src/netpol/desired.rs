@@ -12,10 +12,12 @@ use std::collections::BTreeMap;
 use apis::runtime::{Context, MCPServer, PodPeer, PortRef};
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Resource;
 use serde_json::{json, Value};
 
 use super::settings::{Label, NetpolSettings};
-use crate::mcpserver::desired::{with_digest, MANAGED_BY, MANAGED_BY_LABEL, SERVER_LABEL};
+use crate::children::{digest, with_digest, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::mcpserver::desired::SERVER_LABEL;
 
 /// Label typing a generated policy (its layer and role).
 pub const POLICY_TYPE_LABEL: &str = "mcp-runtime.dev/policy-type";
@@ -388,15 +390,9 @@ fn context_pair(
         PolicyType::ContextEgress.as_str().into(),
     );
     labels.insert(SERVER_NAMESPACE_LABEL.into(), server_ns.into());
-    let owner = match (&context.metadata.uid, ctx_ns) {
-        (Some(uid), _) => Some(json!({
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "Context",
-            "name": ctx_name,
-            "uid": uid,
-        })),
-        (None, _) => None,
-    };
+    // A plain owner reference (kube's helper): the garbage collector removes the policy
+    // with the Context, and no controller claims it.
+    let owner = context.owner_ref(&()).map(|o| json!(o));
     out.push(policy(
         ctx_ns,
         fit("mcp-l2-egress", &[ctx_name, server_ns, server_name]),
@@ -514,13 +510,9 @@ fn base_labels(t: PolicyType) -> BTreeMap<String, String> {
     ])
 }
 
+/// A plain owner reference to `server` (kube's helper; `None` without a name or uid).
 fn server_owner(server: &MCPServer) -> Option<Value> {
-    Some(json!({
-        "apiVersion": "mcp-runtime.dev/v1alpha1",
-        "kind": "MCPServer",
-        "name": server.metadata.name.as_deref()?,
-        "uid": server.metadata.uid.as_deref()?,
-    }))
+    server.owner_ref(&()).map(|o| json!(o))
 }
 
 fn policy(
@@ -559,7 +551,7 @@ fn fit(prefix: &str, parts: &[&str]) -> String {
     if name.len() <= MAX_NAME && !parts.iter().any(|p| p.contains('.')) {
         return name;
     }
-    let digest = crate::mcpserver::desired::digest(&json!(parts));
+    let digest = digest(&json!(parts));
     let keep = (MAX_NAME - 17).min(name.len());
     let start: String = name[..keep]
         .chars()
@@ -934,7 +926,7 @@ mod tests {
                     "{}/{} {}",
                     p.namespace,
                     p.name,
-                    p.body["metadata"]["annotations"][crate::mcpserver::desired::DESIRED_DIGEST]
+                    p.body["metadata"]["annotations"][crate::children::DESIRED_DIGEST]
                         .as_str()
                         .unwrap()
                 )
