@@ -6,11 +6,13 @@
 //! - [`host`]: a Host's runtime (Deployment, Service, workspace PVC, ServiceAccount and Role,
 //!   NetworkPolicy) and the startup sweep of deleted Hosts' objects;
 //! - [`hostapi`]: the host-scoped HTTPS API (inventory and credentials, RS256 host tokens);
+//! - [`children`]: what the three share about their children: labels, the digest and the
+//!   compare-before-apply check, owner references, apply, prune, and one [`children::ReconcileError`];
 //! - [`retire`]: the finalizer that fences a deleted MCPServer through the aggregated API (a
 //!   `server_retired` Revocation) before its objects may go.
 #![forbid(unsafe_code)]
 
-pub mod apply;
+pub mod children;
 pub mod cli;
 pub mod host;
 pub mod hostapi;

@@ -21,7 +21,8 @@ use apis::runtime::{
     Context, ContextSpec, EgressBinding, EgressBindingType, EgressPeer, MCPServer, MCPServerSpec,
     NetworkProtocol, PodPeer, PortRef, ServerNetwork, ServerRef, Transport,
 };
-use controllers::mcpserver::desired::{children, ChildKind, WorkloadSettings};
+use controllers::children::ChildKind;
+use controllers::mcpserver::desired::{children, WorkloadSettings};
 use controllers::netpol::desired::{policies, EgressAllow, Inventory};
 use controllers::netpol::egress::{
     prove, BindingError, BindingFailure, EgressProof, StaticResolver,

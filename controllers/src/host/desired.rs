@@ -12,7 +12,11 @@ use apis::runtime::{Host, MCPServer};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
-use crate::mcpserver::desired::{with_digest, MANAGED_BY, MANAGED_BY_LABEL, SERVER_LABEL};
+use crate::children::{
+    child_metadata, digest, name_of, namespace_of, quantity, Child, ChildKind, Incomplete,
+    MANAGED_BY, MANAGED_BY_LABEL,
+};
+use crate::mcpserver::desired::SERVER_LABEL;
 use crate::netpol::settings::{Label, NetpolSettings};
 
 /// Label naming the Host an object belongs to (its name, or a fitted form of a long one).
@@ -47,55 +51,15 @@ pub struct HostSettings {
 }
 
 /// The kinds of children a Host has, in the order they are applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ChildKind {
-    ServiceAccount,
-    Role,
-    RoleBinding,
-    PersistentVolumeClaim,
-    NetworkPolicy,
-    Service,
-    Deployment,
-}
-
-impl ChildKind {
-    pub const ALL: [ChildKind; 7] = [
-        ChildKind::ServiceAccount,
-        ChildKind::Role,
-        ChildKind::RoleBinding,
-        ChildKind::PersistentVolumeClaim,
-        ChildKind::NetworkPolicy,
-        ChildKind::Service,
-        ChildKind::Deployment,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChildKind::ServiceAccount => "ServiceAccount",
-            ChildKind::Role => "Role",
-            ChildKind::RoleBinding => "RoleBinding",
-            ChildKind::PersistentVolumeClaim => "PersistentVolumeClaim",
-            ChildKind::NetworkPolicy => "NetworkPolicy",
-            ChildKind::Service => "Service",
-            ChildKind::Deployment => "Deployment",
-        }
-    }
-}
-
-/// One child object to apply.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Child {
-    pub kind: ChildKind,
-    pub name: String,
-    pub body: Value,
-}
-
-/// Why children cannot be built: the Host lacks what an owner reference needs.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DesiredError {
-    #[error("the Host has no {0} yet")]
-    Missing(&'static str),
-}
+pub const KINDS: [ChildKind; 7] = [
+    ChildKind::ServiceAccount,
+    ChildKind::Role,
+    ChildKind::RoleBinding,
+    ChildKind::PersistentVolumeClaim,
+    ChildKind::NetworkPolicy,
+    ChildKind::Service,
+    ChildKind::Deployment,
+];
 
 /// `base` + `suffix` as a DNS label (≤ 63, no dots): as is when it fits, otherwise the start
 /// of it (dots made dashes) and a digest of the whole, so two Hosts never share a name.
@@ -104,7 +68,7 @@ pub fn fit_label(base: &str, suffix: &str) -> String {
     if name.len() <= MAX_LABEL && !name.contains('.') {
         return name;
     }
-    let digest = crate::mcpserver::desired::digest(&json!([base, suffix]));
+    let digest = digest(&json!([base, suffix]));
     let keep = (MAX_LABEL - 17).min(name.len());
     let start: String = name[..keep]
         .chars()
@@ -120,7 +84,7 @@ pub fn host_label(name: &str) -> String {
     if name.len() <= MAX_LABEL {
         return name.to_string();
     }
-    let digest = crate::mcpserver::desired::digest(&json!([name, ""]));
+    let digest = digest(&json!([name, ""]));
     let start = name[..MAX_LABEL - 17].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
     format!("{start}_{}", &digest[..16])
 }
@@ -162,27 +126,8 @@ pub fn host_pods(host: &str) -> Value {
     json!({"matchLabels": labels(host)})
 }
 
-fn metadata(host: &Host, name: &str) -> Result<Value, DesiredError> {
-    let meta = &host.metadata;
-    let owner = meta.name.as_deref().ok_or(DesiredError::Missing("name"))?;
-    let uid = meta.uid.as_deref().ok_or(DesiredError::Missing("uid"))?;
-    let namespace = meta
-        .namespace
-        .as_deref()
-        .ok_or(DesiredError::Missing("namespace"))?;
-    Ok(json!({
-        "name": name,
-        "namespace": namespace,
-        "labels": labels(owner),
-        "ownerReferences": [{
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "Host",
-            "name": owner,
-            "uid": uid,
-            "controller": true,
-            "blockOwnerDeletion": true,
-        }],
-    }))
+fn metadata(host: &Host, name: &str) -> Result<Value, Incomplete> {
+    child_metadata(host, name, labels(name_of(host)?))
 }
 
 /// What the children are built from besides the Host.
@@ -202,17 +147,9 @@ pub fn children(
     host: &Host,
     settings: &HostSettings,
     inputs: &Inputs,
-) -> Result<Vec<Child>, DesiredError> {
-    let name = host
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(DesiredError::Missing("name"))?;
-    let namespace = host
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(DesiredError::Missing("namespace"))?;
+) -> Result<Vec<Child>, Incomplete> {
+    let name = name_of(host)?;
+    let namespace = namespace_of(host)?;
     let spec = &host.spec;
     let identity = identity_name(name);
     let workload = workload_name(name);
@@ -363,11 +300,7 @@ pub fn children(
         (ChildKind::Deployment, workload, deployment),
     ]
     .into_iter()
-    .map(|(kind, name, body)| Child {
-        kind,
-        name,
-        body: with_digest(body),
-    })
+    .map(|(kind, name, body)| Child::new(kind, name, body))
     .collect())
 }
 
@@ -438,7 +371,7 @@ pub fn workspace_size(wanted: &str, live: Option<&str>) -> String {
 
 /// Bytes of a Kubernetes quantity (`1Gi`, `500M`, `1.5Ti`, `2e9`), if it parses.
 pub fn quantity_bytes(q: &str) -> Option<f64> {
-    crate::mcpserver::desired::quantity(q.trim()).filter(|n| n.is_finite() && *n >= 0.0)
+    quantity(q.trim()).filter(|n| n.is_finite() && *n >= 0.0)
 }
 
 #[cfg(test)]
@@ -520,7 +453,7 @@ mod tests {
         )
         .unwrap();
         let kinds: Vec<ChildKind> = children.iter().map(|c| c.kind).collect();
-        assert_eq!(kinds, ChildKind::ALL);
+        assert_eq!(kinds, KINDS);
         for c in &children {
             let meta = &c.body["metadata"];
             assert_eq!(meta["namespace"], "team");
@@ -533,7 +466,7 @@ mod tests {
                         "uid": "uid-1", "controller": true, "blockOwnerDeletion": true}])
             );
             assert_eq!(
-                meta["annotations"][crate::mcpserver::desired::DESIRED_DIGEST]
+                meta["annotations"][crate::children::DESIRED_DIGEST]
                     .as_str()
                     .map(str::len),
                 Some(64)
@@ -827,4 +760,45 @@ mod tests {
             );
         }
     }
+
+    /// The digests of every child, pinned: a change to how bodies are built or hashed would
+    /// make every live child look changed and re-apply the whole fleet once.
+    #[test]
+    fn digests_are_pinned() {
+        let server = server("tools", "github", 8080);
+        let servers = [&server];
+        let inputs = Inputs {
+            servers: &servers,
+            context_labels: None,
+            live_workspace: Some("2Gi"),
+        };
+        let got: Vec<String> = children(
+            &host("agent", Some("agent-env"), None),
+            &settings(),
+            &inputs,
+        )
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.kind.as_str(),
+                c.body["metadata"]["annotations"][crate::children::DESIRED_DIGEST]
+                    .as_str()
+                    .unwrap()
+            )
+        })
+        .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 7] = [
+        "ServiceAccount ef4644fe97fc910681a3bc8cef473a3879970ac804c97ef28eeeb78be3df5e1a",
+        "Role 943690f3a95c0ee04b9ccf4369f97e36995403714c9eff37e7bec76fabb7bd64",
+        "RoleBinding d052bff0fb68f15c679ee6bb873201241918be7efb55337686a8b209f2d03f7c",
+        "PersistentVolumeClaim 3e2f835c8666446ad84eb11bfba07a31ce6d199f3739a9fd614d9ba6279ad0b1",
+        "NetworkPolicy 5ecb98dc5ea17f8f4a13a779ce5b728367d2f5fd1f0851a75ac68ea3d3cf6629",
+        "Service 8ae280da82f76bbc3aec0a1e49686822b463cd758ca5216ef85d8e9879215c20",
+        "Deployment f9e5f8bd249fc04653175eb1106e214b2740afee29b384fd5335e827b35ef826",
+    ];
 }

@@ -4,7 +4,7 @@
 //! API), a Service and the Deployment. `spec.secretRef` is checked first: without the Secret
 //! there is no workload, nor with an image outside the allow-list MCPServers have
 //! (`--image-allow-prefix`, `--image-policy`), nor while a child's name is held by an object
-//! that is not this Host's (left alone: [`crate::apply::claimable`]). A sweep (at start and
+//! that is not this Host's (left alone: [`crate::children::claimable`]). A sweep (at start and
 //! then periodically) removes the objects of deleted Hosts, within the same caps as the
 //! NetworkPolicy sweeps.
 //!
@@ -26,9 +26,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams};
+use kube::core::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -36,14 +36,13 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::mcpserver::desired::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::children::{self, ChildKind, ReconcileError};
 use crate::mcpserver::status::ImagePolicy;
 use crate::metrics::ReconcileMetrics;
 use crate::netpol::settings::{is_dns_label, Label, NetpolSettings, SweepCaps};
-use desired::{ChildKind, HostSettings, Inputs, HOST_LABEL};
+use desired::{HostSettings, Inputs, HOST_LABEL};
 use sweep::{LiveChild, LiveHost};
 
 /// The field manager of everything this operator applies (children and Host status).
@@ -143,27 +142,6 @@ impl Args {
     }
 }
 
-/// Why a reconcile or a sweep failed (the `reason` label of the error counter).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Desired(#[from] desired::DesiredError),
-    #[error("cannot encode {0}: {1}")]
-    Encode(&'static str, serde_json::Error),
-}
-
-impl Error {
-    fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube(e) => crate::metrics::kube_reason(e),
-            Error::Desired(_) => "incomplete_object",
-            Error::Encode(..) => "encode",
-        }
-    }
-}
-
 /// The operator's own metrics (the sweep's).
 #[derive(Clone, Default)]
 struct Metrics {
@@ -221,11 +199,7 @@ pub fn controller(
     let settings = args.settings(netpol)?;
     let interval = args.host_sweep_interval.std();
     let own = Metrics::register(registry);
-    let reasons = crate::metrics::KUBE_REASONS;
-    reconcile.declare(
-        CONTROLLER,
-        &[reasons.as_slice(), &["incomplete_object", "encode"]].concat(),
-    );
+    reconcile.declare(CONTROLLER, &ReconcileError::REASONS);
     Ok(async move {
         let reporter = Reporter {
             controller: "mcp-access-controllers".into(),
@@ -258,8 +232,7 @@ pub fn controller(
             .reflect(contexts_w)
             .for_each(|_| std::future::ready(()));
 
-        let managed = watcher::Config::default()
-            .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY},{HOST_LABEL}"));
+        let managed = watcher::Config::default().labels(&children::managed_selector(&[HOST_LABEL]));
         let controller =
             Controller::new(Api::<Host>::all(client.clone()), watcher::Config::default())
                 .with_config(kube::runtime::controller::Config::default().concurrency(8));
@@ -342,7 +315,7 @@ fn hosts_where(store: &Store<Host>, pick: impl Fn(&Host) -> bool) -> Vec<ObjectR
         .collect()
 }
 
-fn error_policy(host: Arc<Host>, error: &Error, ctx: Arc<Ctx>) -> Action {
+fn error_policy(host: Arc<Host>, error: &ReconcileError, ctx: Arc<Ctx>) -> Action {
     ctx.metrics.error(CONTROLLER, error.reason());
     tracing::warn!(
         namespace = host.namespace().unwrap_or_default(),
@@ -353,7 +326,7 @@ fn error_policy(host: Arc<Host>, error: &Error, ctx: Arc<Ctx>) -> Action {
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn reconcile_host(host: Arc<Host>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile_host(host: Arc<Host>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let result = reconcile_one(&host, &ctx).await;
     ctx.metrics
@@ -361,16 +334,12 @@ async fn reconcile_host(host: Arc<Host>, ctx: Arc<Ctx>) -> Result<Action, Error>
     result
 }
 
-async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
+async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError> {
     // A Host being deleted: the garbage collector removes its children.
     if host.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let namespace = host
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(desired::DesiredError::Missing("namespace"))?;
+    let namespace = children::namespace_of(host)?;
     let name = host.name_any();
     let client = ctx.client.clone();
 
@@ -437,8 +406,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
     for child in desired::children(host, &ctx.settings, &inputs)? {
         let deployable = secret_resolved && image.deployable() && conflicts.is_empty();
         if child.kind == ChildKind::Deployment && !deployable {
-            let api = Api::<Deployment>::namespaced(client.clone(), namespace);
-            if delete_owned(&api, &child.name, host.uid().as_deref()).await? {
+            if children::prune_owned(&client, namespace, child.kind, &child.name, host).await? {
                 ctx.metrics.write(CONTROLLER, "DeploymentDelete");
             }
             continue;
@@ -447,34 +415,37 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
         // another object, a binding would hand that Role to, or this Host's Secret to, someone
         // else's object. None is written, and one this Host wrote before goes.
         if child.kind == ChildKind::RoleBinding && !conflicts.is_empty() {
-            let api = Api::<RoleBinding>::namespaced(client.clone(), namespace);
-            if delete_owned(&api, &child.name, host.uid().as_deref()).await? {
+            if children::prune_owned(&client, namespace, child.kind, &child.name, host).await? {
                 ctx.metrics.write(CONTROLLER, "RoleBindingDelete");
             }
             continue;
         }
-        let applied = match apply(&client, namespace, &child).await {
-            Err(Error::Kube(kube::Error::Api(status))) if refusal(status.code) => {
+        let applied = match children::apply_child(&client, namespace, FIELD_MANAGER, &child).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                let Some(message) = e.refusal() else {
+                    return Err(e);
+                };
                 ctx.metrics.error(CONTROLLER, "refused");
                 refused.push(format!(
                     "{} {}: {}",
                     child.kind.as_str(),
                     child.name,
-                    status.message
+                    message
                 ));
                 continue;
             }
-            applied => applied,
         };
-        let Some((written, live)) = applied? else {
+        let Some(applied) = applied else {
             conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
             continue;
         };
-        if written {
+        if applied.written {
             ctx.metrics.write(CONTROLLER, child.kind.as_str());
         }
         if child.kind == ChildKind::Deployment {
-            applied_deployment = written;
+            applied_deployment = applied.written;
+            let live = &applied.live;
             let generation = live["metadata"]["generation"].as_i64();
             let observed = live["status"]["observedGeneration"].as_i64();
             workload_observed = matches!((generation, observed), (Some(g), Some(o)) if o >= g);
@@ -528,7 +499,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
             EventType::Warning,
             status::NAME_CONFLICT,
             "Apply",
-            crate::apply::conflict_message("Host", &conflicts),
+            children::conflict_message("Host", &conflicts),
         )
         .await?;
     }
@@ -569,19 +540,14 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
             "kind": "Host",
             "status": {"observedGeneration": generation, "conditions": wanted},
         });
-        Api::<Host>::namespaced(client, namespace)
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
+        let api = Api::<Host>::namespaced(client, namespace);
+        children::apply_status(&api, FIELD_MANAGER, &name, &body).await?;
         ctx.metrics.write(CONTROLLER, "HostStatus");
     }
     // A name held by another object: look again in 10 s (its removal wakes nothing here). Not
     // observed yet: soon (the Deployment's status change also wakes us).
     Ok(Action::requeue(if name_conflict {
-        crate::apply::NAME_CONFLICT_RETRY
+        children::NAME_CONFLICT_RETRY
     } else if any_refused {
         REFUSED_RETRY
     } else if workload_observed {
@@ -591,66 +557,9 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, Error> {
     }))
 }
 
-/// Applies `child` unless the live object is already up to date; returns whether it wrote
-/// and the live object (as JSON) afterwards, or `None` when its name is held by an object that
-/// is not this owner's (left alone).
-async fn apply(
-    client: &kube::Client,
-    namespace: &str,
-    child: &desired::Child,
-) -> Result<Option<(bool, Value)>, Error> {
-    crate::apply::apply_child(client, namespace, FIELD_MANAGER, &child.name, &child.body)
-        .await
-        .map_err(|e| match e {
-            crate::apply::ApplyError::Kube(e) => Error::Kube(e),
-            crate::apply::ApplyError::Encode(e) => Error::Encode(child.kind.as_str(), e),
-        })
-}
-
 /// How often a Host with a refused child tries again (what made kube-apiserver refuse, a
 /// StorageClass or an admission policy, may change without waking the Host).
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
-
-/// Answers of kube-apiserver that refuse the object itself (bad request, forbidden, invalid),
-/// rather than a moment's trouble (conflicts, throttling, server errors: those fail the
-/// reconcile and are retried sooner).
-fn refusal(code: u16) -> bool {
-    matches!(code, 400 | 403 | 422)
-}
-
-/// Deletes `name` if it exists and is owned by the Host of uid `owner`; whether it did.
-async fn delete_owned<K>(api: &Api<K>, name: &str, owner: Option<&str>) -> Result<bool, Error>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let Some(meta) = api.get_metadata_opt(name).await? else {
-        return Ok(false);
-    };
-    if owner.is_none() || host_owner_uid(&meta.metadata).as_deref() != owner {
-        return Ok(false);
-    }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: meta.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The uid of an object's `Host` owner reference.
-fn host_owner_uid(meta: &ObjectMeta) -> Option<String> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Host" && o.api_version.starts_with("mcp-runtime.dev/"))
-        .map(|o| o.uid.clone())
-}
 
 async fn publish(
     ctx: &Ctx,
@@ -659,7 +568,7 @@ async fn publish(
     reason: &str,
     action: &str,
     note: String,
-) -> Result<(), Error> {
+) -> Result<(), ReconcileError> {
     let event = Event {
         type_,
         reason: reason.into(),
@@ -672,78 +581,34 @@ async fn publish(
     Ok(())
 }
 
-/// Every object of `K` carrying our managed-by and host labels, in all namespaces.
-async fn list_children<K>(
+/// Every object of `kind` carrying our managed-by and host labels, in all namespaces.
+async fn list_children(
     client: &kube::Client,
     kind: ChildKind,
-    params: &ListParams,
-) -> Result<Vec<LiveChild>, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let list = Api::<K>::all(client.clone()).list_metadata(params).await?;
-    Ok(list
-        .items
+    selector: &str,
+) -> Result<Vec<LiveChild>, ReconcileError> {
+    let live = children::list_managed(client, kind, selector).await?;
+    Ok(live
         .into_iter()
-        .map(|o| LiveChild {
+        .map(|meta| LiveChild {
             kind,
-            namespace: o.metadata.namespace.clone().unwrap_or_default(),
-            name: o.metadata.name.clone().unwrap_or_default(),
-            uid: o.metadata.uid.clone(),
-            owner_uid: host_owner_uid(&o.metadata),
-            deleting: o.metadata.deletion_timestamp.is_some(),
-            labels: o.metadata.labels.unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone(),
+            owner_uid: children::owner_uid::<Host>(&meta).map(str::to_string),
+            deleting: meta.deletion_timestamp.is_some(),
+            labels: meta.labels.unwrap_or_default(),
         })
         .collect())
 }
 
-async fn delete_child<K>(client: &kube::Client, child: &LiveChild) -> Result<(), Error>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: child.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match Api::<K>::namespaced(client.clone(), &child.namespace)
-        .delete(&child.name, &params)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Gone already, or re-created meanwhile (the uid precondition): left alone.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-macro_rules! by_kind {
-    ($kind:expr, $f:ident, $($arg:expr),*) => {
-        match $kind {
-            ChildKind::ServiceAccount => $f::<ServiceAccount>($($arg),*).await,
-            ChildKind::Role => $f::<Role>($($arg),*).await,
-            ChildKind::RoleBinding => $f::<RoleBinding>($($arg),*).await,
-            ChildKind::PersistentVolumeClaim => $f::<PersistentVolumeClaim>($($arg),*).await,
-            ChildKind::NetworkPolicy => $f::<NetworkPolicy>($($arg),*).await,
-            ChildKind::Service => $f::<Service>($($arg),*).await,
-            ChildKind::Deployment => $f::<Deployment>($($arg),*).await,
-        }
-    };
-}
-
 /// One sweep: the children are listed before the Hosts, so a Host created meanwhile has
 /// none listed and none of its objects can look orphaned.
-async fn sweep_orphans(ctx: &Ctx) -> Result<(), Error> {
-    let params =
-        ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY},{HOST_LABEL}"));
+async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
+    let selector = children::managed_selector(&[HOST_LABEL]);
     let mut live = Vec::new();
-    for kind in ChildKind::ALL {
-        live.extend(by_kind!(kind, list_children, &ctx.client, kind, &params)?);
+    for kind in desired::KINDS {
+        live.extend(list_children(&ctx.client, kind, &selector).await?);
     }
     let hosts: Vec<LiveHost> = Api::<Host>::all(ctx.client.clone())
         .list_metadata(&ListParams::default())
@@ -773,7 +638,13 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), Error> {
         return Ok(());
     }
     for child in &plan.delete {
-        by_kind!(child.kind, delete_child, &ctx.client, child)?;
+        // Gone already, or re-created meanwhile (the uid precondition): left alone.
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            ctx.client.clone(),
+            &child.namespace,
+            &child.kind.api_resource(),
+        );
+        children::delete_exact(&api, &child.name, child.uid.clone()).await?;
         ctx.own.deleted.inc();
         ctx.metrics.write(CONTROLLER, "OrphanDelete");
         tracing::info!(

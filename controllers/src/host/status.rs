@@ -83,7 +83,7 @@ pub fn conditions(
         (
             false,
             NAME_CONFLICT,
-            crate::apply::conflict_message("Host", &observed.conflicts),
+            crate::children::conflict_message("Host", &observed.conflicts),
         )
     } else if !observed.refused.is_empty() {
         (false, APPLY_REFUSED, refused_message(&observed.refused))

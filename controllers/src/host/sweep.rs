@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::desired::{host_label, ChildKind, HOST_LABEL};
-use crate::mcpserver::desired::{MANAGED_BY, MANAGED_BY_LABEL};
+use super::desired::{host_label, HOST_LABEL};
+use crate::children::{is_managed, ChildKind};
 use crate::netpol::settings::SweepCaps;
 
 /// A live child as the sweep sees it.
@@ -71,9 +71,7 @@ pub fn plan(live: &[LiveChild], hosts: &[LiveHost], caps: SweepCaps) -> SweepPla
     let mut out = SweepPlan::default();
     let mut orphans = Vec::new();
     for child in live {
-        if child.labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY)
-            || !child.labels.contains_key(HOST_LABEL)
-        {
+        if !is_managed(&child.labels) || !child.labels.contains_key(HOST_LABEL) {
             continue;
         }
         out.fleet += 1;
@@ -92,6 +90,8 @@ pub fn plan(live: &[LiveChild], hosts: &[LiveHost], caps: SweepCaps) -> SweepPla
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::children::{MANAGED_BY, MANAGED_BY_LABEL};
+    use crate::host::desired::KINDS;
 
     fn child(kind: ChildKind, ns: &str, host: &str, owner: Option<&str>) -> LiveChild {
         LiveChild {
@@ -122,7 +122,7 @@ mod tests {
     };
 
     fn runtime(ns: &str, name: &str, owner: Option<&str>) -> Vec<LiveChild> {
-        ChildKind::ALL
+        KINDS
             .into_iter()
             .map(|k| child(k, ns, name, owner))
             .collect()

@@ -5,16 +5,11 @@
 use apis::runtime::MCPServer;
 use serde_json::{json, Value};
 
-/// Label naming the component that manages an object (with [`MANAGED_BY`] as its value).
-pub const MANAGED_BY_LABEL: &str = "mcp-runtime.dev/managed-by";
-/// Our value of [`MANAGED_BY_LABEL`].
-pub const MANAGED_BY: &str = "mcp-access-controllers";
+use crate::children::{child_metadata, name_of, namespace_of, Child, ChildKind, Incomplete};
+use crate::children::{MANAGED_BY, MANAGED_BY_LABEL};
+
 /// Label naming the MCPServer an object belongs to.
 pub const SERVER_LABEL: &str = "mcp-runtime.dev/mcpserver";
-/// Annotation holding the digest of the spec we last applied: a change of it (a field we
-/// stopped setting included) forces an apply even when the live object still holds
-/// everything we set.
-pub const DESIRED_DIGEST: &str = "mcp-runtime.dev/desired-digest";
 /// Audience of the gateway's projected token: what the 8085 sync listener accepts.
 pub const GATEWAY_AUDIENCE: &str = "mcp-runtime-gateway";
 /// Name of the gateway container (`mcp-access-gateway`, the enforcing proxy).
@@ -48,34 +43,6 @@ pub struct WorkloadSettings {
     pub token_expiration_seconds: i64,
 }
 
-/// One child object to apply: its kind (for the right API) and the apply body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Child {
-    pub kind: ChildKind,
-    pub name: String,
-    pub body: Value,
-}
-
-/// The kinds of children an MCPServer has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ChildKind {
-    ServiceAccount,
-    ConfigMap,
-    Service,
-    Deployment,
-}
-
-impl ChildKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChildKind::ServiceAccount => "ServiceAccount",
-            ChildKind::ConfigMap => "ConfigMap",
-            ChildKind::Service => "Service",
-            ChildKind::Deployment => "Deployment",
-        }
-    }
-}
-
 /// Names of an MCPServer's children.
 pub fn service_account_name(server: &str) -> String {
     format!("{server}-gateway")
@@ -101,52 +68,15 @@ pub fn labels(server: &str) -> Value {
     })
 }
 
-/// Why children cannot be built: the MCPServer lacks what an owner reference needs.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DesiredError {
-    #[error("the MCPServer has no {0} yet")]
-    Missing(&'static str),
-}
-
-fn metadata(server: &MCPServer, name: &str) -> Result<Value, DesiredError> {
-    let meta = &server.metadata;
-    let owner = meta.name.as_deref().ok_or(DesiredError::Missing("name"))?;
-    let uid = meta.uid.as_deref().ok_or(DesiredError::Missing("uid"))?;
-    let namespace = meta
-        .namespace
-        .as_deref()
-        .ok_or(DesiredError::Missing("namespace"))?;
-    Ok(json!({
-        "name": name,
-        "namespace": namespace,
-        "labels": labels(owner),
-        "ownerReferences": [{
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "MCPServer",
-            "name": owner,
-            "uid": uid,
-            "controller": true,
-            "blockOwnerDeletion": true,
-        }],
-    }))
+fn metadata(server: &MCPServer, name: &str) -> Result<Value, Incomplete> {
+    child_metadata(server, name, labels(name_of(server)?))
 }
 
 /// The children of `server`, in the order they are applied (the Deployment last: its Pods
 /// need the ServiceAccount and the CA ConfigMap).
-pub fn children(
-    server: &MCPServer,
-    settings: &WorkloadSettings,
-) -> Result<Vec<Child>, DesiredError> {
-    let name = server
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(DesiredError::Missing("name"))?;
-    let namespace = server
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(DesiredError::Missing("namespace"))?;
+pub fn children(server: &MCPServer, settings: &WorkloadSettings) -> Result<Vec<Child>, Incomplete> {
+    let name = name_of(server)?;
+    let namespace = namespace_of(server)?;
     let spec = &server.spec;
     let sa = service_account_name(name);
     let ca = ca_config_map_name(name);
@@ -265,116 +195,14 @@ pub fn children(
         (ChildKind::Deployment, name.to_string(), deployment),
     ]
     .into_iter()
-    .map(|(kind, name, body)| Child {
-        kind,
-        name,
-        body: with_digest(body),
-    })
+    .map(|(kind, name, body)| Child::new(kind, name, body))
     .collect())
-}
-
-/// Stamps the digest of `body` into its annotations.
-pub(crate) fn with_digest(mut body: Value) -> Value {
-    let digest = digest(&body);
-    body["metadata"]["annotations"] = json!({ DESIRED_DIGEST: digest });
-    body
-}
-
-/// SHA-256 (hex) of the canonical JSON of `body` (serde_json maps are sorted).
-pub fn digest(body: &Value) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, body.to_string().as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Whether the live object already is what we would apply: it carries the digest of this
-/// desired body (nothing we set was added, changed or dropped since our last apply) and
-/// every field we set still holds our value (nobody else changed it). Then applying would
-/// change nothing and is skipped, so a no-op reconcile makes no write.
-pub fn up_to_date(desired: &Value, live: &Value) -> bool {
-    let want = &desired["metadata"]["annotations"][DESIRED_DIGEST];
-    live["metadata"]["annotations"][DESIRED_DIGEST] == *want && contains(desired, live)
-}
-
-/// `live` holds every field of `desired` with the same value. Maps may have more keys
-/// (server defaults); lists must match element by element; an empty list or map matches an
-/// absent one (the API server drops them).
-/// Resource quantities (the values of `limits` and `requests` maps) compare by value:
-/// kube-apiserver stores them canonical (`0.5` as `500m`, `1024Mi` as `1Gi`).
-pub fn contains(desired: &Value, live: &Value) -> bool {
-    match (desired, live) {
-        (Value::Object(want), Value::Object(have)) => want.iter().all(|(k, w)| match have.get(k) {
-            Some(h) if k == "limits" || k == "requests" => same_quantities(w, h),
-            Some(h) => contains(w, h),
-            None => is_empty(w),
-        }),
-        (Value::Object(want), Value::Null) => want.values().all(is_empty),
-        (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| contains(w, h))
-        }
-        (Value::Array(want), Value::Null) => want.is_empty(),
-        // Integer-valued fields may come back as 1 vs 1.0 in theory; compare as numbers.
-        (Value::Number(w), Value::Number(h)) => w.as_f64() == h.as_f64(),
-        (w, h) => w == h,
-    }
-}
-
-/// A map of quantities holds the same values as another (extra keys allowed, as for any map).
-fn same_quantities(want: &Value, have: &Value) -> bool {
-    let (Value::Object(want), Value::Object(have)) = (want, have) else {
-        return contains(want, have);
-    };
-    want.iter().all(|(k, w)| match (have.get(k), w) {
-        (Some(Value::String(h)), Value::String(w)) => {
-            h == w || matches!((quantity(w), quantity(h)), (Some(a), Some(b)) if a == b)
-        }
-        (Some(h), w) => contains(w, h),
-        (None, w) => is_empty(w),
-    })
-}
-
-/// The value of a Kubernetes quantity (`500m`, `1.5Gi`, `2e3`), approximately: close enough
-/// to tell a canonicalized quantity from a changed one.
-pub fn quantity(text: &str) -> Option<f64> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let scale = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(number * scale)
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.values().all(is_empty),
-        _ => false,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::children::{up_to_date, DESIRED_DIGEST};
     use apis::runtime::{EnvSecret, MCPServerSpec, Transport};
 
     fn settings() -> WorkloadSettings {
@@ -479,31 +307,6 @@ mod tests {
     }
 
     #[test]
-    fn quantities_compare_by_value_where_kubernetes_canonicalizes_them() {
-        let want = json!({"resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"},
-                                        "limits": {"memory": "2e9"}},
-                          "env": [{"name": "N", "value": "1000"}]});
-        let live = json!({"resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
-                                        "limits": {"memory": "2G"}},
-                          "env": [{"name": "N", "value": "1000"}]});
-        assert!(contains(&want, &live));
-        let more = json!({"resources": {"requests": {"cpu": "600m", "memory": "1Gi"},
-                                        "limits": {"memory": "2G"}},
-                          "env": [{"name": "N", "value": "1000"}]});
-        assert!(!contains(&want, &more), "a changed quantity is a change");
-        // Elsewhere a string is a string: `1k` is not `1000` in an environment variable.
-        let env = json!({"env": [{"name": "N", "value": "1k"}]});
-        assert!(!contains(
-            &json!({"env": [{"name": "N", "value": "1000"}]}),
-            &env
-        ));
-        assert_eq!(quantity("1.5Gi"), Some(1.5 * 1024f64.powi(3)));
-        assert_eq!(quantity("1e-3"), Some(1e-3));
-        assert_eq!(quantity("12x"), None);
-        assert_eq!(quantity(""), None);
-    }
-
-    #[test]
     fn token_is_mounted_only_in_the_gateway_container() {
         let children = children(&server(None), &settings()).unwrap();
         let pod = &find(&children, ChildKind::Deployment)["spec"]["template"]["spec"];
@@ -572,7 +375,10 @@ mod tests {
     fn without_uid_there_is_no_owner_reference_to_build() {
         let mut s = server(None);
         s.metadata.uid = None;
-        assert_eq!(children(&s, &settings()), Err(DesiredError::Missing("uid")));
+        assert_eq!(
+            children(&s, &settings()),
+            Err(Incomplete::missing::<MCPServer>("uid"))
+        );
     }
 
     #[test]
@@ -615,4 +421,35 @@ mod tests {
         // Absent object.
         assert!(!up_to_date(desired, &Value::Null));
     }
+
+    /// The digests of every child, pinned: a change to how bodies are built or hashed would
+    /// make every live child look changed and re-apply the whole fleet once.
+    #[test]
+    fn digests_are_pinned() {
+        let secret = EnvSecret {
+            name: "github-env".into(),
+            keys: vec!["GITHUB_TOKEN".into()],
+        };
+        let got: Vec<String> = children(&server(Some(secret)), &settings())
+            .unwrap()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c.kind.as_str(),
+                    c.body["metadata"]["annotations"][DESIRED_DIGEST]
+                        .as_str()
+                        .unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 4] = [
+        "ServiceAccount 8e5573bd53ff05183190738f287dca95a99f8dbd0fc6d3fdea84439deb9a6fbb",
+        "ConfigMap 9987befc8e1a144aa8a61171926bd8e6dbaad9ee860e5289c356ac980fefeb92",
+        "Service 1b41be99e65c63d42e5863d549f46186970ee3d7424ae863e3529b9014243240",
+        "Deployment 34155fa583b0dd0b9934db387b100ebffe911c130b58fa66dd492c8006fae30f",
+    ];
 }

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -27,8 +27,9 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
 
+use crate::children::{self, ChildKind, ReconcileError};
 use crate::metrics::{ConditionLabels, ReconcileMetrics};
-use desired::{ChildKind, WorkloadSettings, MANAGED_BY, MANAGED_BY_LABEL};
+use desired::WorkloadSettings;
 use status::{EgressGate, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
 
 /// The field manager of everything this controller applies (children and its conditions).
@@ -134,27 +135,6 @@ impl Args {
     }
 }
 
-/// Why a reconcile failed (the `reason` label of the error counter).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Desired(#[from] desired::DesiredError),
-    #[error("cannot encode {0}: {1}")]
-    Encode(&'static str, serde_json::Error),
-}
-
-impl Error {
-    fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube(e) => crate::metrics::kube_reason(e),
-            Error::Desired(_) => "incomplete_object",
-            Error::Encode(..) => "encode",
-        }
-    }
-}
-
 struct Context {
     client: kube::Client,
     settings: WorkloadSettings,
@@ -171,14 +151,9 @@ pub fn controller(
     metrics: ReconcileMetrics,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     let (settings, policy) = args.settings()?;
-    let reasons = crate::metrics::KUBE_REASONS;
-    metrics.declare(
-        CONTROLLER,
-        &[reasons.as_slice(), &["incomplete_object", "encode"]].concat(),
-    );
+    metrics.declare(CONTROLLER, &ReconcileError::REASONS);
     Ok(async move {
-        let managed =
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let managed = watcher::Config::default().labels(&children::managed_selector(&[]));
         let controller = Controller::new(
             Api::<MCPServer>::all(client.clone()),
             watcher::Config::default(),
@@ -230,7 +205,7 @@ pub fn controller(
     })
 }
 
-fn error_policy(server: Arc<MCPServer>, error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(server: Arc<MCPServer>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(CONTROLLER, error.reason());
     tracing::warn!(
         namespace = server.namespace().unwrap_or_default(),
@@ -241,7 +216,7 @@ fn error_policy(server: Arc<MCPServer>, error: &Error, ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn reconcile(server: Arc<MCPServer>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile(server: Arc<MCPServer>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let result = reconcile_server(&server, &ctx).await;
     ctx.metrics
@@ -250,16 +225,12 @@ async fn reconcile(server: Arc<MCPServer>, ctx: Arc<Context>) -> Result<Action, 
     result
 }
 
-async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, ReconcileError> {
     // A server being deleted belongs to the retirement controller: nothing is re-applied.
     if server.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let namespace = server
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(desired::DesiredError::Missing("namespace"))?;
+    let namespace = children::namespace_of(server)?;
     let client = ctx.client.clone();
 
     let secrets = match &server.spec.env_secret {
@@ -293,17 +264,17 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
             if child.kind == ChildKind::Deployment && !conflicts.is_empty() {
                 continue;
             }
-            let applied = apply(&client, namespace, &child).await;
-            let Some((written, live)) = applied? else {
+            let applied = children::apply_child(&client, namespace, FIELD_MANAGER, &child).await?;
+            let Some(applied) = applied else {
                 conflicts.push(format!("{} {}", child.kind.as_str(), child.name));
                 continue;
             };
-            if written {
+            if applied.written {
                 ctx.metrics.write(CONTROLLER, child.kind.as_str());
             }
             if child.kind == ChildKind::Deployment {
-                applied_deployment = written;
-                deployment = live;
+                applied_deployment = applied.written;
+                deployment = applied.live;
             }
         }
         let generation = deployment["metadata"]["generation"].as_i64();
@@ -327,7 +298,7 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
                 EventType::Warning,
                 status::NAME_CONFLICT,
                 "Apply",
-                crate::apply::conflict_message("MCPServer", conflicts),
+                children::conflict_message("MCPServer", conflicts),
             )
             .await?;
         }
@@ -393,36 +364,15 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, E
             "kind": "MCPServer",
             "status": {"observedGeneration": generation, "conditions": wanted},
         });
-        Api::<MCPServer>::namespaced(client, namespace)
-            .patch_status(
-                &server.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
+        let api = Api::<MCPServer>::namespaced(client, namespace);
+        children::apply_status(&api, FIELD_MANAGER, &server.name_any(), &body).await?;
         ctx.metrics.write(CONTROLLER, "MCPServerStatus");
     }
     Ok(Action::requeue(match workload {
         // Their removal wakes nothing: look again soon.
-        WorkloadState::NameConflict(_) => crate::apply::NAME_CONFLICT_RETRY,
+        WorkloadState::NameConflict(_) => children::NAME_CONFLICT_RETRY,
         _ => Duration::from_secs(600),
     }))
-}
-
-/// Applies `child` unless the live object is already up to date; returns whether it wrote
-/// and the live object (as JSON) afterwards, or `None` when its name is held by an object that
-/// is not this owner's (left alone).
-async fn apply(
-    client: &kube::Client,
-    namespace: &str,
-    child: &desired::Child,
-) -> Result<Option<(bool, Value)>, Error> {
-    crate::apply::apply_child(client, namespace, FIELD_MANAGER, &child.name, &child.body)
-        .await
-        .map_err(|e| match e {
-            crate::apply::ApplyError::Kube(e) => Error::Kube(e),
-            crate::apply::ApplyError::Encode(e) => Error::Encode(child.kind.as_str(), e),
-        })
 }
 
 async fn publish(
@@ -432,7 +382,7 @@ async fn publish(
     reason: &str,
     action: &str,
     note: String,
-) -> Result<(), Error> {
+) -> Result<(), ReconcileError> {
     let event = Event {
         type_,
         reason: reason.into(),

@@ -269,7 +269,7 @@ pub fn conditions(
         WorkloadState::NameConflict(conflicts) => (
             false,
             NAME_CONFLICT,
-            crate::apply::conflict_message("MCPServer", conflicts),
+            crate::children::conflict_message("MCPServer", conflicts),
         ),
         WorkloadState::Observed => (
             true,

@@ -12,10 +12,12 @@ use std::collections::BTreeMap;
 use apis::runtime::{Context, MCPServer, PodPeer, PortRef};
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Resource;
 use serde_json::{json, Value};
 
 use super::settings::{Label, NetpolSettings};
-use crate::mcpserver::desired::{with_digest, MANAGED_BY, MANAGED_BY_LABEL, SERVER_LABEL};
+use crate::children::{digest, with_digest, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::mcpserver::desired::SERVER_LABEL;
 
 /// Label typing a generated policy (its layer and role).
 pub const POLICY_TYPE_LABEL: &str = "mcp-runtime.dev/policy-type";
@@ -388,15 +390,9 @@ fn context_pair(
         PolicyType::ContextEgress.as_str().into(),
     );
     labels.insert(SERVER_NAMESPACE_LABEL.into(), server_ns.into());
-    let owner = match (&context.metadata.uid, ctx_ns) {
-        (Some(uid), _) => Some(json!({
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "Context",
-            "name": ctx_name,
-            "uid": uid,
-        })),
-        (None, _) => None,
-    };
+    // A plain owner reference (kube's helper): the garbage collector removes the policy
+    // with the Context, and no controller claims it.
+    let owner = context.owner_ref(&()).map(|o| json!(o));
     out.push(policy(
         ctx_ns,
         fit("mcp-l2-egress", &[ctx_name, server_ns, server_name]),
@@ -514,13 +510,9 @@ fn base_labels(t: PolicyType) -> BTreeMap<String, String> {
     ])
 }
 
+/// A plain owner reference to `server` (kube's helper; `None` without a name or uid).
 fn server_owner(server: &MCPServer) -> Option<Value> {
-    Some(json!({
-        "apiVersion": "mcp-runtime.dev/v1alpha1",
-        "kind": "MCPServer",
-        "name": server.metadata.name.as_deref()?,
-        "uid": server.metadata.uid.as_deref()?,
-    }))
+    server.owner_ref(&()).map(|o| json!(o))
 }
 
 fn policy(
@@ -559,7 +551,7 @@ fn fit(prefix: &str, parts: &[&str]) -> String {
     if name.len() <= MAX_NAME && !parts.iter().any(|p| p.contains('.')) {
         return name;
     }
-    let digest = crate::mcpserver::desired::digest(&json!(parts));
+    let digest = digest(&json!(parts));
     let keep = (MAX_NAME - 17).min(name.len());
     let start: String = name[..keep]
         .chars()
@@ -914,4 +906,45 @@ mod tests {
         }
         assert_eq!(PolicyType::parse("l0-deny-some"), None);
     }
+
+    /// The digests of every policy, pinned: a change to how bodies are built or hashed would
+    /// make every live policy look changed and re-apply them all once.
+    #[test]
+    fn digests_are_pinned() {
+        let egress = BTreeMap::new();
+        let servers = [mk_server("team-a", "github", 8080)];
+        let contexts = [mk_context("team-b", "dev", &[("team-a", "github")])];
+        let inv = Inventory {
+            servers: &servers,
+            contexts: &contexts,
+            egress: &egress,
+        };
+        let got: Vec<String> = policies(&inv, &settings())
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{} {}",
+                    p.namespace,
+                    p.name,
+                    p.body["metadata"]["annotations"][crate::children::DESIRED_DIGEST]
+                        .as_str()
+                        .unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(got, PINNED, "{got:#?}");
+    }
+
+    const PINNED: [&str; 10] = [
+        "team-a/mcp-l0-deny-all 4324333c00ab7aafdaf82ef27e08ae9127daa8c22af8c2b1c2a7e841bde48957",
+        "team-a/mcp-l1-dns 99246112419250140e52dd7cdf226dfe5a893be4d07a2b0ec062a1a65bf5f860",
+        "team-a/mcp-l1-gateway-sync 8d4ddc127b86886427b7d380c84575d65b09d30ce7ac4df52f94cb5380a6109c",
+        "team-a/mcp-l1-kube-api ea50598735fdb35e49afeddaca31ab23f02479c9b230b6372bebcfe06fb48862",
+        "team-a/mcp-l2-ingress.github.team-b.dev 5cbaf10a8d6bccbcad572946d2639de076a676f957215ef4cc75fd6531a9953e",
+        "team-b/mcp-l0-deny-all 763c298636c514247a3efc3c2ee4c259905bdaf2ab3c94d3a51885c9c3a23131",
+        "team-b/mcp-l1-dns a52452d67674f4db17e0ec7dad70a34cb4bff857945475d31a318f125a3395f1",
+        "team-b/mcp-l1-gateway-sync 8f29869724ec6425b16135e5d6465e47e690236640ab6a0b07a5fde377a3c1b4",
+        "team-b/mcp-l1-kube-api 1523e760e71460482e4fc500bacb32fefc09c3f47c1d530d5193454b3693bc50",
+        "team-b/mcp-l2-egress.dev.team-a.github 40e63d54ecfc5ce0d792f56918be0a2a24d386776834111e83644f02298939b8",
+    ];
 }

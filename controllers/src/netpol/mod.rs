@@ -31,7 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -45,7 +45,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::Notify;
 
-use crate::mcpserver::desired::{up_to_date, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::children::{self, up_to_date, ReconcileError};
 use crate::metrics::ReconcileMetrics;
 use desired::{EgressAllow, Inventory, Policy};
 use egress::{EgressProof, Resolve};
@@ -115,24 +115,6 @@ impl Metrics {
     }
 }
 
-/// Why a pass failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("cannot encode {0}: {1}")]
-    Encode(&'static str, serde_json::Error),
-}
-
-impl Error {
-    fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube(e) => crate::metrics::kube_reason(e),
-            Error::Encode(..) => "encode",
-        }
-    }
-}
-
 /// The last proof of one server's bindings.
 struct Proven {
     uid: String,
@@ -184,8 +166,7 @@ pub fn controller(
     let egress_settings = egress_args.settings()?;
     let resolver: Box<dyn Resolve> = Box::new(egress_args.resolver()?);
     let metrics = Metrics::register(registry);
-    let reasons = crate::metrics::KUBE_REASONS;
-    reconcile.declare(CONTROLLER, &[reasons.as_slice(), &["encode"]].concat());
+    reconcile.declare(CONTROLLER, &ReconcileError::API_REASONS);
     let synced: Synced = Arc::default();
     let flag = synced.clone();
     let run = async move {
@@ -194,8 +175,7 @@ pub fn controller(
         let (policies, policies_w) = reflector::store();
         let (namespaces, namespaces_w) = reflector::store();
         let changed = Arc::new(Notify::new());
-        let managed =
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let managed = watcher::Config::default().labels(&children::managed_selector(&[]));
         let mut watches = tokio::task::JoinSet::new();
         watches.spawn(follow(
             "MCPServers",
@@ -334,7 +314,7 @@ impl Ctx {
         &self,
         proofs: &mut HashMap<(String, String), Proven>,
         last_withheld: &mut usize,
-    ) -> Result<(), Error> {
+    ) -> Result<(), ReconcileError> {
         let servers = self.servers.state();
         let contexts: Vec<Context> = self
             .contexts
@@ -457,7 +437,7 @@ impl Ctx {
         &self,
         servers: &[Arc<MCPServer>],
         proofs: &mut HashMap<(String, String), Proven>,
-        failed: &mut Option<Error>,
+        failed: &mut Option<ReconcileError>,
     ) -> BTreeMap<(String, String), Vec<EgressAllow>> {
         let live: Vec<&Arc<MCPServer>> = servers
             .iter()
@@ -538,7 +518,7 @@ impl Ctx {
         &self,
         server: &MCPServer,
         proof: &EgressProof,
-    ) -> Result<(), Error> {
+    ) -> Result<(), ReconcileError> {
         let status = server.status.as_ref();
         let previous = status.and_then(|s| {
             s.conditions
@@ -573,13 +553,11 @@ impl Ctx {
             "kind": "MCPServer",
             "status": owned,
         });
-        Api::<MCPServer>::namespaced(self.client.clone(), &server.namespace().unwrap_or_default())
-            .patch_status(
-                &server.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
+        let api = Api::<MCPServer>::namespaced(
+            self.client.clone(),
+            &server.namespace().unwrap_or_default(),
+        );
+        children::apply_status(&api, FIELD_MANAGER, &server.name_any(), &body).await?;
         self.reconcile.write(CONTROLLER, "MCPServerStatus");
         Ok(())
     }
@@ -588,28 +566,28 @@ impl Ctx {
         &self,
         policy: &Policy,
         live: Option<&NetworkPolicy>,
-    ) -> Result<(), Error> {
-        let live = serde_json::to_value(live).map_err(|e| Error::Encode("NetworkPolicy", e))?;
+    ) -> Result<(), ReconcileError> {
+        let live =
+            serde_json::to_value(live).map_err(|e| ReconcileError::Encode("NetworkPolicy", e))?;
         if up_to_date(&policy.body, &live) {
             return Ok(());
         }
-        Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace)
-            .patch(
-                &policy.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&policy.body),
-            )
-            .await?;
+        let api = Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace);
+        children::apply(&api, FIELD_MANAGER, &policy.name, &policy.body).await?;
         self.reconcile.write(CONTROLLER, "NetworkPolicy");
         Ok(())
     }
 
     /// A desired policy absent from the cache of managed policies: created, unless a policy
     /// of that name exists without our label — that one is someone else's and stays as is.
-    async fn apply_if_unclaimed(&self, policy: &Policy, conflicts: &mut i64) -> Result<(), Error> {
+    async fn apply_if_unclaimed(
+        &self,
+        policy: &Policy,
+        conflicts: &mut i64,
+    ) -> Result<(), ReconcileError> {
         let api = Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace);
         if let Some(existing) = api.get_opt(&policy.name).await? {
-            if existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
+            if !children::is_managed(existing.labels()) {
                 *conflicts += 1;
                 tracing::warn!(ns = %policy.namespace, name = %policy.name, "a NetworkPolicy we do not manage holds this name: left alone");
                 return Ok(());
@@ -619,23 +597,10 @@ impl Ctx {
         self.apply_if_changed(policy, None).await
     }
 
-    async fn delete(&self, policy: &LivePolicy) -> Result<(), Error> {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: policy.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace)
-            .delete(&policy.name, &params)
-            .await
-        {
-            Ok(_) => {}
-            // Gone already (the garbage collector, or another pass) or re-created: fine.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
+    async fn delete(&self, policy: &LivePolicy) -> Result<(), ReconcileError> {
+        let api = Api::<NetworkPolicy>::namespaced(self.client.clone(), &policy.namespace);
+        // Gone already (the garbage collector, or another pass) or re-created: fine.
+        children::delete_exact(&api, &policy.name, policy.uid.clone()).await?;
         self.reconcile.write(CONTROLLER, "NetworkPolicyDelete");
         tracing::info!(ns = %policy.namespace, name = %policy.name, "deleted an obsolete NetworkPolicy");
         Ok(())

@@ -21,7 +21,8 @@ use super::desired::{
     PolicyType, CONTEXT_LABEL, CONTEXT_NAMESPACE_LABEL, POLICY_TYPE_LABEL, SERVER_NAMESPACE_LABEL,
 };
 use super::settings::SweepCaps;
-use crate::mcpserver::desired::{MANAGED_BY, MANAGED_BY_LABEL, SERVER_LABEL};
+use crate::children::is_managed;
+use crate::mcpserver::desired::SERVER_LABEL;
 
 /// A live policy as the sweep sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +60,7 @@ pub enum Verdict {
 
 /// The type of a policy that carries both of our labels.
 pub fn managed_type(labels: &BTreeMap<String, String>) -> Option<PolicyType> {
-    if labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
+    if !is_managed(labels) {
         return None;
     }
     PolicyType::parse(labels.get(POLICY_TYPE_LABEL)?)
@@ -163,6 +164,7 @@ pub fn within_caps(orphans: usize, fleet: usize, caps: SweepCaps) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::children::{MANAGED_BY, MANAGED_BY_LABEL};
 
     fn mk_policy(ns: &str, name: &str, t: PolicyType, extra: &[(&str, &str)]) -> LivePolicy {
         let mut labels = BTreeMap::from([

@@ -1,21 +1,17 @@
-//! Server-side apply of one child object, skipped when the live object already holds every
-//! field of the desired one (a resync with nothing changed writes nothing).
+//! Server-side apply under one field manager, skipped when the live object already holds
+//! every field of the desired one (a resync with nothing changed writes nothing), and never
+//! onto an object that is someone else's.
 
 use kube::api::{Patch, PatchParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind, TypeMeta};
+use kube::core::DynamicObject;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
-use crate::mcpserver::desired::up_to_date;
-
-/// Why a child could not be applied.
-#[derive(Debug)]
-pub enum ApplyError {
-    Kube(kube::Error),
-    /// The live or applied object did not encode as JSON.
-    Encode(serde_json::Error),
-}
+use super::digest::up_to_date;
+use super::error::ReconcileError;
+use super::kind::Child;
 
 /// How often an owner whose children's names are held by other objects looks again (their
 /// removal wakes nothing: they are not its children).
@@ -58,58 +54,101 @@ pub fn claimable(desired: &Value, live: &Value) -> bool {
     }
 }
 
-/// Applies `body` as `name` with `field_manager` (forcing: the controller owns its fields)
-/// unless the live object is already up to date; whether it wrote, and the object as it is
-/// now. `None`: an object of that name is not this owner's ([`claimable`]) and was left alone.
-pub async fn apply_if_changed<K>(
-    api: Api<K>,
+/// A child after [`apply_child`]: whether it was written, and the object as it is now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub written: bool,
+    pub live: Value,
+}
+
+/// Server-side applies `body` as `name` with `field_manager`, forcing: the controller owns
+/// the fields it sets.
+pub async fn apply<K>(
+    api: &Api<K>,
     field_manager: &str,
     name: &str,
     body: &Value,
-) -> Result<Option<(bool, Value)>, ApplyError>
+) -> Result<K, kube::Error>
 where
-    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let live = api.get_opt(name).await.map_err(ApplyError::Kube)?;
-    let live = serde_json::to_value(&live).map_err(ApplyError::Encode)?;
+    api.patch(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(body),
+    )
+    .await
+}
+
+/// Server-side applies `body` to the status of `name` with `field_manager`, forcing: what
+/// this manager leaves out of `body` it no longer owns, and no other manager's condition is
+/// touched.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    field_manager: &str,
+    name: &str,
+    body: &Value,
+) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(body),
+    )
+    .await
+}
+
+/// Applies `body` as `name` unless the live object is already up to date; `None` when an
+/// object of that name is not this owner's ([`claimable`]) and was left alone.
+pub async fn apply_if_changed<K>(
+    api: &Api<K>,
+    field_manager: &str,
+    kind: &'static str,
+    name: &str,
+    body: &Value,
+) -> Result<Option<Applied>, ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let encode = |e| ReconcileError::Encode(kind, e);
+    let live = api.get_opt(name).await?;
+    let live = serde_json::to_value(&live).map_err(encode)?;
     if !claimable(body, &live) {
         return Ok(None);
     }
     if up_to_date(body, &live) {
-        return Ok(Some((false, live)));
+        return Ok(Some(Applied {
+            written: false,
+            live,
+        }));
     }
-    let params = PatchParams::apply(field_manager).force();
-    let applied = api
-        .patch(name, &params, &Patch::Apply(body))
-        .await
-        .map_err(ApplyError::Kube)?;
-    let applied = serde_json::to_value(&applied).map_err(ApplyError::Encode)?;
-    Ok(Some((true, applied)))
+    let applied = apply(api, field_manager, name, body).await?;
+    let live = serde_json::to_value(&applied).map_err(encode)?;
+    Ok(Some(Applied {
+        written: true,
+        live,
+    }))
 }
 
-/// [`apply_if_changed`] for a namespaced child of any kind: its API is the one of the body's
-/// `apiVersion` and `kind`.
+/// [`apply_if_changed`] for `child` of its owner in `namespace`, through the API of its kind.
 pub async fn apply_child(
     client: &kube::Client,
     namespace: &str,
     field_manager: &str,
-    name: &str,
-    body: &Value,
-) -> Result<Option<(bool, Value)>, ApplyError> {
+    child: &Child,
+) -> Result<Option<Applied>, ReconcileError> {
     let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &api_resource(body)?);
-    apply_if_changed(api, field_manager, name, body).await
-}
-
-/// The API of `body`'s `apiVersion` and `kind` (every child kind's plural is the regular one).
-fn api_resource(body: &Value) -> Result<ApiResource, ApplyError> {
-    let types: TypeMeta = serde_json::from_value(
-        serde_json::json!({"apiVersion": body["apiVersion"], "kind": body["kind"]}),
+        Api::namespaced_with(client.clone(), namespace, &child.kind.api_resource());
+    apply_if_changed(
+        &api,
+        field_manager,
+        child.kind.as_str(),
+        &child.name,
+        &child.body,
     )
-    .map_err(ApplyError::Encode)?;
-    let gvk = GroupVersionKind::try_from(&types)
-        .map_err(|e| ApplyError::Encode(serde::de::Error::custom(e)))?;
-    Ok(ApiResource::from_gvk(&gvk))
+    .await
 }
 
 #[cfg(test)]
@@ -124,48 +163,6 @@ mod tests {
                        "mcp-runtime.dev/host": "agent", "app": "agent"},
             "ownerReferences": [{"kind": "Host", "name": "agent", "uid": uid, "controller": true}],
         }})
-    }
-
-    #[test]
-    fn every_child_kind_finds_its_api() {
-        for (api_version, kind, path) in [
-            (
-                "v1",
-                "ServiceAccount",
-                "/api/v1/namespaces/n/serviceaccounts",
-            ),
-            ("v1", "ConfigMap", "/api/v1/namespaces/n/configmaps"),
-            ("v1", "Service", "/api/v1/namespaces/n/services"),
-            (
-                "v1",
-                "PersistentVolumeClaim",
-                "/api/v1/namespaces/n/persistentvolumeclaims",
-            ),
-            (
-                "apps/v1",
-                "Deployment",
-                "/apis/apps/v1/namespaces/n/deployments",
-            ),
-            (
-                "rbac.authorization.k8s.io/v1",
-                "Role",
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/n/roles",
-            ),
-            (
-                "rbac.authorization.k8s.io/v1",
-                "RoleBinding",
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/n/rolebindings",
-            ),
-            (
-                "networking.k8s.io/v1",
-                "NetworkPolicy",
-                "/apis/networking.k8s.io/v1/namespaces/n/networkpolicies",
-            ),
-        ] {
-            let resource = api_resource(&json!({"apiVersion": api_version, "kind": kind})).unwrap();
-            assert_eq!(DynamicObject::url_path(&resource, Some("n")), path);
-        }
-        assert!(api_resource(&json!({"kind": "Service"})).is_err());
     }
 
     #[test]
