@@ -35,7 +35,7 @@ use super::{sha256, Digest, REVIEW_TIMEOUT};
 pub const GATEWAY_AUDIENCE: &str = "mcp-runtime-gateway";
 
 /// Label naming the component that manages an object, and the controllers' value of it (as
-/// `controllers::mcpserver::desired` writes them).
+/// `controllers::children` writes them).
 const MANAGED_BY_LABEL: &str = "mcp-runtime.dev/managed-by";
 const MANAGED_BY: &str = "mcp-access-controllers";
 /// Label naming the MCPServer a workload belongs to.
