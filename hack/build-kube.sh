@@ -3,8 +3,9 @@
 #   kube-apiserver and kube-controller-manager (module k8s.io/kubernetes, pinned in hack/kube/go.mod)
 #   etcd                                       (module go.etcd.io/etcd/server/v3, pinned in hack/etcd/go.mod)
 # from the Go module proxy, into ${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}/bin/, one file per
-# version (e.g. kube-apiserver-v1.36.3). A binary already there is reused, so only the first run
-# is slow (a cold build takes many minutes on 2 cores). To move to another release, change the
+# version and source hash (e.g. kube-apiserver-v1.36.3-<key>, the key from go_tool_key in
+# hack/lib/go-tool.sh: go.mod, go.sum, tools.go and the link flags). A binary already there is
+# reused, so only the first run is slow (a cold build takes many minutes on 2 cores). To move to another release, change the
 # version in the go.mod (and the staging replaces), run `go mod tidy` there, and commit both files.
 #
 # Stdout is only the lines
@@ -24,6 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
 mkdir -p "$cache/bin"
 bin=$(cd "$cache/bin" && pwd -P)
+. "$here/lib/go-tool.sh"
 
 log() { printf 'build-kube: %s\n' "$*" >&2; }
 
@@ -52,13 +54,16 @@ tmp_files=()
 cleanup() { if ((${#tmp_files[@]})); then rm -f "${tmp_files[@]}"; fi; }
 trap cleanup EXIT
 
-# build NAME MODULE_DIR PACKAGE [go build flags...]: builds PACKAGE in MODULE_DIR to $bin/NAME
-# unless it is already there. Builds into a temporary name in the same directory and renames it,
+# build NAME MODULE_DIR PACKAGE [go build flags...]: builds PACKAGE in MODULE_DIR to
+# $bin/NAME-<key> unless it is already there, and leaves that path in $built. Builds into a
+# temporary name in the same directory and renames it,
 # so an interrupted or concurrent run never leaves a half-written binary under the final name.
 build() {
   local name=$1 dir=$2 pkg=$3
   shift 3
-  local out=$bin/$name
+  local out
+  out=$bin/$name-$(go_tool_key "$dir" "$pkg" "$@")
+  built=$out
   if [[ -x $out ]]; then
     log "$name: cached at $out"
     return
@@ -88,7 +93,7 @@ done
 
 if [[ ${1:-} == kubectl ]]; then
   build "kubectl-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kubectl -ldflags "$kube_ldflags"
-  printf 'KUBECTL=%q\n' "$bin/kubectl-$KUBE_VERSION"
+  printf 'KUBECTL=%q\n' "$built"
   exit 0
 elif [[ $# -gt 0 ]]; then
   log "usage: $0 [kubectl]"
@@ -96,9 +101,8 @@ elif [[ $# -gt 0 ]]; then
 fi
 
 build "kube-apiserver-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver -ldflags "$kube_ldflags"
+printf 'KUBE_APISERVER=%q\n' "$built"
 build "kube-controller-manager-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager -ldflags "$kube_ldflags"
+printf 'KUBE_CONTROLLER_MANAGER=%q\n' "$built"
 build "etcd-$ETCD_VERSION" "$here/etcd" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
-
-printf 'KUBE_APISERVER=%q\n' "$bin/kube-apiserver-$KUBE_VERSION"
-printf 'KUBE_CONTROLLER_MANAGER=%q\n' "$bin/kube-controller-manager-$KUBE_VERSION"
-printf 'ETCD=%q\n' "$bin/etcd-$ETCD_VERSION"
+printf 'ETCD=%q\n' "$built"

@@ -15,21 +15,22 @@ cd "$(dirname "$0")/.."
 # what can be installed unattended is (see hack/lib/prereqs.sh), the rest is named.
 prereqs_ensure
 
-# What the end-to-end tests run, built before anything is started. A command substitution's
-# status is lost inside `eval "$(...)"` (eval of an empty string succeeds), so the output is
-# captured first: under `set -e` a failed build ends the script here.
-kube_env=$(hack/build-kube.sh)
-eval "$kube_env"
-export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD
-MCP_ACCESS_INFORMER_BIN=$(hack/build-informer.sh)
-export MCP_ACCESS_INFORMER_BIN
-MCP_ACCESS_GATEWAY_INFORMER_BIN=$(hack/build-informer.sh gateway-informer)
-export MCP_ACCESS_GATEWAY_INFORMER_BIN
-MCP_ACCESS_NETPOL_ANALYZER_BIN=$(hack/build-netpol-analyzer.sh)
-export MCP_ACCESS_NETPOL_ANALYZER_BIN
-# promtool checks deploy/monitoring's alerting rules (e2e scenario monitoring_*).
-MCP_ACCESS_PROMTOOL_BIN=$(hack/build-promtool.sh)
-export MCP_ACCESS_PROMTOOL_BIN
+work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
+tools_pid=
+cleanup() {
+  if [ -n "$tools_pid" ]; then kill "$tools_pid" 2>/dev/null || true; fi
+  postgres_stop "$work/pg"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+chmod 755 "$work"
+
+# What the end-to-end tests run (kube-apiserver, etcd, the client-go programs, the
+# NetworkPolicy analyzer, promtool; see hack/tools.sh), built beside the Rust compile below and
+# awaited before anything is started. Cached outside the repository, so a warm run waits for
+# nothing. The status is checked on its own: `eval "$(...)"` would hide a failed build.
+hack/tools.sh >"$work/tools.env" &
+tools_pid=$!
 # nginx for the auth_request scenario (installed from Debian's packages when missing).
 MCP_ACCESS_NGINX_BIN=$(hack/ensure-nginx.sh)
 export MCP_ACCESS_NGINX_BIN
@@ -54,11 +55,21 @@ mkdir -p target/kubectl-plugins
 ln -sf ../debug/kubectl-access target/kubectl-plugins/kubectl-access
 export MCP_ACCESS_KUBECTL_ACCESS_BIN=$PWD/target/kubectl-plugins/kubectl-access
 export PATH=$PWD/target/kubectl-plugins:$PATH
+# The whole suite's compile, still beside the Go tools' builds.
+if [ $# -eq 0 ]; then
+  cargo test --workspace --all-targets --no-run
+fi
 
-work=$(mktemp -d /tmp/mcp-access-test.XXXXXX)
-cleanup() { postgres_stop "$work/pg"; rm -rf "$work"; }
-trap cleanup EXIT
-chmod 755 "$work"
+if ! wait "$tools_pid"; then
+  tools_pid=
+  echo "hack/test.sh: building the Go tools failed (hack/tools.sh, above)" >&2
+  exit 1
+fi
+tools_pid=
+# shellcheck disable=SC1091 # written by hack/tools.sh just now
+. "$work/tools.env"
+export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD MCP_ACCESS_INFORMER_BIN \
+  MCP_ACCESS_GATEWAY_INFORMER_BIN MCP_ACCESS_NETPOL_ANALYZER_BIN MCP_ACCESS_PROMTOOL_BIN
 
 postgres_start "$work/pg"
 echo "test PostgreSQL on 127.0.0.1:$PGPORT_STARTED" >&2
@@ -67,6 +78,54 @@ export MCP_TEST_DATABASE_URL=$PG_DSN
 # With arguments, only what they select (`--workspace` would override `-p`).
 if [ $# -gt 0 ]; then
   cargo test "$@"
-else
-  cargo test --workspace --all-targets
+  exit
 fi
+
+# The whole suite, in independent groups run side by side (most of the time is spent waiting
+# on timeouts, watches and processes, not on the cores): the end-to-end scenarios split over
+# MCP_ACCESS_E2E_SHARDS clusters of their own (default 2; e2e::harness::Shard) and every other
+# test target. `--no-fail-fast` everywhere, so one failure shows them all. Each group's lines
+# are prefixed with its name; a summary with each group's time and status ends the run.
+shards=${MCP_ACCESS_E2E_SHARDS:-2}
+if ! [[ $shards =~ ^[1-9][0-9]*$ ]]; then
+  echo "hack/test.sh: MCP_ACCESS_E2E_SHARDS=$shards is not a positive number" >&2
+  exit 2
+fi
+# e2e's test targets other than the cluster runner, found rather than listed, so a new one
+# cannot be left out.
+other_e2e=()
+for f in e2e/tests/*.rs; do
+  t=$(basename "$f" .rs)
+  [ "$t" = cluster ] || other_e2e+=(--test "$t")
+done
+groups=() pids=()
+run_group() { # NAME COMMAND...
+  local name=$1 start=$SECONDS
+  shift
+  (
+    "$@" 2>&1 | sed -u "s/^/[$name] /"
+    status=${PIPESTATUS[0]}
+    echo "$name $status $((SECONDS - start))" >"$work/group.${#groups[@]}"
+    exit "$status"
+  ) &
+  groups+=("$name") pids+=($!)
+}
+run_group units cargo test --workspace --exclude e2e --all-targets --no-fail-fast
+run_group e2e-other cargo test -p e2e --lib --bins --examples --benches "${other_e2e[@]}" --no-fail-fast
+for ((i = 1; i <= shards; i++)); do
+  run_group "e2e-$i/$shards" env MCP_ACCESS_E2E_SHARD="$i/$shards" cargo test -p e2e --test cluster
+done
+failed=0
+for i in "${!groups[@]}"; do
+  wait "${pids[$i]}" || failed=1
+done
+echo "hack/test.sh: test groups (ran side by side):"
+for i in "${!groups[@]}"; do
+  read -r name status secs <"$work/group.$i" || { name=${groups[$i]} status=? secs=?; }
+  if [ "$status" = 0 ]; then
+    echo "  $name: ok in ${secs}s"
+  else
+    echo "  $name: FAILED (status $status) after ${secs}s"
+  fi
+done
+exit "$failed"

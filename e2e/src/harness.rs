@@ -146,6 +146,62 @@ impl Args {
     }
 }
 
+/// One of `count` disjoint parts of a run: `MCP_ACCESS_E2E_SHARD=INDEX/COUNT` (1-based), so
+/// `hack/test.sh` can run the scenarios on several clusters at once. The selected scenarios are
+/// dealt round-robin in their declared order: each part gets every COUNT-th, so slow and fast
+/// neighbours spread over the parts, and the parts together are exactly the selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// 0-based.
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    pub const ENV: &'static str = "MCP_ACCESS_E2E_SHARD";
+
+    /// The whole run.
+    pub const ALL: Self = Self { index: 0, count: 1 };
+
+    /// `INDEX/COUNT` with 1 ≤ INDEX ≤ COUNT.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{}={value:?}: expected INDEX/COUNT with 1 <= INDEX <= COUNT",
+                Self::ENV
+            )
+        };
+        let (index, count) = value.split_once('/').ok_or_else(bad)?;
+        let index: usize = index.trim().parse().map_err(|_| bad())?;
+        let count: usize = count.trim().parse().map_err(|_| bad())?;
+        if count == 0 || index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Self {
+            index: index - 1,
+            count,
+        })
+    }
+
+    /// From the environment; unset or empty is the whole run, anything malformed an error.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var(Self::ENV) {
+            Ok(v) if !v.trim().is_empty() => Self::parse(&v),
+            _ => Ok(Self::ALL),
+        }
+    }
+
+    /// This part's share of `selected`, in order.
+    pub fn take<'a>(&self, selected: &[&'a str]) -> Vec<&'a str> {
+        selected
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % self.count == self.index)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +314,24 @@ mod tests {
     #[test]
     fn list_is_recognised() {
         assert!(parse(&["--list"]).unwrap().list);
+    }
+
+    #[test]
+    fn shards_partition_the_selection_round_robin() {
+        let names = ["a", "b", "c", "d", "e"];
+        let first = Shard::parse("1/2").unwrap();
+        let second = Shard::parse("2/2").unwrap();
+        assert_eq!(first.take(&names), ["a", "c", "e"]);
+        assert_eq!(second.take(&names), ["b", "d"]);
+        assert_eq!(Shard::ALL.take(&names), names);
+        // A part may be empty when the selection is smaller than the parts.
+        assert!(Shard::parse("3/3").unwrap().take(&["only"]).is_empty());
+    }
+
+    #[test]
+    fn malformed_shards_are_refused() {
+        for bad in ["", "1", "0/2", "3/2", "1/0", "a/b", "1/2/3"] {
+            assert!(Shard::parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use e2e::harness::Args;
+use e2e::harness::{Args, Shard};
 use e2e::{Database, LocalCluster, Options};
 use serde_json::Value;
 
@@ -400,6 +400,23 @@ fn main() {
         println!("e2e: asked for ignored tests or benchmarks only; the scenarios are neither");
         return;
     }
+    // This run's part of the selection (MCP_ACCESS_E2E_SHARD), decided before anything starts.
+    let shard = match Shard::from_env() {
+        Ok(shard) => shard,
+        Err(e) => {
+            eprintln!("e2e: {e}");
+            std::process::exit(2);
+        }
+    };
+    let selected = shard.take(&selected);
+    if selected.is_empty() {
+        println!(
+            "e2e: part {} of {} has no scenarios of this selection",
+            shard.index + 1,
+            shard.count
+        );
+        return;
+    }
     let need = |name: &str| {
         std::env::var(name)
             .unwrap_or_else(|_| panic!("{name} is not set: run through hack/test.sh"))
@@ -416,9 +433,11 @@ fn main() {
     .expect("local cluster starts");
 
     println!(
-        "running {} of {} scenarios",
+        "running {} of {} scenarios (part {} of {})",
         selected.len(),
-        SCENARIOS.len()
+        SCENARIOS.len(),
+        shard.index + 1,
+        shard.count
     );
     let mut failed = Vec::new();
     let mut passed = 0usize;

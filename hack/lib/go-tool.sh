@@ -2,9 +2,24 @@
 # go_tool_build SCRIPT DIR MODULE PACKAGE NAME GO_MIN: builds the Go command MODULE/PACKAGE at
 # the exact version DIR/go.mod requires of MODULE (a small tools module of its own, with a
 # committed go.sum that the default -mod=readonly build checks every download against) into
-# ${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}/bin/NAME-<version>, reused when present. Prints
+# ${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}/bin/NAME-<version>-<key>, reused when present;
+# <key> is go_tool_key of DIR, so a changed go.sum or tools.go (a replaced dependency, another
+# package) builds anew instead of reusing a binary of the old sources. Prints
 # only the binary's absolute path on stdout; everything else goes to stderr, errors named after
 # SCRIPT. The module proxy serves exact versions only, never @latest.
+# go_tool_key DIR [WORD...]: 16 hex digits of the SHA-256 of DIR's go.mod, go.sum and *.go files
+# (in name order) and the WORDs (build flags that change the binary). Needs no go command, so a
+# cached tool costs nothing to find.
+go_tool_key() {
+  local dir=$1
+  shift
+  {
+    cat "$dir/go.mod" "$dir/go.sum"
+    find "$dir" -maxdepth 1 -name '*.go' -type f -print0 | sort -z | xargs -0 -r cat
+    printf '%s\n' "$@"
+  } | sha256sum | cut -c1-16
+}
+
 go_tool_build() {
   local script=$1 dir=$2 mod=$3 pkg=$4 name=$5 go_min=$6
   local version cache bin out tmp
@@ -16,7 +31,7 @@ go_tool_build() {
   cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
   mkdir -p "$cache/bin"
   bin=$(cd "$cache/bin" && pwd -P)
-  out="$bin/$name-$version"
+  out="$bin/$name-$version-$(go_tool_key "$dir" "$mod/$pkg")"
   if [[ ! -x $out ]]; then
     if ! command -v go >/dev/null 2>&1; then
       echo "$script: go is not on PATH (Go >= $go_min is needed)" >&2
