@@ -34,8 +34,17 @@ tools_pid=$!
 # nginx for the auth_request scenario (installed from Debian's packages when missing).
 MCP_ACCESS_NGINX_BIN=$(hack/ensure-nginx.sh)
 export MCP_ACCESS_NGINX_BIN
-cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
-  --bin mcp-access-gateway -p controllers --bin mcp-access-controllers
+# The binaries the tests start. Without arguments the whole suite's compile builds them, with
+# the same features as the tests (dependencies compile once: a `cargo build -p ...` first
+# would resolve features differently and compile many of them twice); with arguments, only
+# them.
+if [ $# -eq 0 ]; then
+  cargo test --workspace --all-targets --no-run
+else
+  cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
+    --bin mcp-access-gateway -p controllers --bin mcp-access-controllers \
+    -p kubectl-access --bin kubectl-access
+fi
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/debug/mcp-access-authz
 export MCP_ACCESS_GATEWAY_BIN=$PWD/target/debug/mcp-access-gateway
@@ -50,15 +59,10 @@ else
 fi
 export MCP_ACCESS_CONTROLLERS_BIN=$PWD/target/debug/mcp-access-controllers
 # The kubectl plugin, in a directory of its own first on PATH: `kubectl access ...` finds it.
-cargo build -p kubectl-access --bin kubectl-access
 mkdir -p target/kubectl-plugins
 ln -sf ../debug/kubectl-access target/kubectl-plugins/kubectl-access
 export MCP_ACCESS_KUBECTL_ACCESS_BIN=$PWD/target/kubectl-plugins/kubectl-access
 export PATH=$PWD/target/kubectl-plugins:$PATH
-# The whole suite's compile, still beside the Go tools' builds.
-if [ $# -eq 0 ]; then
-  cargo test --workspace --all-targets --no-run
-fi
 
 if ! wait "$tools_pid"; then
   tools_pid=
