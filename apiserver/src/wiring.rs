@@ -224,12 +224,19 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     // Gateways present bearer tokens, never client certificates.
     let sync_tls_config = tls::server_config(cert, None)?;
     let store_config = config.storage.store_config()?;
-    let api_listener = server::bind(config.serving.api).await?;
-    let metrics_listener = server::bind(config.serving.metrics).await?;
+    let api_listener = server::bind("api", config.serving.api).await?;
+    let metrics_listener = server::bind("metrics", config.serving.metrics).await?;
     let sync_listener = match config.serving.sync {
-        Some(addr) => Some(server::bind(addr).await?),
+        Some(addr) => Some(server::bind("sync", addr).await?),
         None => None,
     };
+    // The addresses really bound (port 0 asks for any free port), for the serving log line.
+    let mut serving = config.serving.clone();
+    serving.api = api_listener.local_addr()?;
+    serving.metrics = metrics_listener.local_addr()?;
+    if let Some(listener) = &sync_listener {
+        serving.sync = Some(listener.local_addr()?);
+    }
 
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
@@ -342,7 +349,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         shutdown,
         metrics_stop,
         tasks,
-        serving: config.serving,
+        serving,
     })
 }
 

@@ -92,7 +92,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let host_api = hostapi::server(client.clone(), host_api, gateway_port, &mut registry).await?;
     let health = health.requiring(synced);
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], cli.metrics_port));
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = process::bind_announced(crate::BINARY, "metrics", addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--metrics-port)"))?;
     let serving = metrics::serve(listener, registry, health.clone());

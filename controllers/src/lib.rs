@@ -12,6 +12,9 @@
 //!   `server_retired` Revocation) before its objects may go.
 #![forbid(unsafe_code)]
 
+/// The binary's name, as its listening lines say it.
+pub const BINARY: &str = "mcp-access-controllers";
+
 pub mod children;
 pub mod cli;
 pub mod host;

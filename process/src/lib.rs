@@ -5,9 +5,9 @@
 
 pub mod tls;
 
-use std::path::Path;
-
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
 
 use anyhow::Context;
 
@@ -53,6 +53,25 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
     Ok(kube::Client::try_from(config)?)
 }
 
+/// Prints the one line that says a listener is bound, to standard error:
+/// `<binary> listening on <addr> (<listener>)`, with the address the socket really has, so a
+/// script or test that asked for port 0 learns the port it got.
+pub fn announce_listener(binary: &str, listener: &str, addr: SocketAddr) {
+    eprintln!("{binary} listening on {addr} ({listener})");
+}
+
+/// Binds `addr` (port 0: any free port) once and announces it ([`announce_listener`]); the
+/// caller serves from the listener returned, never binding the address again.
+pub async fn bind_announced(
+    binary: &str,
+    listener: &str,
+    addr: SocketAddr,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let bound = tokio::net::TcpListener::bind(addr).await?;
+    announce_listener(binary, listener, bound.local_addr()?);
+    Ok(bound)
+}
+
 /// Runs `main` on a multi-threaded runtime: the body of every binary's `main` after its flags
 /// and logging.
 pub fn block_on(main: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
@@ -96,4 +115,17 @@ pub async fn shutdown_signal() {
         }
     }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn port_zero_binds_a_real_port_once() {
+        let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let bound = super::bind_announced("test", "api", any).await.unwrap();
+        let addr = bound.local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        // The address is held by the listener returned: binding it again fails.
+        assert!(tokio::net::TcpListener::bind(addr).await.is_err());
+    }
 }

@@ -151,11 +151,11 @@ pub async fn server(
     .context("--host-api-tls-cert-file / --host-api-tls-key-file")?;
     let tls_config = tls::server_config(cert.clone(), None)?;
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], settings.port));
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = process::bind_announced(crate::BINARY, "host-api", addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--host-api-port)"))?;
     tracing::info!(
-        %addr,
+        addr = ?listener.local_addr().ok(),
         issuer = %settings.issuer,
         audience = ?settings.audience,
         max_ttl = ?settings.max_ttl,

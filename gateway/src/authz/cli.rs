@@ -115,6 +115,9 @@ fn parse_header_name(raw: &str) -> Result<http::HeaderName, String> {
     http::HeaderName::from_bytes(raw.as_bytes()).map_err(|e| format!("{raw:?}: {e}"))
 }
 
+/// The binary's name, as its listening lines say it.
+pub const BINARY: &str = "mcp-access-authz";
+
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -131,8 +134,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.serving.session_header.is_none() || cli.serving.trust_session_header,
         "--session-header is only read with --trust-session-header"
     );
+    // Port 0 asks for any free port: two of them never collide.
     anyhow::ensure!(
-        cli.serving.listen != cli.serving.admin_listen,
+        cli.serving.listen != cli.serving.admin_listen || cli.serving.listen.port() == 0,
         "--listen and --admin-listen must differ: every path of the check listener is a check"
     );
     let mut registry = Registry::default();
@@ -175,10 +179,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let (cache, sync) = SessionCache::start_with_metrics(config, cache_metrics)
         .context("invalid session sync configuration")?;
-    let listener = tokio::net::TcpListener::bind(cli.serving.listen)
+    let listener = process::bind_announced(BINARY, "check", cli.serving.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--listen)", cli.serving.listen))?;
-    let admin_listener = tokio::net::TcpListener::bind(cli.serving.admin_listen)
+    let admin_listener = process::bind_announced(BINARY, "admin", cli.serving.admin_listen)
         .await
         .with_context(|| {
             format!(
@@ -187,8 +191,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             )
         })?;
     tracing::info!(
-        listen = %cli.serving.listen,
-        admin_listen = %cli.serving.admin_listen,
+        listen = ?listener.local_addr().ok(),
+        admin_listen = ?admin_listener.local_addr().ok(),
         sync_url = %cli.sync.sync_url,
         stale_window = ?cli.sync.stale_window,
         mode = match &mode {

@@ -80,6 +80,9 @@ pub struct Cli {
     pub worker_threads: usize,
 }
 
+/// The binary's name, as its listening lines say it.
+pub const BINARY: &str = "mcp-access-gateway";
+
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -129,7 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         idle_timeout: cli.idle_timeout,
         drain: Duration::from_secs(10),
     };
-    let listener = tokio::net::TcpListener::bind(cli.listen)
+    let listener = process::bind_announced(BINARY, "proxy", cli.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", cli.listen))?;
     let bound = listener
@@ -137,7 +140,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         .context("the listener has no address")?;
     let admin = match cli.admin_listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
+            process::bind_announced(BINARY, "admin", addr)
                 .await
                 .with_context(|| format!("cannot listen on --admin-listen {addr}"))?,
         ),
@@ -172,7 +175,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         stale_window = ?cli.sync.stale_window,
         "mcp-access-gateway serving"
     );
-    eprintln!("mcp-access-gateway listening on {bound}");
     tokio::select! {
         ended = sync => anyhow::bail!("the session sync task ended: {ended:?}"),
         ended = key_task => anyhow::bail!("the session token key task ended: {ended:?}"),
