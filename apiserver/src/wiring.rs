@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 
@@ -42,18 +41,15 @@ const API_LISTENER: &str = "API listener";
 const METRICS_LISTENER: &str = "metrics listener";
 const SYNC_LISTENER: &str = "gateway sync listener";
 
-/// Entry point of the binary.
+/// Entry point of the binary: every security-relevant setting is validated
+/// ([`process::Flags`] for [`Cli`]) before anything is touched.
 pub fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    process::init_tracing(cli.log_format);
-    process::block_on(run(cli))
+    process::main::<Cli, _>(run)
 }
 
 /// Runs the server until SIGINT/SIGTERM: the first signal drains (readiness false, watches
-/// closed cleanly), a second one aborts. Every security-relevant setting is validated
-/// before anything is touched.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = Config::try_from(cli)?;
+/// closed cleanly), a second one aborts.
+pub async fn run(config: Config) -> anyhow::Result<()> {
     let wired = wire(config).await?;
     lifecycle(wired).await
 }

@@ -17,6 +17,7 @@ pub const BINARY: &str = "mcp-access-controllers";
 
 pub mod children;
 pub mod cli;
+pub mod config;
 pub mod host;
 pub mod hostapi;
 pub mod leader;
@@ -24,3 +25,4 @@ pub mod mcpserver;
 pub mod metrics;
 pub mod netpol;
 pub mod retire;
+pub mod wiring;

@@ -126,15 +126,8 @@ impl Drop for PeerSlot {
     }
 }
 
-/// Checks the flags (reading the key file, no other I/O): the Host API's settings, or `None`
-/// when it is off. Called before the process does anything else, so a bad setting stops
-/// startup naming the flag.
-pub fn check(args: &Args) -> anyhow::Result<Option<Settings>> {
-    Ok(args.settings()?)
-}
-
-/// The server of the settings [`check`] returned, served by every replica, or `None` when the
-/// Host API is off.
+/// The server of the settings [`Args::settings`] returned, served by every replica, or `None`
+/// when the Host API is off.
 pub async fn server(
     client: kube::Client,
     settings: Option<Settings>,
