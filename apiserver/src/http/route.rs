@@ -278,7 +278,11 @@ mod tests {
 
     #[test]
     fn verbs_by_method_name_and_watch() {
-        let ns = "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/demo/accesssessions";
+        let ns = &format!(
+            "/apis/{}/{}/namespaces/demo/accesssessions",
+            apis::GROUP,
+            apis::VERSION
+        );
         let one = format!("{ns}/s1");
         assert_eq!(verb(Method::GET, ns, None), Verb::List);
         assert_eq!(verb(Method::GET, ns, Some("watch=1")), Verb::Watch);
@@ -292,8 +296,14 @@ mod tests {
             verb(Method::POST, &format!("{one}/token"), None),
             Verb::Create
         );
+        // Sessions have no status subresource; enrollments do.
+        assert!(matches!(
+            route(Method::PATCH, &format!("{one}/status"), None),
+            Ok(Route::Unknown)
+        ));
+        let enrollment = one.replace("accesssessions", "enrollments");
         assert_eq!(
-            verb(Method::PATCH, &format!("{one}/status"), None),
+            verb(Method::PATCH, &format!("{enrollment}/status"), None),
             Verb::Patch
         );
         assert!(route(Method::POST, &one, None).is_err());
@@ -303,12 +313,16 @@ mod tests {
 
     #[test]
     fn a_resource_route_names_its_address() {
-        let path = "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/demo/accesssessions/s1/status";
+        let path = &format!(
+            "/apis/{}/{}/namespaces/demo/enrollments/s1/status",
+            apis::GROUP,
+            apis::VERSION
+        );
         let Ok(Route::Resource(route)) = route(Method::GET, path, None) else {
             panic!("a resource");
         };
         assert_eq!(route.namespace.as_deref(), Some("demo"));
-        assert_eq!(route.resource, "accesssessions");
+        assert_eq!(route.resource, "enrollments");
         assert_eq!(route.name.as_deref(), Some("s1"));
         assert_eq!(route.subresource.as_deref(), Some("status"));
         let attributes = route.attributes(&Params::default(), path);
