@@ -241,6 +241,19 @@ fn positive(flag: &'static str, d: GoDuration) -> Result<GoDuration, ConfigError
     Ok(d)
 }
 
+impl process::Flags for Cli {
+    type Config = Config;
+    type Error = ConfigError;
+
+    fn log_format(&self) -> LogFormat {
+        self.log_format
+    }
+
+    fn config(self) -> Result<Config, ConfigError> {
+        Config::try_from(self)
+    }
+}
+
 impl TryFrom<Cli> for Config {
     type Error = ConfigError;
 

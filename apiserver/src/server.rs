@@ -457,9 +457,13 @@ pub async fn serve_metrics(
         .await
 }
 
-/// Binds a TCP listener, with the address in the error.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
+/// The binary's name, as its listening lines say it.
+pub const BINARY: &str = "mcp-access-apiserver";
+
+/// Binds a TCP listener once (port 0: any free port), with the address in the error, and
+/// announces the bound address on standard error as `listener` ([`process::announce_listener`]).
+pub async fn bind(listener: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    process::bind_announced(BINARY, listener, addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
 }

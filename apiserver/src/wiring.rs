@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 
@@ -42,18 +41,15 @@ const API_LISTENER: &str = "API listener";
 const METRICS_LISTENER: &str = "metrics listener";
 const SYNC_LISTENER: &str = "gateway sync listener";
 
-/// Entry point of the binary.
+/// Entry point of the binary: every security-relevant setting is validated
+/// ([`process::Flags`] for [`Cli`]) before anything is touched.
 pub fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    process::init_tracing(cli.log_format);
-    process::block_on(run(cli))
+    process::main::<Cli, _>(run)
 }
 
 /// Runs the server until SIGINT/SIGTERM: the first signal drains (readiness false, watches
-/// closed cleanly), a second one aborts. Every security-relevant setting is validated
-/// before anything is touched.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = Config::try_from(cli)?;
+/// closed cleanly), a second one aborts.
+pub async fn run(config: Config) -> anyhow::Result<()> {
     let wired = wire(config).await?;
     lifecycle(wired).await
 }
@@ -224,12 +220,19 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     // Gateways present bearer tokens, never client certificates.
     let sync_tls_config = tls::server_config(cert, None)?;
     let store_config = config.storage.store_config()?;
-    let api_listener = server::bind(config.serving.api).await?;
-    let metrics_listener = server::bind(config.serving.metrics).await?;
+    let api_listener = server::bind("api", config.serving.api).await?;
+    let metrics_listener = server::bind("metrics", config.serving.metrics).await?;
     let sync_listener = match config.serving.sync {
-        Some(addr) => Some(server::bind(addr).await?),
+        Some(addr) => Some(server::bind("sync", addr).await?),
         None => None,
     };
+    // The addresses really bound (port 0 asks for any free port), for the serving log line.
+    let mut serving = config.serving.clone();
+    serving.api = api_listener.local_addr()?;
+    serving.metrics = metrics_listener.local_addr()?;
+    if let Some(listener) = &sync_listener {
+        serving.sync = Some(listener.local_addr()?);
+    }
 
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
@@ -342,7 +345,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         shutdown,
         metrics_stop,
         tasks,
-        serving: config.serving,
+        serving,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Tidy: no import circle between the files of `src/store/` (the port, the fan-out, the memory
 //! store and the PostgreSQL adapter under `pg/`), nor between the flags, their validation and
-//! the wiring (`cli.rs`, `config.rs`, `wiring.rs`). A file imports another when its code (not
+//! the wiring (`cli.rs`, `config.rs`, `wiring.rs`) of every binary: the apiserver's, the
+//! gateway's (`gateway/src/{proxy,authz}/`) and the controllers'. A file imports another when its code (not
 //! its comments, not its test module) names a path into it: `use super::x`, `use
 //! crate::store::x::Y`, `super::x::f()`, or, in a `mod.rs`, `pub use x::Y` (a re-export is an
 //! import too, which is why a facade `mod.rs` must not be imported back by its children).
@@ -183,9 +184,8 @@ fn resolve(here: &ModPath, path: &str, modules: &BTreeSet<ModPath>) -> Option<Mo
     best
 }
 
-/// The import graph of `files` (by module path) and its circles (strongly connected
-/// components of more than one file).
-fn circles(src: &Path, files: &[PathBuf]) -> Vec<Vec<String>> {
+/// Which of `files` each of them imports, by module path.
+fn import_graph(src: &Path, files: &[PathBuf]) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     let modules: BTreeMap<ModPath, &PathBuf> =
         files.iter().map(|f| (module_of(src, f), f)).collect();
     let known: BTreeSet<ModPath> = modules.keys().cloned().collect();
@@ -210,6 +210,13 @@ fn circles(src: &Path, files: &[PathBuf]) -> Vec<Vec<String>> {
             }
         }
     }
+    edges
+}
+
+/// The circles of the import graph of `files`: its strongly connected components of more
+/// than one file.
+fn circles(src: &Path, files: &[PathBuf]) -> Vec<Vec<String>> {
+    let edges = import_graph(src, files);
     // Tarjan's strongly connected components.
     struct Walk<'a> {
         edges: &'a BTreeMap<ModPath, BTreeSet<ModPath>>,
@@ -278,14 +285,56 @@ fn the_store_has_no_import_circle() {
     assert_eq!(circles(&src, &files), Vec::<Vec<String>>::new());
 }
 
-#[test]
-fn flags_config_and_wiring_import_one_way() {
-    let src = src();
+/// Flags (`cli.rs`), their validation (`config.rs`) and the wiring (`wiring.rs`) of each
+/// binary, under `dir` of a crate's `src`: no circle, and no import backwards (the flags
+/// import neither their validation nor the wiring; the validation does not import the
+/// wiring).
+fn assert_flags_config_wiring_one_way(src: &Path, dir: &str) {
+    let in_dir = |file: &str| src.join(dir).join(file);
     let files: Vec<PathBuf> = ["cli.rs", "config.rs", "wiring.rs"]
         .iter()
-        .map(|f| src.join(f))
+        .map(|f| in_dir(f))
         .collect();
-    assert_eq!(circles(&src, &files), Vec::<Vec<String>>::new());
+    for file in &files {
+        assert!(file.is_file(), "{} exists", file.display());
+    }
+    assert_eq!(circles(src, &files), Vec::<Vec<String>>::new());
+    let module = |file: &str| module_of(src, &in_dir(file));
+    let edges = import_graph(src, &files);
+    let imports = |from: &str, to: &str| edges[&module(from)].contains(&module(to));
+    for (from, to) in [
+        ("cli.rs", "config.rs"),
+        ("cli.rs", "wiring.rs"),
+        ("config.rs", "wiring.rs"),
+    ] {
+        assert!(!imports(from, to), "{dir}/{from} imports {dir}/{to}");
+    }
+    assert!(
+        imports("config.rs", "cli.rs"),
+        "{dir}/config.rs validates the flags"
+    );
+    assert!(
+        imports("wiring.rs", "config.rs"),
+        "{dir}/wiring.rs runs the configuration"
+    );
+}
+
+#[test]
+fn flags_config_and_wiring_import_one_way() {
+    assert_flags_config_wiring_one_way(&src(), "");
+}
+
+#[test]
+fn the_gateway_binaries_import_flags_config_and_wiring_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway/src");
+    assert_flags_config_wiring_one_way(&src, "proxy");
+    assert_flags_config_wiring_one_way(&src, "authz");
+}
+
+#[test]
+fn the_controllers_import_flags_config_and_wiring_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../controllers/src");
+    assert_flags_config_wiring_one_way(&src, "");
 }
 
 /// The check can fail: two files that name each other are one circle.

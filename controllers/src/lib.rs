@@ -12,8 +12,12 @@
 //!   `server_retired` Revocation) before its objects may go.
 #![forbid(unsafe_code)]
 
+/// The binary's name, as its listening lines say it.
+pub const BINARY: &str = "mcp-access-controllers";
+
 pub mod children;
 pub mod cli;
+pub mod config;
 pub mod host;
 pub mod hostapi;
 pub mod leader;
@@ -21,3 +25,4 @@ pub mod mcpserver;
 pub mod metrics;
 pub mod netpol;
 pub mod retire;
+pub mod wiring;

@@ -132,11 +132,13 @@ pub fn tail(path: &Path, n: usize) -> String {
 }
 
 /// Copies `from` into `log` line by line in a thread, handing the address after `marker` on
-/// the first line that carries it to the returned channel.
+/// the first line that carries it (and ends in `(<listener>)` when one is named) to the
+/// returned channel.
 fn watch_for_address(
     from: impl Read + Send + 'static,
     log: std::fs::File,
     marker: &'static str,
+    listener: Option<&'static str>,
 ) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -145,7 +147,10 @@ fn watch_for_address(
         for line in BufReader::new(from).lines() {
             let Ok(line) = line else { return };
             let _ = writeln!(log, "{line}");
-            if let Some(at) = line.find(marker) {
+            let named = |tail: &str| {
+                listener.is_none_or(|name| tail.trim_end().ends_with(&format!("({name})")))
+            };
+            if let Some(at) = line.find(marker).filter(|at| named(&line[*at..])) {
                 if let Some(tx) = tx.take() {
                     let addr = line[at + marker.len()..]
                         .split_whitespace()
@@ -226,7 +231,7 @@ pub fn spawn_upstream(c: &LocalCluster, name: &str) -> Result<Upstream> {
         .spawn()
         .context("cannot start e2e/mcp/upstream.py")?;
     let stdout: ChildStdout = child.stdout.take().context("no stdout")?;
-    let rx = watch_for_address(stdout, file, "mcp-upstream listening on ");
+    let rx = watch_for_address(stdout, file, "mcp-upstream listening on ", None);
     let mut process = Running { child, log };
     let addr = wait_address(&rx, &mut process, "the upstream MCP server")?;
     Ok(Upstream { process, addr })
@@ -298,7 +303,12 @@ pub fn spawn_gateway(
         .spawn()
         .with_context(|| format!("cannot start {bin}"))?;
     let stderr = child.stderr.take().context("no stderr")?;
-    let rx = watch_for_address(stderr, file, "mcp-access-gateway listening on ");
+    let rx = watch_for_address(
+        stderr,
+        file,
+        "mcp-access-gateway listening on ",
+        Some("proxy"),
+    );
     let mut process = Running { child, log };
     let addr = wait_address(&rx, &mut process, "mcp-access-gateway")?;
     let gateway = Gateway {

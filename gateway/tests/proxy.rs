@@ -154,7 +154,10 @@ impl Gateway {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = writeln!(file, "{line}");
                 if !sent {
-                    if let Some(addr) = line.strip_prefix("mcp-access-gateway listening on ") {
+                    let proxy = line
+                        .strip_prefix("mcp-access-gateway listening on ")
+                        .and_then(|rest| rest.strip_suffix(" (proxy)"));
+                    if let Some(addr) = proxy {
                         let _ = tx.send(addr.to_string());
                         sent = true;
                     }

@@ -32,7 +32,7 @@ pub use sync::SyncState;
 use documents::{Doc, Documents};
 use limits::{read_body, InflightLimiter, RequestKind, WatchCounter};
 use observe::{request_span, RecordUser, RequestLog};
-use route::Target;
+use route::{Route, Target, Verb};
 
 use crate::admission::{NamespaceLifecycle, NamespaceRefusal};
 use crate::auth::{
@@ -46,9 +46,9 @@ use resource::ResourceRequest;
 
 /// Routes a request on a resource to the handler of its kind.
 macro_rules! serve_kinds {
-    ($app:expr, $plural:expr, $verb:expr, $req:expr; $($kind:ty),+) => {
-        match $plural.as_str() {
-            $(p if p == <$kind as Strategy>::INFO.plural => $app.serve::<$kind>(&$verb, $req).await,)+
+    ($app:expr, $plural:expr, $req:expr; $($kind:ty),+) => {
+        match $plural {
+            $(p if p == <$kind as Strategy>::INFO.plural => $app.serve::<$kind>($req).await,)+
             _ => Err(ApiError::not_found_path()),
         }
     };
@@ -299,10 +299,10 @@ impl<S: Store + Clone> AppState<S> {
             }
         };
         let params = Params::parse(parts.uri.query()).map_err(fail("", ""))?;
-        let target = Target::parse(&segs);
-        let attributes = target
-            .attributes(&parts.method, &params, &path)
+        let route = Target::parse(&segs)
+            .route(&parts.method, &params)
             .map_err(fail("", ""))?;
+        let attributes = route.attributes(&parts.method, &params, &path);
         let verb = attributes.verb.clone();
         let resource_label = attributes.resource.clone();
         let fail = fail(&verb, &resource_label);
@@ -324,8 +324,8 @@ impl<S: Store + Clone> AppState<S> {
         tracing::debug!(user = %user.name, verb = %verb, path = %path, "request");
 
         let body = read_body(&parts.headers, body).await.map_err(&fail)?;
-        let response = match target {
-            Target::NonResource(Doc::Jwks | Doc::OpenIdConfiguration)
+        let response = match route {
+            Route::NonResource(Doc::Jwks | Doc::OpenIdConfiguration)
                 if !matches!(parts.method, http::Method::GET | http::Method::HEAD) =>
             {
                 return Err(fail(ApiError::method_not_allowed(
@@ -333,21 +333,14 @@ impl<S: Store + Clone> AppState<S> {
                     &path,
                 )))
             }
-            Target::NonResource(Doc::Jwks) => documents::jwks(&self.tokens),
-            Target::NonResource(Doc::OpenIdConfiguration) => {
+            Route::NonResource(Doc::Jwks) => documents::jwks(&self.tokens),
+            Route::NonResource(Doc::OpenIdConfiguration) => {
                 documents::openid_configuration(&self.tokens).map_err(&fail)?
             }
-            Target::NonResource(doc) => self.docs.serve(doc, &parts.headers).map_err(&fail)?,
-            Target::Resource {
-                namespace,
-                plural,
-                name,
-                subresource,
-            } => {
+            Route::NonResource(doc) => self.docs.serve(doc, &parts.headers).map_err(&fail)?,
+            Route::Resource(route) => {
                 let req = ResourceRequest {
-                    namespace: namespace.as_deref(),
-                    name: name.as_deref(),
-                    subresource: subresource.as_deref(),
+                    route: &route,
                     params,
                     headers: &parts.headers,
                     body,
@@ -358,11 +351,11 @@ impl<S: Store + Clone> AppState<S> {
                     scope: None,
                 };
                 // Every served kind, by its strategy: adding a kind adds it here.
-                let result = serve_kinds!(self, plural, verb, req;
+                let result = serve_kinds!(self, route.resource.as_str(), req;
                     AccessSession, Agent, Enrollment, Revocation);
                 result.map_err(&fail)?
             }
-            Target::Unknown => return Err(fail(ApiError::not_found_path())),
+            Route::Unknown => return Err(fail(ApiError::not_found_path())),
         };
         Ok((verb, resource_label, response))
     }
@@ -384,7 +377,7 @@ impl<S: Store + Clone> AppState<S> {
     /// (asked only by kinds whose authority reaches that far, see
     /// [`Strategy::ASKS_CLUSTER_AUTHORITY`]).
     async fn admit_create<K: Strategy>(&self, req: &ResourceRequest<'_>) -> ApiResult<bool> {
-        if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace) {
+        if let (Some(lifecycle), Some(ns)) = (&self.namespaces, req.namespace()) {
             lifecycle
                 .check_create(ns)
                 .await
@@ -423,7 +416,7 @@ impl<S: Store + Clone> AppState<S> {
         let attributes = Attributes {
             verb: "create".into(),
             resource_request: true,
-            namespace: req.namespace.unwrap_or_default().to_string(),
+            namespace: req.namespace().unwrap_or_default().to_string(),
             api_group: apis::GROUP.to_string(),
             api_version: apis::VERSION.to_string(),
             resource: K::INFO.plural.to_string(),
@@ -446,58 +439,55 @@ impl<S: Store + Clone> AppState<S> {
         self.admit_create::<K>(req).await
     }
 
-    async fn serve<K: Strategy>(
-        &self,
-        verb: &str,
-        req: ResourceRequest<'_>,
-    ) -> ApiResult<Response> {
-        if !K::INFO.verbs.contains(&verb) && req.subresource.is_none() {
-            return Err(ApiError::method_not_allowed(
-                &verb.to_uppercase(),
-                K::INFO.plural,
-            ));
+    /// Serves a routed request on `K` by its verb.
+    async fn serve<K: Strategy>(&self, req: ResourceRequest<'_>) -> ApiResult<Response> {
+        let verb = req.route.verb;
+        if !K::INFO.verbs.contains(&verb.as_str()) && req.subresource().is_none() {
+            return Err(ApiError::method_not_allowed(&verb.upper(), K::INFO.plural));
         }
-        if req.subresource == Some(apis::session_token::TOKEN_SUBRESOURCE) {
+        if req.subresource() == Some(apis::session_token::TOKEN_SUBRESOURCE) {
             // Only `create` reaches here (the route refuses every other method with 405).
             return match verb {
-                "create" if K::INFO.plural == apis::resources::ACCESS_SESSIONS.plural => {
+                Verb::Create if K::INFO.plural == apis::resources::ACCESS_SESSIONS.plural => {
                     token::create::<S>(&self.store, &self.tokens, req).await
                 }
                 other => Err(ApiError::method_not_allowed(
-                    &other.to_uppercase(),
+                    &other.upper(),
                     &format!("{}/token", K::INFO.plural),
                 )),
             };
         }
-        if req.subresource.is_some() {
+        if req.subresource().is_some() {
             return match verb {
-                "get" => resource::get::<K, S>(&self.store, req).await,
-                "patch" | "update" => resource::update_status::<K, S>(&self.store, verb, req).await,
+                Verb::Get => resource::get::<K, S>(&self.store, req).await,
+                Verb::Patch | Verb::Update => {
+                    resource::update_status::<K, S>(&self.store, req).await
+                }
                 other => Err(ApiError::method_not_allowed(
-                    &other.to_uppercase(),
+                    &other.upper(),
                     &format!("{}/status", K::INFO.plural),
                 )),
             };
         }
-        if K::INFO.namespaced == req.namespace.is_none() && req.name.is_some() {
+        if K::INFO.namespaced == req.namespace().is_none() && req.name().is_some() {
             return Err(ApiError::not_found_path());
         }
-        if !K::INFO.namespaced && req.namespace.is_some() {
+        if !K::INFO.namespaced && req.namespace().is_some() {
             return Err(ApiError::not_found_path());
         }
-        if let Some(ns) = req.namespace {
+        if let Some(ns) = req.namespace() {
             if !apis::validation::is_dns1123_label(ns) {
                 return Err(ApiError::not_found_path());
             }
         }
         let fields = K::FIELDS;
         match verb {
-            "get" => resource::get::<K, S>(&self.store, req).await,
-            "list" => {
+            Verb::Get => resource::get::<K, S>(&self.store, req).await,
+            Verb::List => {
                 let options = req.params.list_options(&K::INFO, fields)?;
                 resource::list::<K, S>(&self.store, req, options).await
             }
-            "watch" => {
+            Verb::Watch => {
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let rendering = Rendering::from_headers(req.headers, req.params.include_object())?;
                 let Some(slot) = self
@@ -515,7 +505,7 @@ impl<S: Store + Clone> AppState<S> {
                 };
                 watch::watch::<K, S>(
                     self,
-                    req.namespace.map(str::to_string),
+                    req.namespace().map(str::to_string),
                     options,
                     rendering,
                     slot,
@@ -523,16 +513,16 @@ impl<S: Store + Clone> AppState<S> {
                 )
                 .await
             }
-            "create" => {
-                if K::INFO.namespaced && req.namespace.is_none() {
+            Verb::Create => {
+                if K::INFO.namespaced && req.namespace().is_none() {
                     return Err(ApiError::method_not_allowed("POST", K::INFO.plural));
                 }
                 let mut req = req;
                 req.cluster_authority = self.admit_create::<K>(&req).await?;
                 resource::create::<K, S>(&self.store, req).await
             }
-            "update" => resource::update::<K, S>(&self.store, req).await,
-            "patch" => {
+            Verb::Update => resource::update::<K, S>(&self.store, req).await,
+            Verb::Patch => {
                 let mut req = req;
                 // A server-side apply creates what does not exist: as a create, it needs
                 // `create` on the resource (RBAC granting `patch` alone must not mint
@@ -542,26 +532,22 @@ impl<S: Store + Clone> AppState<S> {
                 }
                 resource::patch::<K, S>(&self.store, req).await
             }
-            "delete" => {
+            Verb::Delete => {
                 let mut req = req;
-                req.namespace_terminating = self.terminating(req.namespace).await;
+                req.namespace_terminating = self.terminating(req.namespace()).await;
                 resource::delete::<K, S>(&self.store, req).await
             }
-            "deletecollection" => {
+            Verb::DeleteCollection => {
                 // As kube-apiserver, which registers only list and watch on the
                 // all-namespaces path of a namespaced resource.
-                if K::INFO.namespaced && req.namespace.is_none() {
+                if K::INFO.namespaced && req.namespace().is_none() {
                     return Err(ApiError::method_not_allowed("DELETE", K::INFO.plural));
                 }
                 let options = req.params.list_options(&K::INFO, fields)?;
                 let mut req = req;
-                req.namespace_terminating = self.terminating(req.namespace).await;
+                req.namespace_terminating = self.terminating(req.namespace()).await;
                 resource::delete_collection::<K, S>(&self.store, req, options).await
             }
-            other => Err(ApiError::method_not_allowed(
-                &other.to_uppercase(),
-                K::INFO.plural,
-            )),
         }
     }
 }

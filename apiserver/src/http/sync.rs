@@ -25,7 +25,7 @@ use super::error::{ApiError, ApiResult};
 use super::observe::{request_span, RequestLog};
 use super::request::{Params, Rendering};
 use super::resource::{self, ResourceRequest};
-use super::route::{self, Target};
+use super::route::{self, ResourceRoute, Target, Verb};
 use super::watch::{self, WatchGuard};
 use super::AppState;
 use crate::auth::{
@@ -196,25 +196,25 @@ impl<S: Store + Clone> SyncState<S> {
             }
         };
         let verb = match (&parts.method, name.is_some()) {
-            (&Method::GET | &Method::HEAD, true) => "get",
+            (&Method::GET | &Method::HEAD, true) => Verb::Get,
             (&Method::GET | &Method::HEAD, false) if params.is_watch().map_err(fail(""))? => {
-                "watch"
+                Verb::Watch
             }
-            (&Method::GET | &Method::HEAD, false) => "list",
+            (&Method::GET | &Method::HEAD, false) => Verb::List,
             (method, _) => {
                 return Err(fail(&method.as_str().to_lowercase())(
                     ApiError::method_not_allowed(method.as_str(), AccessSession::PLURAL),
                 ))
             }
         };
-        let fail = fail(verb);
+        let fail = fail(verb.as_str());
         if let Some(ns) = namespace.as_deref() {
             if !apis::validation::is_dns1123_label(ns) {
                 return Err(fail(ApiError::not_found_path()));
             }
         }
         tracing::debug!(
-            gateway = %gateway.user, server = %gateway.server_name, verb, path = %path,
+            gateway = %gateway.user, server = %gateway.server_name, verb = verb.as_str(), path = %path,
             "sync request"
         );
         let scope = scope(&gateway);
@@ -224,10 +224,15 @@ impl<S: Store + Clone> SyncState<S> {
             name: gateway.user.clone(),
             ..Default::default()
         };
-        let req = ResourceRequest {
-            namespace: namespace.as_deref(),
-            name: name.as_deref(),
+        let route = ResourceRoute {
+            verb,
+            namespace,
+            resource: AccessSession::PLURAL.to_string(),
+            name,
             subresource: None,
+        };
+        let req = ResourceRequest {
+            route: &route,
             params,
             headers: &parts.headers,
             body: bytes::Bytes::new(),
@@ -238,8 +243,8 @@ impl<S: Store + Clone> SyncState<S> {
             scope: Some(&scope),
         };
         let response = match verb {
-            "get" => resource::get::<AccessSession, S>(&self.app.store, req).await,
-            "list" => {
+            Verb::Get => resource::get::<AccessSession, S>(&self.app.store, req).await,
+            Verb::List => {
                 let options = req
                     .params
                     .list_options(&AccessSession::INFO, AccessSession::FIELDS)
@@ -248,7 +253,9 @@ impl<S: Store + Clone> SyncState<S> {
             }
             _ => self.watch(req, &gateway, token).await,
         };
-        response.map(|r| (verb.to_string(), r)).map_err(fail)
+        response
+            .map(|r| (verb.as_str().to_string(), r))
+            .map_err(fail)
     }
 
     async fn watch(
@@ -312,7 +319,7 @@ impl<S: Store + Clone> SyncState<S> {
         };
         watch::watch::<AccessSession, S>(
             &self.app,
-            req.namespace.map(str::to_string),
+            req.namespace().map(str::to_string),
             options,
             rendering,
             slot,

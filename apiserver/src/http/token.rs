@@ -31,7 +31,7 @@ pub(super) async fn create<S: Store>(
     req: ResourceRequest<'_>,
 ) -> ApiResult<Response> {
     let metrics = &tokens.metrics;
-    let (Some(namespace), Some(name)) = (req.namespace, req.name) else {
+    let (Some(namespace), Some(name)) = (req.namespace(), req.name()) else {
         return Err(ApiError::not_found_path());
     };
     if !apis::validation::is_dns1123_label(namespace) {

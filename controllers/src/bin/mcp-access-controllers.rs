@@ -1,3 +1,3 @@
 fn main() -> anyhow::Result<()> {
-    controllers::cli::main()
+    controllers::wiring::main()
 }

@@ -126,15 +126,8 @@ impl Drop for PeerSlot {
     }
 }
 
-/// Checks the flags (reading the key file, no other I/O): the Host API's settings, or `None`
-/// when it is off. Called before the process does anything else, so a bad setting stops
-/// startup naming the flag.
-pub fn check(args: &Args) -> anyhow::Result<Option<Settings>> {
-    Ok(args.settings()?)
-}
-
-/// The server of the settings [`check`] returned, served by every replica, or `None` when the
-/// Host API is off.
+/// The server of the settings [`Args::settings`] returned, served by every replica, or `None`
+/// when the Host API is off.
 pub async fn server(
     client: kube::Client,
     settings: Option<Settings>,
@@ -151,11 +144,11 @@ pub async fn server(
     .context("--host-api-tls-cert-file / --host-api-tls-key-file")?;
     let tls_config = tls::server_config(cert.clone(), None)?;
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], settings.port));
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = process::bind_announced(crate::BINARY, "host-api", addr)
         .await
         .with_context(|| format!("cannot listen on {addr} (--host-api-port)"))?;
     tracing::info!(
-        %addr,
+        addr = ?listener.local_addr().ok(),
         issuer = %settings.issuer,
         audience = ?settings.audience,
         max_ttl = ?settings.max_ttl,

@@ -111,9 +111,6 @@ impl Args {
             }
             return Ok(None);
         };
-        if port == 0 {
-            return Err(err("--host-api-port", "must be a port from 1 to 65535"));
-        }
         let tls_cert_file = self
             .host_api_tls_cert_file
             .clone()

@@ -3,6 +3,10 @@
 //! MCP Access without linking the library.
 
 pub mod cli;
+pub mod config;
 pub mod http;
+pub mod wiring;
 
-pub use cli::{main, run, Cli};
+pub use cli::Cli;
+pub use config::Config;
+pub use wiring::{main, run};

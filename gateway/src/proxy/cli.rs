@@ -1,23 +1,15 @@
-//! Flags (each with an environment fallback), the wiring and the lifecycle of
-//! `mcp-access-gateway`.
+//! Flags of `mcp-access-gateway`, each with an environment fallback: what `config.rs`
+//! validates and `wiring.rs` builds the process from.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
-use prometheus_client::registry::Registry;
 
-use super::http::{parse_public_url, Gateway};
-use super::metrics::ProxyMetrics;
-use super::serve::{serve, Limits};
-use super::session::Bindings;
-use super::upstream::{parse_upstream, Upstream};
+use super::http::parse_public_url;
+use super::upstream::parse_upstream;
 use crate::authz::cli::SyncArgs;
 use crate::config::parse_positive_duration;
-use crate::credential::{JwksSource, Verifier};
-use crate::{CacheMetrics, SessionCache};
 
 pub use process::LogFormat;
 
@@ -78,110 +70,4 @@ pub struct Cli {
     /// fastest for a proxy in front of one server (no wake-up crosses threads); 0 one per core.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_WORKER_THREADS", default_value_t = 1)]
     pub worker_threads: usize,
-}
-
-/// Entry point of the binary.
-pub fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    process::init_tracing(cli.log_format);
-    process::block_on_threads(cli.worker_threads, run(cli))
-}
-
-/// Starts the cache and the key source and serves until a signal (or until the sync task
-/// dies, which ends the process with an error so the orchestrator restarts it).
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    anyhow::ensure!(cli.max_body_bytes > 0, "--max-body-bytes must be positive");
-    anyhow::ensure!(
-        cli.max_connections > 0,
-        "--max-connections must be positive"
-    );
-    let mut registry = Registry::default();
-    let cache_metrics = CacheMetrics::register(&mut registry);
-    let metrics = ProxyMetrics::register(&mut registry);
-    let config = cli.sync.cache_config();
-    let keys = Arc::new(
-        JwksSource::new(&config).context("invalid --sync-url, --ca-file or --token-file")?,
-    );
-    let (cache, sync) = SessionCache::start_with_metrics(config, cache_metrics)
-        .context("invalid --sync-url, --ca-file, --token-file or stale window")?;
-    let key_task = tokio::spawn(keys.clone().run());
-    let gateway = Arc::new(Gateway {
-        cache,
-        verifier: Verifier::new(keys, cli.public_url.clone()),
-        upstream: Upstream::new(
-            cli.upstream.clone(),
-            cli.upstream_connect_timeout,
-            cli.upstream_timeout,
-        ),
-        bindings: Bindings::new(65_536, Duration::from_secs(24 * 3600)),
-        legacy_streams: Default::default(),
-        metrics,
-        registry,
-        public_url: cli.public_url.clone(),
-        authorization_servers: cli.authorization_servers.clone(),
-        max_body_bytes: cli.max_body_bytes,
-        body_timeout: cli.idle_timeout,
-        admin_elsewhere: cli.admin_listen.is_some(),
-    });
-    let limits = Limits {
-        max_connections: cli.max_connections,
-        header_timeout: cli.header_timeout,
-        idle_timeout: cli.idle_timeout,
-        drain: Duration::from_secs(10),
-    };
-    let listener = tokio::net::TcpListener::bind(cli.listen)
-        .await
-        .with_context(|| format!("cannot listen on --listen {}", cli.listen))?;
-    let bound = listener
-        .local_addr()
-        .context("the listener has no address")?;
-    let admin = match cli.admin_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on --admin-listen {addr}"))?,
-        ),
-        None => None,
-    };
-    let (stopping, stop) = tokio::sync::watch::channel(false);
-    let main_server = {
-        let gateway = gateway.clone();
-        tokio::spawn(serve(listener, limits, stop.clone(), move |req, abort| {
-            let gateway = gateway.clone();
-            async move { gateway.handle(req, abort).await }
-        }))
-    };
-    let admin_server = admin.map(|listener| {
-        let gateway = gateway.clone();
-        let addr = listener.local_addr().ok();
-        tracing::info!(admin_listen = ?addr, "admin endpoints served apart");
-        tokio::spawn(serve(listener, limits, stop.clone(), move |req, _abort| {
-            let gateway = gateway.clone();
-            async move {
-                gateway
-                    .admin(req.uri().path())
-                    .unwrap_or_else(|| super::http::status_only(http::StatusCode::NOT_FOUND))
-            }
-        }))
-    });
-    tracing::info!(
-        listen = %bound,
-        upstream = %cli.upstream,
-        public_url = %cli.public_url,
-        sync_url = %cli.sync.sync_url,
-        stale_window = ?cli.sync.stale_window,
-        "mcp-access-gateway serving"
-    );
-    eprintln!("mcp-access-gateway listening on {bound}");
-    tokio::select! {
-        ended = sync => anyhow::bail!("the session sync task ended: {ended:?}"),
-        ended = key_task => anyhow::bail!("the session token key task ended: {ended:?}"),
-        _ = process::shutdown_signal() => {}
-    }
-    let _ = stopping.send(true);
-    let _ = main_server.await;
-    if let Some(admin) = admin_server {
-        let _ = admin.await;
-    }
-    Ok(())
 }

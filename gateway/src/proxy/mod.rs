@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod config;
 pub mod cut;
 pub mod http;
 pub mod legacy;
@@ -14,5 +15,8 @@ pub mod serve;
 pub mod session;
 pub mod sse;
 pub mod upstream;
+pub mod wiring;
 
-pub use cli::{main, run, Cli};
+pub use cli::Cli;
+pub use config::Config;
+pub use wiring::{main, run};
