@@ -35,6 +35,12 @@ macro_rules! ensure {
 
 #[path = "cluster/controllers.rs"]
 mod controllers;
+#[path = "cluster/deploy_manifests.rs"]
+mod deploy_manifests;
+#[path = "cluster/drain.rs"]
+mod drain;
+#[path = "cluster/egress_refresh.rs"]
+mod egress_refresh;
 #[path = "cluster/expiry.rs"]
 mod expiry;
 #[path = "cluster/fences.rs"]
@@ -272,12 +278,28 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         expiry::session_events_through_kubectl_events,
     ),
     (
+        "drain_a_watch_through_the_aggregator_ends_cleanly_and_resumes_after_a_restart",
+        drain::a_watch_through_the_aggregator_ends_cleanly_and_resumes_after_a_restart,
+    ),
+    (
+        "deploy_manifests_apply_with_server_dry_run",
+        deploy_manifests::apply_with_server_dry_run,
+    ),
+    (
+        "deploy_manifests_container_args_parse",
+        deploy_manifests::container_args_parse,
+    ),
+    (
         "netpol_policies_follow_servers_and_contexts",
         netpol::policies_follow_servers_and_contexts,
     ),
     (
         "netpol_orphan_sweep_over_the_cap_deletes_nothing",
         netpol::orphan_sweep_over_the_cap_deletes_nothing,
+    ),
+    (
+        "egress_refresh_a_failed_refresh_withdraws_the_allow_until_the_name_resolves",
+        egress_refresh::a_failed_refresh_withdraws_the_allow_until_the_name_resolves,
     ),
     (
         "hosts_missing_secret_blocks_until_it_appears",
