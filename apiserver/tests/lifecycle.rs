@@ -510,6 +510,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         if answer.0 != 200 {
             break answer;
         }
+        // Expected a few ms (the signal handler flips readiness); 1 s is over 5x.
         assert!(sent.elapsed() < Duration::from_secs(1), "still ready");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
@@ -524,6 +525,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         .await
         .expect("a new connection is served during the shutdown delay");
     assert_eq!(served.status(), 200);
+    // An ordering: served before the listener closes at `delay` (2 s); expected ~100 ms.
     assert!(sent.elapsed() < delay, "served within the delay");
 
     // 2. After the delay the listener is closed: new connections are refused, while the
@@ -535,6 +537,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         {
             break sent.elapsed();
         }
+        // Expected `delay` plus a few ms; 3 s past it is a margin of far more than 5x.
         assert!(
             sent.elapsed() < delay + Duration::from_secs(3),
             "the listener is still open: {}",

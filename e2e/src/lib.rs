@@ -773,11 +773,24 @@ impl Controllers {
     }
 
     /// The sum of the samples of metric `name` whose labels contain every `labels` pair
-    /// (`key="value"`), from `/metrics`. 0 when there is none: a labelled family with no
-    /// series yet is not in `/metrics` at all (not even its `# TYPE` line).
+    /// (`key="value"`), from `/metrics`. An error when no sample matches: a misspelt name or
+    /// label would otherwise read as 0 and let a "nothing happened" check pass vacuously.
     pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        self.samples(name, labels)?
+            .ok_or_else(|| anyhow::anyhow!("no {name}{{{}}} in /metrics", labels.join(",")))
+    }
+
+    /// Like [`Controllers::metric`], but 0 when no sample matches: a labelled family with no
+    /// series yet is not in `/metrics` at all (not even its `# TYPE` line). Only for a check
+    /// whose scenario also shows the same series appearing (its positive control).
+    pub fn metric_or_zero(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        Ok(self.samples(name, labels)?.unwrap_or(0.0))
+    }
+
+    /// The sum of the matching samples, `None` when there is none.
+    fn samples(&self, name: &str, labels: &[&str]) -> Result<Option<f64>> {
         let text = self.get("/metrics")?;
-        Ok(text
+        let values: Vec<f64> = text
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| {
@@ -787,7 +800,8 @@ impl Controllers {
                     .then(|| value.parse::<f64>().ok())
                     .flatten()
             })
-            .sum())
+            .collect();
+        Ok((!values.is_empty()).then(|| values.iter().sum()))
     }
 
     /// SIGKILL: no cleanup, the Lease is left held until it expires.

@@ -40,7 +40,7 @@ const ADMIN_ADDR: &str = "127.0.0.1:9091";
 /// What the stand-in MCP server answers to everything.
 const UPSTREAM_BODY: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"server":"stand-in"}}"#;
 /// A generous bound on every revoke-to-deny through nginx (the target is a p99 of 100 ms,
-/// docs/gateways.md; this only catches a broken path, e.g. a cached decision).
+/// docs/gateways.md; this only catches a broken path, e.g. a cached decision): 20x.
 const DENY_BOUND: Duration = Duration::from_secs(2);
 
 fn free_port() -> Result<u16, String> {
