@@ -716,11 +716,6 @@ impl TlsPostgres {
         let other_ca = dir.join("other-ca.crt");
         std::fs::write(&ca, ca_pem).unwrap();
         std::fs::write(&other_ca, other_pem).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         // The server runs as `postgres` when we are root: it must own its directory.
         let _ = std::process::Command::new("chown")
             .args(["-R", "postgres:", dir.to_str().unwrap()])
@@ -752,28 +747,38 @@ impl TlsPostgres {
             std::fs::Permissions::from_mode(0o600),
         )
         .unwrap();
-        let out = run_as_postgres(&[
-            &format!("{bin}/pg_ctl"),
-            "-D",
-            data.to_str().unwrap(),
-            "-l",
-            dir.join("postgres.log").to_str().unwrap(),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            &format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c ssl=on -c fsync=off",
-                dir.display()
-            ),
-            "start",
-        ]);
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {} {}",
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default()
-        );
+        // postgres cannot report a port-0 bind: start on a port the kernel just chose and,
+        // should another process take it first ("Address already in use"), on a fresh one.
+        let mut port = 0;
+        for attempt in 1.. {
+            port = support::replica::candidate_port();
+            let _ = std::fs::remove_file(dir.join("postgres.log"));
+            let out = run_as_postgres(&[
+                &format!("{bin}/pg_ctl"),
+                "-D",
+                data.to_str().unwrap(),
+                "-l",
+                dir.join("postgres.log").to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &format!(
+                    "-p {port} -k {} -c listen_addresses=127.0.0.1 -c ssl=on -c fsync=off",
+                    dir.display()
+                ),
+                "start",
+            ]);
+            if out.status.success() {
+                break;
+            }
+            let log = std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default();
+            assert!(
+                log.contains("already in use") && attempt < 5,
+                "pg_ctl start: {} {log}",
+                String::from_utf8_lossy(&out.stderr),
+            );
+        }
         Self {
             dir,
             port,

@@ -1019,14 +1019,6 @@ fn apiserver_bin() -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn private_file(path: &std::path::Path, contents: &str, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, contents).unwrap();
@@ -1042,6 +1034,10 @@ fn scratch_dir() -> std::path::PathBuf {
     dir
 }
 
+fn read_log(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default()
+}
+
 impl Binary {
     /// Starts the binary; `max_fds` runs it under `ulimit -n`.
     async fn start(extra: &[&str], max_fds: Option<u32>) -> Self {
@@ -1055,7 +1051,7 @@ impl Binary {
             &format!("{token},admin,admin-uid,\"system:masters\"\n"),
             0o600,
         );
-        let (port, metrics_port) = (free_port(), free_port());
+        // Port 0: the process binds once and says which ports it got (see below).
         let mut args: Vec<String> = vec![
             "--standalone".into(),
             "--token-auth-file".into(),
@@ -1063,9 +1059,9 @@ impl Binary {
             "--cert-dir".into(),
             dir.display().to_string(),
             "--secure-port".into(),
-            port.to_string(),
+            "0".into(),
             "--metrics-port".into(),
-            metrics_port.to_string(),
+            "0".into(),
             "--database-pool-size".into(),
             "4".into(),
         ];
@@ -1084,14 +1080,21 @@ impl Binary {
             None => std::process::Command::new(apiserver_bin()),
         };
         let log = std::fs::File::create(dir.join("apiserver.log")).unwrap();
-        let child = cmd
+        let mut child = cmd
             .args(&args)
             .env("MCP_ACCESS_DATABASE_URL", &dsn)
             .env("RUST_LOG", "warn")
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut listening = e2e::listening::follow("mcp-access-apiserver", stderr, log);
+        let ports = listening
+            .wait_ports(&["api", "metrics"], e2e::listening::LISTEN_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {}", read_log(&dir)));
+        let (port, metrics_port) = (ports[0], ports[1]);
         let mut bin = Self {
             child,
             port,
@@ -1120,7 +1123,7 @@ impl Binary {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("apiserver.log")).unwrap_or_default()
+        read_log(&self.dir)
     }
 
     fn url(&self) -> String {

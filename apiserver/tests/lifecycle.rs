@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::replica::{
-    apiserver_bin, free_port, readyz_answer, session_json, signal, wait_ready, Shared,
+    announced_ports, apiserver_bin, readyz_answer, session_json, signal, wait_ready, Shared,
 };
 use support::server::ADMIN_TOKEN;
 use support::TestDb;
@@ -33,10 +33,9 @@ struct Process {
 
 impl Process {
     async fn start(shared: &Shared, db: &TestDb, name: &str, extra: &[&str]) -> Self {
-        let (port, metrics_port) = (free_port(), free_port());
         let log = shared.dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(apiserver_bin())
+        let mut child = Command::new(apiserver_bin())
             .arg("--standalone")
             .arg("--token-auth-file")
             .arg(shared.dir.join("tokens.csv"))
@@ -45,17 +44,20 @@ impl Process {
             .arg("--tls-private-key-file")
             .arg(shared.dir.join("tls.key"))
             .args(["--bind-address", "127.0.0.1"])
-            .args(["--secure-port", &port.to_string()])
-            .args(["--metrics-port", &metrics_port.to_string()])
+            .args(["--secure-port", "0"])
+            .args(["--metrics-port", "0"])
             .args(["--database-pool-size", "4"])
             .args(extra)
             .env("MCP_ACCESS_DATABASE_URL", db.dsn())
             .env("RUST_LOG", "info")
             .stdout(out.try_clone().unwrap())
-            .stderr(out)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
             .expect("start mcp-access-apiserver");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let ports = announced_ports(stderr, out, &["api", "metrics"], &log).await;
+        let (port, metrics_port) = (ports[0], ports[1]);
         let mut process = Self {
             child,
             port,

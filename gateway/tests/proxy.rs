@@ -537,7 +537,8 @@ async fn bounded_bodies_header_checks_and_upstream_failures() {
     assert_eq!(resp.status(), 504);
 
     // The upstream is gone: 502.
-    let closed = format!("http://127.0.0.1:{}", free_port());
+    let (refusing, _held) = refusing_port();
+    let closed = format!("http://127.0.0.1:{refusing}");
     let down = Gateway::start(&server, &closed, &[]);
     down.ready().await;
     assert_eq!(down.post(Some(&frank), ping(1)).await.status(), 502);
