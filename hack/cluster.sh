@@ -236,12 +236,17 @@ launch() {
 }
 
 # wait_for NAME PID DESCRIPTION CMD...: polls CMD until it succeeds; fails if PID exits or after
-# $timeout seconds, showing the end of the log.
+# $timeout seconds, showing the end of the log. Returns 3 instead when PID exited saying a port
+# was taken ("address already in use"): the caller starts it again on fresh ports.
 wait_for() {
   local name=$1 pid=$2 what=$3 start=$SECONDS
   shift 3
   until "$@" >/dev/null 2>&1; do
     if [[ ! -d /proc/$pid || $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) == Z ]]; then
+      if grep -qi 'address already in use' "$logs/$name.log"; then
+        log "$name: a port was taken before it could bind it; again on another"
+        return 3
+      fi
       tail -n 40 "$logs/$name.log" >&2 || true
       die "$name exited before it was $what (log: $logs/$name.log)"
     fi
@@ -298,6 +303,56 @@ EOF
   mv -f "$1.tmp" "$1"
 }
 
+# kube-apiserver on $api_port with etcd at $etcd_url (cmd_start's variables).
+launch_kube_apiserver() {
+  # Service IPs: the e2e suite alone creates some 250 Services in one cluster (200 MCPServers
+  # in one scenario); a /24 ran out ("range is full"), a /16 will not.
+  launch kube-apiserver "$KUBE_APISERVER" \
+    --etcd-servers="$etcd_url" \
+    --bind-address=127.0.0.1 \
+    --secure-port="$api_port" \
+    --cert-dir="$dir/kube-apiserver" \
+    --tls-cert-file="$pki/apiserver.crt" \
+    --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --service-cluster-ip-range=10.0.0.0/16 \
+    --authorization-mode=RBAC \
+    --allow-privileged=true \
+    --disable-admission-plugins=ServiceAccount \
+    --service-account-issuer="https://127.0.0.1:$api_port/" \
+    --service-account-key-file="$pki/sa.pub" \
+    --service-account-signing-key-file="$pki/sa.key" \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" \
+    --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User \
+    --requestheader-uid-headers=X-Remote-Uid \
+    --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$pki/front-proxy-client.crt" \
+    --proxy-client-key-file="$pki/front-proxy-client.key" \
+    --enable-aggregator-routing=false \
+    --endpoint-reconciler-type=none
+}
+
+# kube-controller-manager on $kcm_port with $kubeconfig (cmd_start's variables).
+launch_kube_controller_manager() {
+  launch kube-controller-manager "$KUBE_CONTROLLER_MANAGER" \
+    --kubeconfig="$kubeconfig" \
+    --authentication-kubeconfig="$kubeconfig" \
+    --authorization-kubeconfig="$kubeconfig" \
+    --leader-elect=false \
+    --bind-address=127.0.0.1 \
+    --secure-port="$kcm_port" \
+    --cert-dir="$dir/kube-controller-manager" \
+    --flex-volume-plugin-dir="$dir/kube-controller-manager/flexvolume" \
+    --service-account-private-key-file="$pki/sa.key" \
+    --root-ca-file="$pki/ca.crt" \
+    --cluster-signing-cert-file="$pki/ca.crt" \
+    --cluster-signing-key-file="$pki/ca.key" \
+    --use-service-account-credentials=false \
+    --controllers='*'
+}
+
 # ---------------------------------------------------------------------------------------------
 
 cmd_start() {
@@ -329,85 +384,69 @@ cmd_start() {
   # If anything below fails, do not leave half a cluster behind.
   trap 'rc=$?; if ((rc != 0)); then log "start failed; stopping what was started"; stop_all; fi' EXIT
 
-  local etcd_port etcd_peer_port api_port kcm_port
+  # etcd, kube-apiserver and kube-controller-manager cannot report a port-0 bind: each starts
+  # on a port the kernel just chose (or the previous run's, still free) and, should another
+  # process take it first, again on a fresh one (wait_for returns 3; up to 5 attempts).
+  local etcd_port etcd_peer_port api_port kcm_port attempt rc
   etcd_port=$(pick_port etcd)
   etcd_peer_port=$(pick_port etcd-peer)
   while [[ $etcd_peer_port == "$etcd_port" ]]; do etcd_peer_port=$(free_port); done
   api_port=$(pick_port kube-apiserver)
   kcm_port=$(pick_port kube-controller-manager)
-  printf 'etcd=%s\netcd-peer=%s\nkube-apiserver=%s\nkube-controller-manager=%s\n' \
-    "$etcd_port" "$etcd_peer_port" "$api_port" "$kcm_port" >"$dir/ports"
-  local etcd_url=http://127.0.0.1:$etcd_port
-  local api_url=https://127.0.0.1:$api_port
+  local etcd_url api_url etcd_pid api_pid kcm_pid
   local kubeconfig=$dir/admin.kubeconfig
 
   # --- etcd
-  launch etcd "$ETCD" \
-    --name default \
-    --data-dir "$dir/etcd" \
-    --listen-client-urls "$etcd_url" \
-    --advertise-client-urls "$etcd_url" \
-    --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-    --initial-cluster "default=http://127.0.0.1:$etcd_peer_port" \
-    --log-level warn
-  local etcd_pid=$launched_pid
-  wait_for etcd "$etcd_pid" healthy \
-    bash -c 'curl -fsS --max-time 5 "$0/health" | grep -q "\"health\":\"true\""' "$etcd_url"
+  for ((attempt = 1; ; attempt++)); do
+    etcd_url=http://127.0.0.1:$etcd_port
+    launch etcd "$ETCD" \
+      --name default \
+      --data-dir "$dir/etcd" \
+      --listen-client-urls "$etcd_url" \
+      --advertise-client-urls "$etcd_url" \
+      --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+      --initial-cluster "default=http://127.0.0.1:$etcd_peer_port" \
+      --log-level warn
+    etcd_pid=$launched_pid
+    rc=0
+    wait_for etcd "$etcd_pid" healthy \
+      bash -c 'curl -fsS --max-time 5 "$0/health" | grep -q "\"health\":\"true\""' "$etcd_url" ||
+      rc=$?
+    ((rc == 3)) || break
+    ((attempt < 5)) || die "etcd: every candidate port was taken"
+    etcd_port=$(free_port)
+    etcd_peer_port=$(free_port)
+  done
 
   # --- kube-apiserver
-  write_kubeconfig "$kubeconfig" "$api_url"
   mkdir -p "$dir/kube-apiserver"
-  # Service IPs: the e2e suite alone creates some 250 Services in one cluster (200 MCPServers
-  # in one scenario); a /24 ran out ("range is full"), a /16 will not.
-  launch kube-apiserver "$KUBE_APISERVER" \
-    --etcd-servers="$etcd_url" \
-    --bind-address=127.0.0.1 \
-    --secure-port="$api_port" \
-    --cert-dir="$dir/kube-apiserver" \
-    --tls-cert-file="$pki/apiserver.crt" \
-    --tls-private-key-file="$pki/apiserver.key" \
-    --client-ca-file="$pki/ca.crt" \
-    --service-cluster-ip-range=10.0.0.0/16 \
-    --authorization-mode=RBAC \
-    --allow-privileged=true \
-    --disable-admission-plugins=ServiceAccount \
-    --service-account-issuer="https://127.0.0.1:$api_port/" \
-    --service-account-key-file="$pki/sa.pub" \
-    --service-account-signing-key-file="$pki/sa.key" \
-    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" \
-    --requestheader-allowed-names=front-proxy-client \
-    --requestheader-username-headers=X-Remote-User \
-    --requestheader-uid-headers=X-Remote-Uid \
-    --requestheader-group-headers=X-Remote-Group \
-    --requestheader-extra-headers-prefix=X-Remote-Extra- \
-    --proxy-client-cert-file="$pki/front-proxy-client.crt" \
-    --proxy-client-key-file="$pki/front-proxy-client.key" \
-    --enable-aggregator-routing=false \
-    --endpoint-reconciler-type=none
-  local api_pid=$launched_pid
-  wait_for kube-apiserver "$api_pid" ready apiserver_ready "$api_url"
+  for ((attempt = 1; ; attempt++)); do
+    api_url=https://127.0.0.1:$api_port
+    write_kubeconfig "$kubeconfig" "$api_url"
+    launch_kube_apiserver
+    api_pid=$launched_pid
+    rc=0
+    wait_for kube-apiserver "$api_pid" ready apiserver_ready "$api_url" || rc=$?
+    ((rc == 3)) || break
+    ((attempt < 5)) || die "kube-apiserver: every candidate port was taken"
+    api_port=$(free_port)
+  done
 
   # --- kube-controller-manager
   mkdir -p "$dir/kube-controller-manager"
-  launch kube-controller-manager "$KUBE_CONTROLLER_MANAGER" \
-    --kubeconfig="$kubeconfig" \
-    --authentication-kubeconfig="$kubeconfig" \
-    --authorization-kubeconfig="$kubeconfig" \
-    --leader-elect=false \
-    --bind-address=127.0.0.1 \
-    --secure-port="$kcm_port" \
-    --cert-dir="$dir/kube-controller-manager" \
-    --flex-volume-plugin-dir="$dir/kube-controller-manager/flexvolume" \
-    --service-account-private-key-file="$pki/sa.key" \
-    --root-ca-file="$pki/ca.crt" \
-    --cluster-signing-cert-file="$pki/ca.crt" \
-    --cluster-signing-key-file="$pki/ca.key" \
-    --use-service-account-credentials=false \
-    --controllers='*'
-  local kcm_pid=$launched_pid
-  wait_for kube-controller-manager "$kcm_pid" healthy \
-    curl -fsSk --max-time 5 "https://127.0.0.1:$kcm_port/healthz"
+  for ((attempt = 1; ; attempt++)); do
+    launch_kube_controller_manager
+    kcm_pid=$launched_pid
+    rc=0
+    wait_for kube-controller-manager "$kcm_pid" healthy \
+      curl -fsSk --max-time 5 "https://127.0.0.1:$kcm_port/healthz" || rc=$?
+    ((rc == 3)) || break
+    ((attempt < 5)) || die "kube-controller-manager: every candidate port was taken"
+    kcm_port=$(free_port)
+  done
+  printf 'etcd=%s\netcd-peer=%s\nkube-apiserver=%s\nkube-controller-manager=%s\n' \
+    "$etcd_port" "$etcd_peer_port" "$api_port" "$kcm_port" >"$dir/ports"
 
   # --- env
   {

@@ -40,14 +40,6 @@ fn session(ns: &str, name: &str, server_uid: &str) -> AccessSession {
     s
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -102,8 +94,6 @@ impl Drop for Server {
 }
 
 async fn start_server(dsn: &str, dir: &std::path::Path) -> Server {
-    let port = free_port();
-    let metrics = free_port();
     std::fs::write(
         dir.join("tokens.csv"),
         format!("{TOKEN},admin,admin,\"system:masters\"\n"),
@@ -115,23 +105,26 @@ async fn start_server(dsn: &str, dir: &std::path::Path) -> Server {
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-access-apiserver"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-access-apiserver"))
         .args(["--standalone", "--bind-address", "127.0.0.1"])
         .arg("--token-auth-file")
         .arg(dir.join("tokens.csv"))
         .arg("--cert-dir")
         .arg(dir)
-        .args([
-            "--secure-port",
-            &port.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-        ])
+        // Port 0: the process says which ports it bound.
+        .args(["--secure-port", "0", "--metrics-port", "0"])
         .env("MCP_ACCESS_DATABASE_URL", dsn)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("apiserver starts");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let ports = e2e::listening::follow("mcp-access-apiserver", stderr, std::io::stderr())
+        .wait_ports(&["api", "metrics"], e2e::listening::LISTEN_TIMEOUT)
+        .await
+        .expect("the apiserver announces its listeners");
+    let (port, metrics) = (ports[0], ports[1]);
     let ready = format!("http://127.0.0.1:{metrics}/readyz");
     let plain = reqwest::Client::new();
     for _ in 0..200 {

@@ -18,16 +18,15 @@ use support::server::{static_tokens, TestServer, ADMIN_TOKEN, USER_TOKEN};
 
 const SESSIONS: &str = "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/default/accesssessions";
 
-/// A kube client for an API server that is down: its port was just released, so every
-/// connection is refused.
-fn unreachable_kube() -> kube::Client {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+/// A client of a kube-apiserver that refuses every connection, and the socket that makes it
+/// so: bound (no other process can take the port) and never listening, so the kernel answers
+/// each connection with a reset. Keep the socket as long as the client.
+fn unreachable_kube() -> (kube::Client, tokio::net::TcpSocket) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = held.local_addr().unwrap().port();
     let config = kube::Config::new(format!("https://127.0.0.1:{port}").parse().unwrap());
-    kube::Client::try_from(config).unwrap()
+    (kube::Client::try_from(config).unwrap(), held)
 }
 
 /// Status code, `Retry-After` and the Status body of a GET.
@@ -58,11 +57,9 @@ fn assert_unavailable(what: &str, (code, retry_after, body): &(u16, Option<Strin
 
 #[tokio::test]
 async fn subject_access_review_outage_answers_503_not_403() {
-    let reviewer = SubjectAccessReviewer::new(
-        unreachable_kube(),
-        Duration::from_secs(300),
-        Duration::from_secs(300),
-    );
+    let (kube, _held) = unreachable_kube();
+    let reviewer =
+        SubjectAccessReviewer::new(kube, Duration::from_secs(300), Duration::from_secs(300));
     let s = TestServer::start_with_auth(static_tokens(), Arc::new(reviewer)).await;
 
     let started = Instant::now();
@@ -70,6 +67,7 @@ async fn subject_access_review_outage_answers_503_not_403() {
     let elapsed = started.elapsed();
     assert_unavailable("SubjectAccessReview unreachable", &first);
     eprintln!("time to 503 with kube-apiserver unreachable: {elapsed:?}");
+    // Expected: a refused connection, milliseconds; 5 s is a margin of far more than 5x.
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     // The failure was not cached as a denial (deny TTL is 5 minutes here): still 503.
     let again = get(&s, Some(USER_TOKEN), SESSIONS).await;
@@ -93,8 +91,9 @@ async fn subject_access_review_outage_answers_503_not_403() {
 
 #[tokio::test]
 async fn token_review_outage_answers_503_not_401() {
+    let (kube, _held) = unreachable_kube();
     let (authenticator, _handshake) =
-        DelegatedAuthenticator::tokens_only(unreachable_kube(), DelegatedOptions::default());
+        DelegatedAuthenticator::tokens_only(kube, DelegatedOptions::default());
     let s = TestServer::start_with_auth(authenticator, Arc::new(AllowAuthenticated)).await;
 
     let started = Instant::now();
@@ -102,6 +101,7 @@ async fn token_review_outage_answers_503_not_401() {
     let elapsed = started.elapsed();
     assert_unavailable("TokenReview unreachable", &first);
     eprintln!("time to 503 with kube-apiserver unreachable: {elapsed:?}");
+    // Expected: a refused connection, milliseconds; 5 s is a margin of far more than 5x.
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     // Not cached as a rejection either.
     let again = get(&s, Some("some-service-account-token"), SESSIONS).await;

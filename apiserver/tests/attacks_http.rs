@@ -642,12 +642,14 @@ async fn slowloris_and_idle_connections_are_closed() {
             Ok(Ok(_)) => {}
         }
     }
+    // Expected 1 s (header_read_timeout); 6 s is 6x.
     assert!(start.elapsed() < Duration::from_secs(6));
     trickle.abort();
 
     // A connection that says nothing at all after the handshake.
     let mut silent = raw_tls(&server).await;
     let (_, took) = read_to_close(&mut silent, Duration::from_secs(10)).await;
+    // Expected 1 s (header_read_timeout); 10 s is 10x.
     assert!(took < Duration::from_secs(10));
 
     // A keep-alive connection left idle after one request.
@@ -1017,14 +1019,6 @@ fn apiserver_bin() -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn private_file(path: &std::path::Path, contents: &str, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, contents).unwrap();
@@ -1040,6 +1034,10 @@ fn scratch_dir() -> std::path::PathBuf {
     dir
 }
 
+fn read_log(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default()
+}
+
 impl Binary {
     /// Starts the binary; `max_fds` runs it under `ulimit -n`.
     async fn start(extra: &[&str], max_fds: Option<u32>) -> Self {
@@ -1053,7 +1051,7 @@ impl Binary {
             &format!("{token},admin,admin-uid,\"system:masters\"\n"),
             0o600,
         );
-        let (port, metrics_port) = (free_port(), free_port());
+        // Port 0: the process binds once and says which ports it got (see below).
         let mut args: Vec<String> = vec![
             "--standalone".into(),
             "--token-auth-file".into(),
@@ -1061,9 +1059,9 @@ impl Binary {
             "--cert-dir".into(),
             dir.display().to_string(),
             "--secure-port".into(),
-            port.to_string(),
+            "0".into(),
             "--metrics-port".into(),
-            metrics_port.to_string(),
+            "0".into(),
             "--database-pool-size".into(),
             "4".into(),
         ];
@@ -1082,14 +1080,21 @@ impl Binary {
             None => std::process::Command::new(apiserver_bin()),
         };
         let log = std::fs::File::create(dir.join("apiserver.log")).unwrap();
-        let child = cmd
+        let mut child = cmd
             .args(&args)
             .env("MCP_ACCESS_DATABASE_URL", &dsn)
             .env("RUST_LOG", "warn")
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut listening = e2e::listening::follow("mcp-access-apiserver", stderr, log);
+        let ports = listening
+            .wait_ports(&["api", "metrics"], e2e::listening::LISTEN_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {}", read_log(&dir)));
+        let (port, metrics_port) = (ports[0], ports[1]);
         let mut bin = Self {
             child,
             port,
@@ -1118,7 +1123,7 @@ impl Binary {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("apiserver.log")).unwrap_or_default()
+        read_log(&self.dir)
     }
 
     fn url(&self) -> String {
@@ -1366,11 +1371,12 @@ async fn inflight_caps_and_listener_timeouts_are_flags_and_bad_values_stop_start
         .unwrap();
     let started = Instant::now();
     let mut buf = [0u8; 64];
-    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    let closed = tokio::time::timeout(Duration::from_secs(6), silent.read(&mut buf)).await;
     assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
     let took = started.elapsed();
+    // Expected 1 s (--tls-handshake-timeout); the upper bound keeps a 5x margin.
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
         "{took:?}"
     );
     let tls = tls_connector_for(&bin.ca_pem);

@@ -767,6 +767,12 @@ async fn a_failing_second_statement_rolls_back_the_first() {
         .await
         .expect("works once the failure is gone");
     assert_eq!(phase(&store, "a").await, SessionPhase::Revoked);
+    // Positive control of "nothing remains": the same snapshot sees the committed revocation.
+    assert_ne!(
+        snapshot(&client).await,
+        before,
+        "the snapshot sees a commit"
+    );
 }
 
 /// Revocation is final as kubectl sees it: `kubectl get -w --output-watch-events -o json`

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::replica::{
-    apiserver_bin, free_port, readyz_answer, session_json, signal, wait_ready, Shared,
+    announced_ports, apiserver_bin, readyz_answer, session_json, signal, wait_ready, Shared,
 };
 use support::server::ADMIN_TOKEN;
 use support::TestDb;
@@ -33,10 +33,9 @@ struct Process {
 
 impl Process {
     async fn start(shared: &Shared, db: &TestDb, name: &str, extra: &[&str]) -> Self {
-        let (port, metrics_port) = (free_port(), free_port());
         let log = shared.dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(apiserver_bin())
+        let mut child = Command::new(apiserver_bin())
             .arg("--standalone")
             .arg("--token-auth-file")
             .arg(shared.dir.join("tokens.csv"))
@@ -45,17 +44,20 @@ impl Process {
             .arg("--tls-private-key-file")
             .arg(shared.dir.join("tls.key"))
             .args(["--bind-address", "127.0.0.1"])
-            .args(["--secure-port", &port.to_string()])
-            .args(["--metrics-port", &metrics_port.to_string()])
+            .args(["--secure-port", "0"])
+            .args(["--metrics-port", "0"])
             .args(["--database-pool-size", "4"])
             .args(extra)
             .env("MCP_ACCESS_DATABASE_URL", db.dsn())
             .env("RUST_LOG", "info")
             .stdout(out.try_clone().unwrap())
-            .stderr(out)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
             .expect("start mcp-access-apiserver");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let ports = announced_ports(stderr, out, &["api", "metrics"], &log).await;
+        let (port, metrics_port) = (ports[0], ports[1]);
         let mut process = Self {
             child,
             port,
@@ -510,6 +512,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         if answer.0 != 200 {
             break answer;
         }
+        // Expected a few ms (the signal handler flips readiness); 1 s is over 5x.
         assert!(sent.elapsed() < Duration::from_secs(1), "still ready");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
@@ -524,6 +527,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         .await
         .expect("a new connection is served during the shutdown delay");
     assert_eq!(served.status(), 200);
+    // An ordering: served before the listener closes at `delay` (2 s); expected ~100 ms.
     assert!(sent.elapsed() < delay, "served within the delay");
 
     // 2. After the delay the listener is closed: new connections are refused, while the
@@ -535,6 +539,7 @@ async fn sigterm_fails_readiness_first_completes_writes_and_ends_watches_cleanly
         {
             break sent.elapsed();
         }
+        // Expected `delay` plus a few ms; 3 s past it is a margin of far more than 5x.
         assert!(
             sent.elapsed() < delay + Duration::from_secs(3),
             "the listener is still open: {}",

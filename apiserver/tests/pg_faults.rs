@@ -447,7 +447,8 @@ async fn a_stalled_database_connection_ends_in_503_and_not_ready_not_a_hang() {
         assert_eq!(code, 503, "{what}: {body}");
         let status: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(status["kind"], "Status");
-        assert!(took < Duration::from_secs(10), "{what} took {took:?}");
+        // Expected at most 4 s (--request-timeout); 20 s is 5x that.
+        assert!(took < Duration::from_secs(20), "{what} took {took:?}");
         answered.push(format!("{what} 503 after {took:?}"));
     }
     proxy.stall(false);

@@ -156,6 +156,13 @@ async fn human_and_team_sessions_skip_the_directory_and_agent_sessions_are_check
         store.get::<AccessSession>("ns", "dry").await,
         Err(StoreError::NotFound)
     ));
+    // Positive control: the same create for real moves the version and is found.
+    store
+        .create_session(mk_session("ns", "dry", "srv-1"), false)
+        .await
+        .unwrap();
+    assert!(store.current_version().await.unwrap().seq > before.seq);
+    store.get::<AccessSession>("ns", "dry").await.unwrap();
 }
 
 #[tokio::test]
@@ -260,8 +267,11 @@ async fn updates_use_optimistic_concurrency_and_keep_authority_fields() {
             .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
             .unwrap(),
     );
+    let before_shorten = store.current_version().await.unwrap();
     let shortened = store.update_session(shorten, false).await.unwrap().object;
     assert_eq!(shortened.metadata.generation, Some(2));
+    // The positive control of the no-op below: a real update moves the version.
+    assert!(store.current_version().await.unwrap().seq > before_shorten.seq);
 
     // A no-op update writes nothing.
     let head = store.current_version().await.unwrap();

@@ -264,8 +264,9 @@ async fn private_mixed_nxdomain_and_empty_answers_fail_closed() {
 }
 
 fn assert_timed_out(proof: &EgressProof, elapsed: Duration, want: Duration) {
+    // Expected `want` (500 ms); the upper bound is 5x that.
     assert!(
-        elapsed >= Duration::from_millis(400) && elapsed < Duration::from_secs(2),
+        elapsed >= Duration::from_millis(400) && elapsed < want * 5,
         "{elapsed:?}"
     );
     assert!(proof.allows.is_empty(), "{:?}", proof.allows);

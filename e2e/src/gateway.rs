@@ -258,7 +258,8 @@ pub struct SpawnedAuthz {
 }
 
 /// Starts `mcp-access-authz` as gateway `name` with the Pod-bound `token` (written to
-/// `DIR/authz-<name>/token`), its check and admin listeners on free ports of 127.0.0.1,
+/// `DIR/authz-<name>/token`), its check and admin listeners on port 0 of 127.0.0.1 (the ports
+/// bound are read from its stderr),
 /// logging to `logs/authz-<name>.log`, with `extra` flags (which must choose how a check names
 /// its session: `--public-url` or `--trust-session-header`). Readiness is the caller's to wait
 /// for.
@@ -279,24 +280,28 @@ pub fn spawn_authz(
     let log = c.dir.join(format!("logs/authz-{name}.log"));
     let out = std::fs::File::create(&log)?;
     let err = out.try_clone()?;
-    let port = crate::free_port()?;
-    let admin_port = crate::free_port()?;
-    let child = Command::new(&bin)
+    let mut child = Command::new(&bin)
         .args(["--sync-url", &c.sync_url()])
         .arg("--ca-file")
         .arg(c.sync_ca())
         .arg("--token-file")
         .arg(&token_file)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        // Port 0: the process says which ports it bound.
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
         .args(extra)
         .env_remove("SESSION_SYNC_STALE_WINDOW")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(out)
-        .stderr(err)
+        .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot start {bin}"))?;
+    let stderr = child.stderr.take().context("no stderr")?;
+    let ports = crate::listening::follow("mcp-access-authz", stderr, err)
+        .ports(&["check", "admin"], crate::listening::LISTEN_TIMEOUT)
+        .map_err(|e| anyhow::anyhow!("{e}; see {}", log.display()))?;
+    let (port, admin_port) = (ports[0], ports[1]);
     Ok(SpawnedAuthz {
         child,
         port,

@@ -10,6 +10,7 @@
 
 pub mod gateway;
 pub mod harness;
+pub mod listening;
 pub mod mcp;
 pub mod scratch_db;
 
@@ -84,7 +85,10 @@ pub struct Output {
     pub stderr: String,
 }
 
-pub(crate) fn free_port() -> Result<u16> {
+/// A port the kernel just chose, for a listener that cannot be asked for port 0 (the
+/// apiserver's `--sync-port 0` means "off"): the caller retries with a fresh candidate when
+/// the start fails with "address already in use".
+pub(crate) fn candidate_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -173,9 +177,10 @@ impl LocalCluster {
             kubeconfig,
             env,
             database_url,
-            api_port: free_port()?,
-            metrics_port: free_port()?,
-            sync_port: free_port()?,
+            // Chosen at the first start (see start_apiserver), kept across restarts.
+            api_port: 0,
+            metrics_port: 0,
+            sync_port: 0,
             apiserver_bin: options.apiserver_bin,
             apiserver_args: options.apiserver_args,
             apiserver: None,
@@ -184,6 +189,7 @@ impl LocalCluster {
         };
         cluster.install()?;
         cluster.start_apiserver()?;
+        cluster.register_apiservice()?;
         cluster.wait_available(Duration::from_secs(120))?;
         // What answered must have been the process started above, not one left behind.
         cluster.ensure_apiserver_running()?;
@@ -256,33 +262,29 @@ impl LocalCluster {
         format!("https://127.0.0.1:{}", self.sync_port)
     }
 
-    /// Flags that turn on the controllers' Host API on a free port of 127.0.0.1, serving the
-    /// local PKI's certificate and trusting the local host token issuer (`hack/host-token.sh`),
-    /// with the port they chose.
-    pub fn host_api_args(&self) -> Result<(u16, Vec<String>)> {
-        let port = free_port()?;
+    /// Flags that turn on the controllers' Host API on port 0 (the port bound is
+    /// [`Controllers::host_api_port`]), serving the local PKI's certificate and trusting the
+    /// local host token issuer (`hack/host-token.sh`).
+    pub fn host_api_args(&self) -> Result<Vec<String>> {
         let env = |k: &str| {
             self.env.get(k).cloned().with_context(|| {
                 format!("{} has no {k}: re-run hack/cluster.sh", self.dir.display())
             })
         };
-        Ok((
-            port,
-            vec![
-                format!("--host-api-port={port}"),
-                format!(
-                    "--host-api-tls-cert-file={}",
-                    env("HOST_API_TLS_CERT_FILE")?
-                ),
-                format!("--host-api-tls-key-file={}", env("HOST_API_TLS_KEY_FILE")?),
-                format!(
-                    "--host-token-public-key-file={}",
-                    env("HOST_TOKEN_PUBLIC_KEY_FILE")?
-                ),
-                format!("--host-token-issuer={}", env("HOST_TOKEN_ISSUER")?),
-                format!("--host-token-audience={}", env("HOST_TOKEN_AUDIENCE")?),
-            ],
-        ))
+        Ok(vec![
+            "--host-api-port=0".to_string(),
+            format!(
+                "--host-api-tls-cert-file={}",
+                env("HOST_API_TLS_CERT_FILE")?
+            ),
+            format!("--host-api-tls-key-file={}", env("HOST_API_TLS_KEY_FILE")?),
+            format!(
+                "--host-token-public-key-file={}",
+                env("HOST_TOKEN_PUBLIC_KEY_FILE")?
+            ),
+            format!("--host-token-issuer={}", env("HOST_TOKEN_ISSUER")?),
+            format!("--host-token-audience={}", env("HOST_TOKEN_AUDIENCE")?),
+        ])
     }
 
     /// The CA that signed the serving certificate of the API and sync listeners.
@@ -295,8 +297,8 @@ impl LocalCluster {
         )
     }
 
-    /// Applies the CRDs and the RBAC, writes the apiserver's own kubeconfig and registers
-    /// the APIService.
+    /// Applies the CRDs and the RBAC and writes the apiserver's and the controllers' own
+    /// kubeconfigs.
     fn install(&self) -> Result<()> {
         let root = repo_root();
         let crds = root.join("deploy/crds").display().to_string();
@@ -372,6 +374,12 @@ impl LocalCluster {
             self.dir.join("mcp-access-controllers.kubeconfig"),
             kubeconfig,
         )?;
+        Ok(())
+    }
+
+    /// Registers the APIService at the port the apiserver bound (so after its first start).
+    fn register_apiservice(&self) -> Result<()> {
+        let root = repo_root();
         let ca_bundle = std::fs::read(
             self.env
                 .get("AGGREGATED_CA_FILE")
@@ -452,14 +460,42 @@ impl LocalCluster {
             .context("the TokenRequest carries no status.token")
     }
 
+    /// Starts (or restarts) `mcp-access-apiserver`. The first start asks for port 0 for the
+    /// API and metrics listeners and reads the ports bound from its stderr; `--sync-port 0`
+    /// turns the sync listener off, so its port is a kernel-chosen candidate, replaced by a
+    /// fresh one when the start fails with "address already in use". A restart asks for the
+    /// same ports again (the APIService and the gateways point at them), which the previous
+    /// process held until it ended.
     pub fn start_apiserver(&mut self) -> Result<()> {
+        let first = self.api_port == 0;
+        for attempt in 1.. {
+            if first {
+                self.sync_port = candidate_port()?;
+            }
+            match self.try_start_apiserver() {
+                Ok(()) => return Ok(()),
+                Err(e) if first && attempt < 5 && format!("{e:#}").contains("already in use") => {
+                    eprintln!(
+                        "mcp-access-apiserver: sync port {} taken, another",
+                        self.sync_port
+                    );
+                    (self.api_port, self.metrics_port) = (0, 0);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    fn try_start_apiserver(&mut self) -> Result<()> {
         self.stop_apiserver();
         let logs = self.dir.join("logs");
         std::fs::create_dir_all(&logs)?;
+        let log_path = logs.join("mcp-access-apiserver.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(logs.join("mcp-access-apiserver.log"))?;
+            .open(&log_path)?;
         let get = |k: &str| {
             self.env
                 .get(k)
@@ -467,7 +503,7 @@ impl LocalCluster {
                 .with_context(|| format!("{k} missing from env"))
         };
         let token_key = self.session_token_key()?;
-        let child = Command::new(&self.apiserver_bin)
+        let mut child = Command::new(&self.apiserver_bin)
             .arg("--tls-cert-file")
             .arg(get("MCP_ACCESS_TLS_CERT_FILE")?)
             .arg("--session-token-signing-key-file")
@@ -488,28 +524,25 @@ impl LocalCluster {
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
             .stdout(log.try_clone()?)
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start {}", self.apiserver_bin.display()))?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let mut listening = listening::follow("mcp-access-apiserver", stderr, log);
         self.apiserver = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(child) = self.apiserver.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    bail!(
-                        "mcp-access-apiserver exited ({status}); see {}",
-                        logs.join("mcp-access-apiserver.log").display()
-                    );
-                }
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", self.api_port)).is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("mcp-access-apiserver did not listen within 30s");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let ports = listening
+            .ports(&["api", "metrics", "sync"], listening::LISTEN_TIMEOUT)
+            .map_err(|e| {
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                anyhow::anyhow!(
+                    "{e}; see {}: {}",
+                    log_path.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )
+            })?;
+        (self.api_port, self.metrics_port, self.sync_port) = (ports[0], ports[1], ports[2]);
+        Ok(())
     }
 
     /// Starts one replica of `mcp-access-controllers` (binary `bin`) as the controllers'
@@ -524,12 +557,12 @@ impl LocalCluster {
             .create(true)
             .append(true)
             .open(&log_path)?;
-        let metrics_port = free_port()?;
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .arg("--kubeconfig")
             .arg(self.dir.join("mcp-access-controllers.kubeconfig"))
             .args(["--identity", name])
-            .args(["--metrics-port", &metrics_port.to_string()])
+            // Port 0: the process says which ports it bound.
+            .args(["--metrics-port", "0"])
             // Never pulled: the local cluster has no kubelet, Pods stay Pending.
             .args(["--gateway-image", "mcp-access-gateway:local"])
             .args(["--gateway-sync-url", &self.sync_url()])
@@ -541,14 +574,28 @@ impl LocalCluster {
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
             .stdout(log.try_clone()?)
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start {}", bin.display()))?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let mut listening = listening::follow("mcp-access-controllers", stderr, log);
         let mut controllers = Controllers {
             child: Some(child),
-            metrics_port,
+            metrics_port: 0,
+            host_api_port: None,
             log: log_path,
         };
+        let host_api = args.iter().any(|a| a.starts_with("--host-api-port"));
+        let listeners: &[&str] = if host_api {
+            &["metrics", "host-api"]
+        } else {
+            &["metrics"]
+        };
+        let ports = listening
+            .ports(listeners, listening::LISTEN_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("{e}; see {}", controllers.log.display()))?;
+        controllers.metrics_port = ports[0];
+        controllers.host_api_port = ports.get(1).copied();
         let deadline = Instant::now() + Duration::from_secs(30);
         while controllers.get("/readyz").is_err() {
             if !controllers.running() {
@@ -753,6 +800,8 @@ pub struct Controllers {
     child: Option<Child>,
     /// Port of its `/metrics`, `/livez` and `/readyz` on 127.0.0.1.
     pub metrics_port: u16,
+    /// Port of its Host API, when `--host-api-port` turned it on.
+    pub host_api_port: Option<u16>,
     /// Its log file.
     pub log: PathBuf,
 }
@@ -773,11 +822,24 @@ impl Controllers {
     }
 
     /// The sum of the samples of metric `name` whose labels contain every `labels` pair
-    /// (`key="value"`), from `/metrics`. 0 when there is none: a labelled family with no
-    /// series yet is not in `/metrics` at all (not even its `# TYPE` line).
+    /// (`key="value"`), from `/metrics`. An error when no sample matches: a misspelt name or
+    /// label would otherwise read as 0 and let a "nothing happened" check pass vacuously.
     pub fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        self.samples(name, labels)?
+            .ok_or_else(|| anyhow::anyhow!("no {name}{{{}}} in /metrics", labels.join(",")))
+    }
+
+    /// Like [`Controllers::metric`], but 0 when no sample matches: a labelled family with no
+    /// series yet is not in `/metrics` at all (not even its `# TYPE` line). Only for a check
+    /// whose scenario also shows the same series appearing (its positive control).
+    pub fn metric_or_zero(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        Ok(self.samples(name, labels)?.unwrap_or(0.0))
+    }
+
+    /// The sum of the matching samples, `None` when there is none.
+    fn samples(&self, name: &str, labels: &[&str]) -> Result<Option<f64>> {
         let text = self.get("/metrics")?;
-        Ok(text
+        let values: Vec<f64> = text
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| {
@@ -787,7 +849,8 @@ impl Controllers {
                     .then(|| value.parse::<f64>().ok())
                     .flatten()
             })
-            .sum())
+            .collect();
+        Ok((!values.is_empty()).then(|| values.iter().sum()))
     }
 
     /// SIGKILL: no cleanup, the Lease is left held until it expires.

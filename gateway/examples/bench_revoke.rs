@@ -114,31 +114,31 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     let token = cluster.gateway_token(&chain)?;
     let token_file = cluster.dir.join("bench-gateway.token");
     std::fs::write(&token_file, token)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
     let log = std::fs::File::create(cluster.dir.join("logs/authz-bench.log"))?;
-    let sidecar = Sidecar(
+    let mut sidecar = Sidecar(
         Command::new(need("MCP_ACCESS_AUTHZ_BIN")?)
             .args(["--sync-url", &cluster.sync_url()])
             .arg("--ca-file")
             .arg(cluster.sync_ca())
             .arg("--token-file")
             .arg(&token_file)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            // Port 0: the process says which ports it bound.
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
             // The cache's revoke-to-deny, by session name: no token needed for what is measured.
             .arg("--trust-session-header")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .context("start mcp-access-authz")?,
     );
+    let stderr = sidecar.0.stderr.take().context("no stderr")?;
+    let ports = e2e::listening::follow("mcp-access-authz", stderr, log)
+        .ports(&["check", "admin"], e2e::listening::LISTEN_TIMEOUT)
+        .map_err(anyhow::Error::msg)?;
+    let (port, admin_port) = (ports[0], ports[1]);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -74,7 +74,6 @@ impl Sidecar {
     fn start_with(server: &Apiserver, extra: &[&str]) -> Self {
         let dir = scratch_dir();
         std::fs::write(dir.join("token"), GATEWAY_TOKEN).unwrap();
-        let (port, admin) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "--sync-url".into(),
             server.url.clone(),
@@ -82,23 +81,31 @@ impl Sidecar {
             server.ca_file.display().to_string(),
             "--token-file".into(),
             dir.join("token").display().to_string(),
+            // Port 0: the process says which ports it bound.
             "--listen".into(),
-            format!("127.0.0.1:{port}"),
+            "127.0.0.1:0".into(),
             "--admin-listen".into(),
-            format!("127.0.0.1:{admin}"),
+            "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = std::fs::File::create(dir.join("authz.log")).unwrap();
-        let child = authz_command(&args)
+        let mut child = authz_command(&args)
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
             .expect("start mcp-access-authz");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let addrs = e2e::listening::follow("mcp-access-authz", stderr, log)
+            .addrs(&["check", "admin"], e2e::listening::LISTEN_TIMEOUT)
+            .unwrap_or_else(|e| {
+                let text = std::fs::read_to_string(dir.join("authz.log")).unwrap_or_default();
+                panic!("{e}\n{text}")
+            });
         Self {
             child,
-            base: format!("http://127.0.0.1:{port}"),
-            admin: format!("http://127.0.0.1:{admin}"),
+            base: format!("http://{}", addrs[0]),
+            admin: format!("http://{}", addrs[1]),
             dir,
         }
     }
@@ -565,9 +572,9 @@ async fn invalid_security_settings_stop_startup() {
             "--token-file".into(),
             token.display().to_string(),
             "--listen".into(),
-            format!("127.0.0.1:{}", free_port()),
+            "127.0.0.1:0".into(),
             "--admin-listen".into(),
-            format!("127.0.0.1:{}", free_port()),
+            "127.0.0.1:0".into(),
             "--public-url".into(),
             PUBLIC_URL.into(),
         ]

@@ -457,6 +457,7 @@ async fn a_revoked_sessions_stream_ends_with_a_json_rpc_error() {
     .await;
     assert!(ended.is_ok(), "the stream did not end");
     let took = revoked.elapsed();
+    // Expected a few ms (docs/performance.md: one stream cut p99 1.6 ms); 1 s is far over 5x.
     assert!(took < Duration::from_secs(1), "cut after {took:?}");
     let text = String::from_utf8(rest).unwrap();
     let data = text
@@ -536,7 +537,8 @@ async fn bounded_bodies_header_checks_and_upstream_failures() {
     assert_eq!(resp.status(), 504);
 
     // The upstream is gone: 502.
-    let closed = format!("http://127.0.0.1:{}", free_port());
+    let (refusing, _held) = refusing_port();
+    let closed = format!("http://127.0.0.1:{refusing}");
     let down = Gateway::start(&server, &closed, &[]);
     down.ready().await;
     assert_eq!(down.post(Some(&frank), ping(1)).await.status(), 502);

@@ -37,9 +37,23 @@ postgres_start() {
     as_pg "$PG_BIN/initdb" -D "$dir/data" -A trust -U postgres --no-sync >"$dir/initdb.log" 2>&1 || {
       cat "$dir/initdb.log" >&2; return 1; }
   fi
-  as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB ${PG_EXTRA_OPTS:-}" \
-    start >/dev/null || { cat "$dir/postgres.log" >&2; return 1; }
+  # postgres cannot report a port-0 bind: on a port of our choosing (none given), one that
+  # another process took first ("Address already in use") is replaced by a fresh candidate.
+  local attempt seen
+  for attempt in 1 2 3 4 5; do
+    seen=0
+    if [ -f "$dir/postgres.log" ]; then seen=$(wc -l <"$dir/postgres.log"); fi
+    as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+      -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB ${PG_EXTRA_OPTS:-}" \
+      start >/dev/null && break
+    if [ -z "${2:-}" ] && [ "$attempt" -lt 5 ] &&
+      tail -n "+$((seen + 1))" "$dir/postgres.log" | grep -qi 'already in use'; then
+      port=$(free_port)
+      continue
+    fi
+    cat "$dir/postgres.log" >&2
+    return 1
+  done
   PGPORT_STARTED=$port
   PG_DSN="host=127.0.0.1 port=$port user=postgres dbname=postgres"
   export PGPORT_STARTED PG_DSN

@@ -21,18 +21,40 @@ pub fn apiserver_bin() -> String {
     )
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The ports of `listeners` from a child's `mcp-access-apiserver listening on ...` lines on
+/// `stderr` (taken from the child), copying every line of it to `log` meanwhile.
+pub async fn announced_ports(
+    stderr: std::process::ChildStderr,
+    log: std::fs::File,
+    listeners: &[&str],
+    log_path: &Path,
+) -> Vec<u16> {
+    e2e::listening::follow("mcp-access-apiserver", stderr, log)
+        .wait_ports(listeners, e2e::listening::LISTEN_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}",
+                std::fs::read_to_string(log_path).unwrap_or_default()
+            )
+        })
 }
 
 pub fn scratch_dir(prefix: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A port the kernel just chose, for a third-party server that cannot report a port-0 bind
+/// (postgres): the caller starts it there and retries with a fresh candidate when the start
+/// fails with "address already in use". Never for our own binaries, which take port 0.
+pub fn candidate_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// What replicas over one database share: the token file and one serving certificate (so one
@@ -78,7 +100,10 @@ impl Drop for Shared {
     }
 }
 
-/// One apiserver process; restartable on the same ports.
+/// One apiserver process; restartable on the same ports. The first start asks for port 0 and
+/// reads the ports bound from the process's stderr; a restart asks for those ports again,
+/// as a Pod restarted behind its Service keeps its address (the one port reuse left: the
+/// previous process held them until it ended).
 pub struct Replica {
     pub name: String,
     pub dsn: String,
@@ -96,8 +121,8 @@ impl Replica {
         let mut replica = Self {
             name: name.into(),
             dsn: dsn.into(),
-            port: free_port(),
-            metrics_port: free_port(),
+            port: 0,
+            metrics_port: 0,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             log: shared.dir.join(format!("{name}.log")),
             child: None,
@@ -142,16 +167,19 @@ impl Replica {
         .collect();
         args.extend(self.extra.iter().cloned());
         args.extend(once.iter().map(|s| s.to_string()));
-        let child = Command::new(apiserver_bin())
+        let mut child = Command::new(apiserver_bin())
             .args(&args)
             .env("MCP_ACCESS_DATABASE_URL", &self.dsn)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
             .expect("start mcp-access-apiserver");
+        let stderr = child.stderr.take().expect("stderr is piped");
         self.child = Some(child);
+        let ports = announced_ports(stderr, log, &["api", "metrics"], &self.log).await;
+        (self.port, self.metrics_port) = (ports[0], ports[1]);
         self.wait_ready(Duration::from_secs(60)).await;
     }
 
@@ -441,47 +469,60 @@ impl OwnPostgres {
             .output()
             .unwrap();
         assert!(out.status.success(), "initdb: {out:?}");
-        let pg = Self {
-            dir,
-            port: free_port(),
-        };
-        pg.run();
-        pg
+        // postgres cannot report a port-0 bind: start on a port the kernel just chose and,
+        // should another process take it first ("Address already in use"), on a fresh one.
+        let mut pg = Self { dir, port: 0 };
+        for _ in 0..5 {
+            pg.port = candidate_port();
+            let _ = std::fs::remove_file(pg.dir.join("postgres.log"));
+            match pg.try_run() {
+                Ok(()) => return pg,
+                Err(e) if e.contains("already in use") => continue,
+                Err(e) => panic!("postgres does not start: {e}"),
+            }
+        }
+        panic!("postgres found every candidate port taken");
     }
 
     pub fn data(&self) -> PathBuf {
         self.dir.join("data")
     }
 
-    /// Starts the server on its port (again, after a stop or a kill).
+    /// Starts the server on its port (again, after a stop or a kill: a restart keeps its
+    /// address, which its own previous process held).
     pub fn run(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let out = as_pg(&pg_bin("pg_ctl"))
-                .arg("-D")
-                .arg(self.data())
-                .arg("-l")
-                .arg(self.dir.join("postgres.log"))
-                .args(["-w", "-t", "60", "-o"])
-                .arg(format!(
-                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
-                    self.port,
-                    self.dir.display()
-                ))
-                .arg("start")
-                .output()
-                .unwrap();
-            if out.status.success() {
-                return;
-            }
+            let Err(e) = self.try_run() else { return };
             // After a kill -9 the old backends may hold the shared memory for a moment.
-            assert!(
-                Instant::now() < deadline,
-                "postgres does not start: {out:?} {}",
-                std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
-            );
+            assert!(Instant::now() < deadline, "postgres does not start: {e}");
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// One `pg_ctl start` on its port: the failure's output and log when it fails.
+    fn try_run(&self) -> Result<(), String> {
+        let out = as_pg(&pg_bin("pg_ctl"))
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.join("postgres.log"))
+            .args(["-w", "-t", "60", "-o"])
+            .arg(format!(
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                self.port,
+                self.dir.display()
+            ))
+            .arg("start")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{out:?} {}",
+            std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+        ))
     }
 
     /// A clean (fast) shutdown.

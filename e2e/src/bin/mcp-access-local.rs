@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
         database: Database::Local,
         apiserver_args: Vec::new(),
     })?;
-    let (host_api_port, host_api) = cluster.host_api_args()?;
+    let host_api = cluster.host_api_args()?;
     let host_api: Vec<&str> = host_api.iter().map(String::as_str).collect();
     let controllers = match &cli.controllers_bin {
         Some(bin) => {
@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
     // KUBECONFIG= so that a reader waiting for KUBECONFIG= has all three.
     println!("GATEWAY_SYNC_URL={}", cluster.sync_url());
     println!("GATEWAY_SYNC_CA={}", cluster.sync_ca().display());
-    if controllers.is_some() {
+    if let Some(host_api_port) = controllers.as_ref().and_then(|c| c.host_api_port) {
         // The controllers' Host API; hack/host-token.sh signs a host's token for it.
         println!("HOST_API_URL=https://127.0.0.1:{host_api_port}");
         if let Some(ca) = cluster.env.get("HOST_API_CA_FILE") {

@@ -6,7 +6,7 @@
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -470,17 +470,10 @@ impl PartitionedInstance {
             );
         let kubeconfig_path = c.dir.join("mcp-access-apiserver-partitioned.kubeconfig");
         std::fs::write(&kubeconfig_path, kubeconfig).map_err(|e| e.to_string())?;
-        let free = || -> Result<u16, String> {
-            Ok(TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| e.to_string())?
-                .port())
-        };
-        let (port, metrics_port) = (free()?, free()?);
         let log_path = c.dir.join("logs/mcp-access-apiserver-partitioned.log");
         let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
         let get = |k: &str| c.env.get(k).cloned().ok_or(format!("{k} missing"));
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .arg("--tls-cert-file")
             .arg(get("MCP_ACCESS_TLS_CERT_FILE")?)
             .arg("--tls-private-key-file")
@@ -488,29 +481,26 @@ impl PartitionedInstance {
             .arg("--kubeconfig")
             .arg(&kubeconfig_path)
             .args(["--bind-address", "127.0.0.1"])
-            .args(["--secure-port", &port.to_string()])
-            .args(["--metrics-port", &metrics_port.to_string()])
+            // Port 0: the process says which ports it bound.
+            .args(["--secure-port", "0"])
+            .args(["--metrics-port", "0"])
             .env("MCP_ACCESS_DATABASE_URL", &c.database_url)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
         // From here on, an early return drops `me` and so kills the process.
-        let mut me = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = me.child.try_wait() {
-                return Err(format!(
-                    "partitioned instance exited ({status}): {}",
+        let mut me = Self { child, port: 0 };
+        me.port = e2e::listening::follow("mcp-access-apiserver", stderr, log)
+            .ports(&["api"], e2e::listening::LISTEN_TIMEOUT)
+            .map_err(|e| {
+                format!(
+                    "partitioned instance: {e}: {}",
                     std::fs::read_to_string(&log_path).unwrap_or_default()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err("partitioned instance did not listen within 30s".into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                )
+            })?[0];
         Ok(me)
     }
 }

@@ -193,6 +193,8 @@ pub fn session_expires_within_a_second(c: &mut LocalCluster) -> Result<(), Strin
         "    kubectl get -w showed Expired {:.0} ms after expiresAt",
         late.as_secs_f64() * 1e3
     );
+    // Expected ~50-100 ms past expiresAt (the timer fires at the instant; then the change log,
+    // kube-apiserver's proxy and kubectl): the product's 1 s is over 5x.
     ensure!(
         seen >= Duration::from_secs(expires_at) && late < Duration::from_secs(1),
         "Expired seen {late:?} after expiresAt"

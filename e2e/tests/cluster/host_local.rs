@@ -70,9 +70,10 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
     c: &mut LocalCluster,
 ) -> Result<(), String> {
     create_namespace(c, NS)?;
-    let (port, args) = c.host_api_args().map_err(|e| format!("{e:#}"))?;
+    let args = c.host_api_args().map_err(|e| format!("{e:#}"))?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut controllers = start(c, "host-local", "host-local", &args)?;
+    let port = controllers.host_api_port.ok_or("no Host API port")?;
     let base = format!("https://127.0.0.1:{port}/api/v2/hosts/self/mcpservers");
     let result = (|| {
         ok(

@@ -27,7 +27,8 @@ use serde_json::{json, Value};
 
 use super::{create_namespace, ok};
 
-/// The bound on revocation → the open stream's end, at the client.
+/// The bound on revocation → the open stream's end, at the client. Expected ~100 ms
+/// (docs/performance.md: revoke-to-deny p99 53 ms, a 500-stream cut p99 103 ms): over 5x.
 const CUT_BOUND: Duration = Duration::from_secs(1);
 /// How long the controllers and kube-controller-manager get to make a server's Pod.
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -642,6 +643,8 @@ pub fn denies_with_each_reason(c: &mut LocalCluster) -> Result<(), String> {
     std::thread::sleep(wait);
     let sdk = next();
     let r = run(c, &s, sdk, Some(&ending), "basic", &[])?;
+    // An ordering, not a performance bound: the check must come after the session's expiry
+    // (17 s) and before its token's leeway ends (30 s) for the answer to mean anything.
     ensure!(
         ending_minted.elapsed() < LEEWAY,
         "the session_expired check came {:?} after minting: past the leeway, it cannot tell",

@@ -508,7 +508,7 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
 
     // The controllers (after the sidecar: as leader they would reconcile its MCPServer), with
     // the Host API on; one request without a token gives its request counter a series.
-    let (host_api_port, host_api) = c.host_api_args().map_err(|e| format!("{e:#}"))?;
+    let host_api = c.host_api_args().map_err(|e| format!("{e:#}"))?;
     let mut args = vec!["--lease-name=mcp-access-monitoring"];
     args.extend(host_api.iter().map(String::as_str));
     let controllers = c
@@ -518,6 +518,7 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
             &args,
         )
         .map_err(|e| format!("{e:#}"))?;
+    let host_api_port = controllers.host_api_port.ok_or("no Host API port")?;
     let host_ca = c
         .env
         .get("HOST_API_CA_FILE")

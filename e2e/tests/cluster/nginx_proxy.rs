@@ -40,10 +40,12 @@ const ADMIN_ADDR: &str = "127.0.0.1:9091";
 /// What the stand-in MCP server answers to everything.
 const UPSTREAM_BODY: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"server":"stand-in"}}"#;
 /// A generous bound on every revoke-to-deny through nginx (the target is a p99 of 100 ms,
-/// docs/gateways.md; this only catches a broken path, e.g. a cached decision).
+/// docs/gateways.md; this only catches a broken path, e.g. a cached decision): 20x.
 const DENY_BOUND: Duration = Duration::from_secs(2);
 
-fn free_port() -> Result<u16, String> {
+/// A port the kernel just chose, for nginx (which cannot report a port-0 bind): the caller
+/// starts nginx there and retries with a fresh candidate when nginx fails to bind it.
+fn candidate_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -280,6 +282,87 @@ fn main_config(dir: &Path) -> String {
     )
 }
 
+/// nginx with the shipped configuration on a candidate port: a fresh one when nginx reports
+/// the port taken ("Address already in use") instead of writing its pid file, which it does
+/// once its listeners are bound.
+fn start_nginx(
+    nginx_bin: &str,
+    dir: &Path,
+    upstream: &Upstream,
+    authz_port: u16,
+    admin_port: u16,
+) -> Result<(u16, Nginx), String> {
+    for _ in 0..5 {
+        let proxy_port = candidate_port()?;
+        let _ = std::fs::remove_file(dir.join("error.log"));
+        let _ = std::fs::remove_file(dir.join("nginx.pid"));
+        let conf = shipped_config(proxy_port, upstream.port, authz_port, admin_port)?;
+        std::fs::write(dir.join("mcp-access.conf"), conf).map_err(|e| e.to_string())?;
+        let main = dir.join("nginx.conf");
+        std::fs::write(&main, main_config(dir)).map_err(|e| e.to_string())?;
+        // The configuration must pass nginx's own check first, with its message if not.
+        let test = Command::new(nginx_bin)
+            .arg("-p")
+            .arg(dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(&main)
+            .arg("-t")
+            .output()
+            .map_err(|e| format!("run {nginx_bin}: {e}"))?;
+        ensure!(
+            test.status.success(),
+            "nginx -t refused the configuration: {}",
+            String::from_utf8_lossy(&test.stderr)
+        );
+        let log = std::fs::File::create(dir.join("nginx.out")).map_err(|e| e.to_string())?;
+        let log_err = log.try_clone().map_err(|e| e.to_string())?;
+        let mut nginx = Nginx(
+            Command::new(nginx_bin)
+                .arg("-p")
+                .arg(dir)
+                .arg("-e")
+                .arg(dir.join("error.log"))
+                .arg("-c")
+                .arg(&main)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err)
+                .spawn()
+                .map_err(|e| format!("start nginx: {e}"))?,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let taken = loop {
+            let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+            if log.contains("Address already in use") {
+                break true;
+            }
+            if dir.join("nginx.pid").exists() {
+                break false;
+            }
+            if let Ok(Some(status)) = nginx.0.try_wait() {
+                return Err(format!(
+                    "nginx exited ({status}): {}",
+                    tail(&dir.join("error.log"), 10)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "nginx did not start: {}",
+                    tail(&dir.join("error.log"), 10)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if !taken {
+            return Ok((proxy_port, nginx));
+        }
+        eprintln!("nginx: port {proxy_port} taken, another");
+    }
+    Err("nginx found every candidate port taken".into())
+}
+
 impl Proxy {
     /// nginx and a sidecar with the gateway's Pod-bound `token`, checking session tokens for
     /// the resource `public_url`.
@@ -322,43 +405,7 @@ impl Proxy {
         let authz = Killed(spawned.child);
 
         let upstream = Upstream::start()?;
-        let proxy_port = free_port()?;
-        let conf = shipped_config(proxy_port, upstream.port, authz_port, admin_port)?;
-        std::fs::write(dir.join("mcp-access.conf"), conf).map_err(|e| e.to_string())?;
-        let main = dir.join("nginx.conf");
-        std::fs::write(&main, main_config(&dir)).map_err(|e| e.to_string())?;
-        // The configuration must pass nginx's own check first, with its message if not.
-        let test = Command::new(&nginx_bin)
-            .arg("-p")
-            .arg(&dir)
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-c")
-            .arg(&main)
-            .arg("-t")
-            .output()
-            .map_err(|e| format!("run {nginx_bin}: {e}"))?;
-        ensure!(
-            test.status.success(),
-            "nginx -t refused the configuration: {}",
-            String::from_utf8_lossy(&test.stderr)
-        );
-        let log = std::fs::File::create(dir.join("nginx.out")).map_err(|e| e.to_string())?;
-        let log_err = log.try_clone().map_err(|e| e.to_string())?;
-        let nginx = Nginx(
-            Command::new(&nginx_bin)
-                .arg("-p")
-                .arg(&dir)
-                .arg("-e")
-                .arg(dir.join("error.log"))
-                .arg("-c")
-                .arg(&main)
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(log_err)
-                .spawn()
-                .map_err(|e| format!("start nginx: {e}"))?,
-        );
+        let (proxy_port, nginx) = start_nginx(&nginx_bin, &dir, &upstream, authz_port, admin_port)?;
 
         let mut proxy = Self {
             nginx,

@@ -1,6 +1,8 @@
 //! The real `mcp-access-apiserver` binary (standalone mode, static token file) over a database
 //! of its own, started, stopped and restarted on one port with one certificate, so a cache sees
-//! exactly what it would see across an outage or a restart (a new epoch). Its main API has the
+//! exactly what it would see across an outage or a restart (a new epoch). The port is the one
+//! the first process bound for port 0 (read from its `listening on` line); a restart asks for
+//! it again, as a Pod restarted behind its Service keeps its address. Its main API has the
 //! same paths and wire format as the gateway sync listener.
 //!
 //! Needs (set by `hack/test.sh`): `MCP_TEST_DATABASE_URL`, `MCP_ACCESS_APISERVER_BIN`.
@@ -19,12 +21,12 @@ pub const GATEWAY_TOKEN_ROTATED: &str = "gateway-token-rotated-0123456789";
 const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
 const API_VERSION: &str = "access.mcp-runtime.dev/v1alpha1";
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A TCP port that refuses connections for as long as the returned socket lives: bound (no
+/// other process can take it) and never listening, so the kernel resets every connection.
+pub fn refusing_port() -> (u16, tokio::net::TcpSocket) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (held.local_addr().unwrap().port(), held)
 }
 
 fn private_file(path: &Path, contents: &str) {
@@ -111,21 +113,29 @@ impl Apiserver {
             &dir.join("apiserver.key"),
             &cert.signing_key.serialize_pem(),
         );
-        let port = free_port();
-        let url = format!("https://127.0.0.1:{port}");
-        Self {
+        let mut server = Self {
             child: None,
             peer: None,
-            port,
-            metrics_port: free_port(),
+            port: 0,
+            metrics_port: 0,
             ca_file: dir.join("apiserver.crt"),
             dir,
-            write_url: url.clone(),
-            url,
+            write_url: String::new(),
+            url: String::new(),
             ca_pem,
             db,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-        }
+        };
+        // The URL is needed before the first launch (a cache may start before the server):
+        // one start on port 0 learns the ports, which every launch then asks for.
+        let (mut child, port, metrics_port) = server.spawn(0, 0, "apiserver.log").await;
+        let _ = child.kill();
+        let _ = child.wait();
+        server.port = port;
+        server.metrics_port = metrics_port;
+        server.url = format!("https://127.0.0.1:{port}");
+        server.write_url = server.url.clone();
+        server
     }
 
     /// A started apiserver.
@@ -135,8 +145,10 @@ impl Apiserver {
         server
     }
 
-    fn spawn(&self, port: u16, metrics_port: u16, log: &str) -> Child {
-        let log = std::fs::File::create(self.dir.join(log)).unwrap();
+    /// Starts the binary on `port` and `metrics_port` (0: any free port): the child and the
+    /// ports it bound, from its `listening on` lines.
+    async fn spawn(&self, port: u16, metrics_port: u16, log_name: &str) -> (Child, u16, u16) {
+        let log = std::fs::File::create(self.dir.join(log_name)).unwrap();
         let mut args: Vec<String> = [
             "--standalone",
             "--token-auth-file",
@@ -160,7 +172,7 @@ impl Apiserver {
         .map(|s| s.to_string())
         .collect();
         args.extend(self.extra.iter().cloned());
-        Command::new(apiserver_bin())
+        let mut child = Command::new(apiserver_bin())
             .args(&args)
             .env("MCP_ACCESS_DATABASE_URL", self.db.dsn())
             .env(
@@ -168,10 +180,19 @@ impl Apiserver {
                 std::env::var("MCP_TEST_APISERVER_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
-            .expect("start mcp-access-apiserver")
+            .expect("start mcp-access-apiserver");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let ports = e2e::listening::follow("mcp-access-apiserver", stderr, log)
+            .wait_ports(&["api", "metrics"], e2e::listening::LISTEN_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| {
+                let text = std::fs::read_to_string(self.dir.join(log_name)).unwrap_or_default();
+                panic!("{e}\n{text}")
+            });
+        (child, ports[0], ports[1])
     }
 
     async fn wait_ready(child: &mut Child, metrics_port: u16, dir: &Path, log: &str) {
@@ -197,7 +218,9 @@ impl Apiserver {
     /// Starts (or restarts) the process on its port; returns when it is ready.
     pub async fn launch(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let mut child = self.spawn(self.port, self.metrics_port, "apiserver.log");
+        let (mut child, _, _) = self
+            .spawn(self.port, self.metrics_port, "apiserver.log")
+            .await;
         Self::wait_ready(&mut child, self.metrics_port, &self.dir, "apiserver.log").await;
         self.child = Some(child);
         self.write_url = self.url.clone();
@@ -222,8 +245,7 @@ impl Apiserver {
     /// A second apiserver over the same database, which takes the writes from now on (so
     /// sessions can change while this one is stopped).
     pub async fn start_peer(&mut self) {
-        let (port, metrics_port) = (free_port(), free_port());
-        let mut peer = self.spawn(port, metrics_port, "peer.log");
+        let (mut peer, port, metrics_port) = self.spawn(0, 0, "peer.log").await;
         Self::wait_ready(&mut peer, metrics_port, &self.dir, "peer.log").await;
         self.peer = Some(peer);
         self.write_url = format!("https://127.0.0.1:{port}");
