@@ -20,7 +20,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 
-use support::replica::{apiserver_bin, free_port, session_json, signal, wait_ready, Shared};
+use support::replica::{announced_ports, apiserver_bin, session_json, signal, wait_ready, Shared};
 use support::server::ADMIN_TOKEN;
 use support::TestDb;
 
@@ -38,7 +38,6 @@ struct Process {
 
 impl Process {
     async fn start(shared: &Shared, db: &TestDb) -> Self {
-        let (port, metrics_port) = (free_port(), free_port());
         let log = shared.dir.join("h2-drain.log");
         let out = std::fs::File::create(&log).unwrap();
         let mut child = Command::new(apiserver_bin())
@@ -50,18 +49,21 @@ impl Process {
             .arg("--tls-private-key-file")
             .arg(shared.dir.join("tls.key"))
             .args(["--bind-address", "127.0.0.1"])
-            .args(["--secure-port", &port.to_string()])
-            .args(["--metrics-port", &metrics_port.to_string()])
+            .args(["--secure-port", "0"])
+            .args(["--metrics-port", "0"])
             .args(["--database-pool-size", "4"])
             .arg(format!("--shutdown-delay={}s", DELAY.as_secs()))
             .arg("--watch-bookmark-interval=1s")
             .env("MCP_ACCESS_DATABASE_URL", db.dsn())
             .env("RUST_LOG", "info")
             .stdout(out.try_clone().unwrap())
-            .stderr(out)
+            .stderr(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()
             .expect("start mcp-access-apiserver");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let ports = announced_ports(stderr, out, &["api", "metrics"], &log).await;
+        let (port, metrics_port) = (ports[0], ports[1]);
         wait_ready(
             &mut child,
             metrics_port,
