@@ -107,7 +107,7 @@ run_group() { # NAME COMMAND...
   local name=$1 start=$SECONDS
   shift
   (
-    "$@" 2>&1 | sed -u "s/^/[$name] /"
+    "$@" 2>&1 | sed -u "s|^|[$name] |"
     status=${PIPESTATUS[0]}
     echo "$name $status $((SECONDS - start))" >"$work/group.${#groups[@]}"
     exit "$status"

@@ -661,8 +661,15 @@ kubectl version --client -o json"#,
         .lines()
         .find_map(|l| l.strip_prefix("KUBECTL="))
         .expect("KUBECTL= line");
+    // The cached kubectl of the pinned release: bin/kubectl-<version>-<source key>.path/kubectl
+    // (hack/build-kube.sh keys every build by version and source hash).
+    let dir = kubectl
+        .strip_suffix(".path/kubectl")
+        .and_then(|d| d.rsplit_once("/bin/"))
+        .map(|(_, name)| name);
+    let key = dir.and_then(|name| name.strip_prefix(&format!("kubectl-{version}-")));
     assert!(
-        kubectl.ends_with(&format!("/bin/kubectl-{version}.path/kubectl")),
+        key.is_some_and(|k| k.len() == 16 && k.chars().all(|c| c.is_ascii_hexdigit())),
         "kubectl on PATH is {kubectl}, not the cached {version}"
     );
     assert!(

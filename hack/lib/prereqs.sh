@@ -13,7 +13,7 @@
 #                        system user (initdb and postgres refuse to run as root)
 #   kubectl              any kubectl on PATH; without one, `hack/build-kube.sh kubectl` builds the
 #                        pinned release's kubectl from the Go module proxy (cached beside
-#                        kube-apiserver as kubectl-vX.Y.Z) and its directory goes first on PATH
+#                        kube-apiserver as kubectl-vX.Y.Z-<key>) and its directory goes first on PATH
 #
 # As root, missing packages are installed with `apt-get install -y --no-upgrade` (nothing already
 # installed is upgraded). Debian's postgresql-15 also creates the cluster 15/main (port 5432) and
