@@ -107,6 +107,8 @@ run_group() { # NAME COMMAND...
   local name=$1 start=$SECONDS
   shift
   (
+    # A failing group must still record its status: no errexit here.
+    set +e
     "$@" 2>&1 | sed -u "s|^|[$name] |"
     status=${PIPESTATUS[0]}
     echo "$name $status $((SECONDS - start))" >"$work/group.${#groups[@]}"

@@ -552,10 +552,31 @@ async fn the_long_poll_completes_when_the_session_is_revoked() {
     assert_eq!(resp.status(), 400);
 }
 
+/// The stderr of a start that must be refused; a process still running after 20 s (refusals
+/// come before anything is bound, in milliseconds) started, and fails the test instead of
+/// hanging it.
 fn refused(args: &[String]) -> String {
-    let out = authz_command(args).output().expect("run mcp-access-authz");
-    assert!(!out.status.success(), "started with {args:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let mut child = authz_command(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mcp-access-authz");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for mcp-access-authz") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("started with {args:?}: still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "started with {args:?}");
+    stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,9 +651,11 @@ async fn invalid_security_settings_stop_startup() {
     );
     let err = refused(&header_only);
     assert!(err.contains("--public-url"), "{err}");
+    // One fixed address for both (two port-0 listeners are two ports, and allowed).
     let mut same = without("--admin-listen");
-    let listen = same[same.iter().position(|a| a == "--listen").unwrap() + 1].clone();
-    same.extend(["--admin-listen".into(), listen]);
+    let i = same.iter().position(|a| a == "--listen").unwrap() + 1;
+    same[i] = "127.0.0.1:18086".into();
+    same.extend(["--admin-listen".into(), "127.0.0.1:18086".into()]);
     let err = refused(&same);
     assert!(err.contains("must differ"), "{err}");
     for bad in ["github.team-a.svc:8086", "http://x/?q=1", "ftp://x"] {
