@@ -4,6 +4,7 @@
 
 pub mod discovery;
 pub mod duration;
+pub mod feed;
 pub mod kinds;
 pub mod kube_resource;
 pub mod locks;

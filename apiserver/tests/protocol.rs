@@ -269,8 +269,15 @@ async fn bookmarks_only_when_asked_for() {
     assert_eq!(e["type"], "BOOKMARK");
     assert_eq!(
         e["object"],
-        json!({"kind": "AccessSession", "apiVersion": apis::API_VERSION, "metadata": {"resourceVersion": from}}),
-        "a bookmark is the kind with only metadata.resourceVersion"
+        json!({"kind": "AccessSession", "apiVersion": apis::API_VERSION, "metadata": {
+            "resourceVersion": from,
+            "annotations": {
+                apis::feed::HEAD_ANNOTATION: from,
+                apis::feed::BOOKMARK_INTERVAL_ANNOTATION: "200",
+            },
+        }}),
+        "a bookmark is the kind with only metadata: its resourceVersion, and the head and \
+         interval an idle watch is at"
     );
     // Several intervals without a change: the plain watch stays silent.
     match plain.next(Duration::from_millis(1000)).await {
@@ -1550,12 +1557,13 @@ async fn bookmarks_never_skip_events_a_cut_off_watcher_missed() {
         assert!(e.rv > last);
         last = e.rv;
     }
-    sub.advance_if_idle();
+    let mark = sub.bookmark().expect("the feed is live");
     assert_eq!(
-        sub.cursor(),
-        last,
+        (sub.cursor(), mark.at),
+        (last, last),
         "a bookmark would claim events this watcher never received"
     );
+    assert!(mark.head > last, "the head shows what it missed: {mark:?}");
     assert!(matches!(sub.next().await, Err(StoreError::Expired(_))));
 }
 

@@ -375,7 +375,10 @@ async fn old_foreign_and_future_cursors_are_expired() {
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(ended, Err(StoreError::Expired(_))), "{ended:?}");
+    assert!(
+        matches!(ended, Err(StoreError::EpochChanged(_))),
+        "{ended:?}"
+    );
     watcher.await.unwrap();
     let new_head = restarted.current_version().await.unwrap();
     assert_ne!(new_head.epoch, head.epoch);

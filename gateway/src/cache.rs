@@ -5,15 +5,24 @@
 //! - a complete list replaces the snapshot and grants authority; the watch then resumes from
 //!   the list's resourceVersion, asking for bookmarks, and each event or bookmark renews
 //!   freshness;
-//! - a 401 or 403 on any request (list, watch, get-on-miss) or a 410 Expired (an apiserver
-//!   restart rotates the epoch, so an old resourceVersion is refused; a log trimmed past the
-//!   watch looks the same and is treated the same) drops the snapshot at once, then relists,
-//!   the first retry after an auth failure without delay (the token file is read again);
-//! - any other failure keeps the snapshot, which then ages out through the stale window.
+//! - each bookmark carries the change log's head: behind it, the cache answers for at most
+//!   the lag bound (`max_lag`) unless it catches up (`state.rs`);
+//! - a watch that brings nothing, not even a bookmark, for three bookmark intervals (the
+//!   server states its interval on each bookmark) is dropped and resumed: a half-open
+//!   connection is noticed in seconds, not at the read timeout;
+//! - a 401 or 403 on any request (list, watch, get-on-miss) drops the snapshot at once and
+//!   relists without delay (the token file is read again);
+//! - a 410 Expired whose cause is a new epoch (a restored database: the history itself is
+//!   gone) drops the snapshot too; any other 410 (this watcher fell behind, the log was trimmed
+//!   past it) keeps it under the lag bound. Either way the relist waits a random part of half
+//!   the lag bound, so that a fleet cut off at once does not relist at once;
+//! - any other failure (a stalled feed among them: it sends no 410) keeps the snapshot, which
+//!   then ages out through the stale window (last-known-good).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -85,6 +94,9 @@ struct Shared {
     invalidated: watch::Sender<u64>,
     client: kube::Client,
     window: Duration,
+    max_lag: Duration,
+    /// The bookmark interval the server last stated, in milliseconds.
+    bookmark_interval_ms: AtomicU64,
     watch_timeout: Duration,
     retry_max: Duration,
     misses: Semaphore,
@@ -95,10 +107,26 @@ struct Shared {
 /// What the sync loop does after a failed request.
 #[derive(Debug, PartialEq, Eq)]
 enum After {
-    /// Authority was dropped: relist (the first time without waiting).
+    /// Authority was dropped for the credentials: relist (the first time without waiting).
     Relist,
+    /// A 410: relist after a random pause (a fleet cut off at once must not relist at once).
+    RelistSpread,
     /// Transient: keep the snapshot, wait, try again.
     Retry,
+}
+
+/// The bookmark interval assumed until the server states one (the apiserver's default).
+const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+/// Bookmark intervals without a word after which a watch is dropped and resumed.
+const QUIET_INTERVALS: u32 = 3;
+
+/// Whether a 410's Status says the epoch changed (`apis::feed::EPOCH_CHANGED_CAUSE`).
+fn epoch_changed(status: &kube::core::Status) -> bool {
+    status.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == apis::feed::EPOCH_CHANGED_CAUSE)
+    })
 }
 
 impl Shared {
@@ -193,9 +221,19 @@ impl Shared {
                 });
                 After::Relist
             }
+            kube::Error::Api(status) if status.code == 410 && epoch_changed(status) => {
+                self.invalidate("410 Expired: a new epoch (the change history was reset)");
+                After::RelistSpread
+            }
             kube::Error::Api(status) if status.code == 410 => {
-                self.invalidate("410 Expired (epoch reset or log trimmed)");
-                After::Relist
+                tracing::warn!(
+                    max_lag = ?self.max_lag,
+                    message = %status.message,
+                    "410 Expired: changes were missed; relisting, answering meanwhile for at most the lag bound"
+                );
+                self.metrics.missed.inc();
+                self.update(|st| st.missed_changes(Instant::now()));
+                After::RelistSpread
             }
             other => {
                 tracing::warn!(request = what, error = %other, "session feed request failed");
@@ -207,11 +245,30 @@ impl Shared {
     fn api(&self) -> Api<AccessSession> {
         Api::all(self.client.clone())
     }
+
+    /// How long a watch may bring nothing before it is dropped and resumed.
+    fn quiet_limit(&self) -> Duration {
+        Duration::from_millis(self.bookmark_interval_ms.load(Ordering::Relaxed)) * QUIET_INTERVALS
+    }
+
+    /// Records the interval a bookmark states (bounded: a server cannot make the watchdog
+    /// fire constantly or never).
+    fn learn_bookmark_interval(&self, stated: Option<&str>) {
+        let Some(ms) = stated.and_then(|v| v.parse::<u64>().ok()) else {
+            return;
+        };
+        self.bookmark_interval_ms
+            .store(ms.clamp(100, 300_000), Ordering::Relaxed);
+    }
 }
 
 impl SyncAgeSource for Shared {
     fn sync_age_seconds(&self) -> f64 {
         self.read().sync_age_seconds(Instant::now())
+    }
+
+    fn lag(&self) -> crate::state::Lag {
+        self.read().lag(Instant::now())
     }
 }
 
@@ -242,14 +299,22 @@ impl SessionCache {
                 config.stale_window
             )));
         }
+        if config.max_lag.is_zero() || config.max_lag > config.stale_window {
+            return Err(crate::CacheError::MaxLag(format!(
+                "{:?} is outside (0, the stale window {:?}]",
+                config.max_lag, config.stale_window
+            )));
+        }
         let client = client::build(&config)?;
         let shared = Arc::new(Shared {
-            state: RwLock::new(State::new()),
+            state: RwLock::new(State::new(config.max_lag)),
             changes: watch::channel(0).0,
             session_changes: Mutex::new(HashMap::new()),
             invalidated: watch::channel(0).0,
             client,
             window: config.stale_window,
+            max_lag: config.max_lag,
+            bookmark_interval_ms: AtomicU64::new(DEFAULT_BOOKMARK_INTERVAL.as_millis() as u64),
             watch_timeout: config.watch_timeout.max(Duration::from_secs(1)),
             retry_max: config.retry_max.max(Duration::from_millis(100)),
             misses: Semaphore::new(config.miss_concurrency),
@@ -457,6 +522,8 @@ struct Backoff {
     immediate: bool,
     /// The skip was used since the last success: a persistent failure backs off.
     skipped: bool,
+    /// The next wait is a random part of this instead (a relist after a 410).
+    spread: Option<Duration>,
 }
 
 impl Backoff {
@@ -468,6 +535,7 @@ impl Backoff {
             max,
             immediate: false,
             skipped: false,
+            spread: None,
         }
     }
 
@@ -475,6 +543,13 @@ impl Backoff {
         self.next = Self::MIN;
         self.immediate = false;
         self.skipped = false;
+        self.spread = None;
+    }
+
+    /// The next attempt goes out after a random part of `over`.
+    fn spread_over(&mut self, over: Duration) {
+        self.immediate = false;
+        self.spread = Some(over);
     }
 
     /// The next attempt goes out at once, unless that was already tried since the last success.
@@ -486,6 +561,10 @@ impl Backoff {
     }
 
     async fn wait(&mut self) {
+        if let Some(over) = self.spread.take() {
+            tokio::time::sleep(over.mul_f64(rand::random_range(0.0..1.0))).await;
+            return;
+        }
         if std::mem::take(&mut self.immediate) {
             return;
         }
@@ -505,8 +584,10 @@ async fn sync_loop(shared: Arc<Shared>) {
         let list = match api.list(&ListParams::default()).await {
             Ok(list) => list,
             Err(e) => {
-                if shared.on_error("list", &e) == After::Relist {
-                    backoff.retry_now();
+                match shared.on_error("list", &e) {
+                    After::Relist => backoff.retry_now(),
+                    After::RelistSpread => backoff.spread_over(shared.max_lag / 2),
+                    After::Retry => {}
                 }
                 backoff.wait().await;
                 continue;
@@ -545,6 +626,10 @@ async fn sync_loop(shared: Arc<Shared>) {
                         backoff.retry_now();
                         break 'watch;
                     }
+                    After::RelistSpread => {
+                        backoff.spread_over(shared.max_lag / 2);
+                        break 'watch;
+                    }
                     After::Retry => {
                         backoff.wait().await;
                         continue 'watch;
@@ -554,11 +639,20 @@ async fn sync_loop(shared: Arc<Shared>) {
             let mut stream = std::pin::pin!(stream);
             let mut delivered = false;
             loop {
+                let quiet = shared.quiet_limit();
                 let item = tokio::select! {
                     item = stream.next() => item,
                     _ = invalidated.changed() => {
                         backoff.retry_now();
                         break 'watch;
+                    }
+                    // Not even a bookmark: a half-open connection, or a feed that cannot vouch
+                    // for being current. Resume from where the cache stands (the snapshot is
+                    // kept; last-known-good ages it out if this goes on).
+                    _ = tokio::time::sleep(quiet) => {
+                        tracing::warn!(quiet = ?quiet, "session watch brought nothing, not even a bookmark; resuming it");
+                        shared.metrics.quiet_watches.inc();
+                        continue 'watch;
                     }
                 };
                 match item {
@@ -572,11 +666,17 @@ async fn sync_loop(shared: Arc<Shared>) {
                     }
                     Some(Ok(event)) => {
                         delivered = true;
-                        if apply(&shared, event) == After::Relist {
-                            backoff.retry_now();
-                            break 'watch;
+                        match apply(&shared, event) {
+                            After::Relist => {
+                                backoff.retry_now();
+                                break 'watch;
+                            }
+                            After::RelistSpread => {
+                                backoff.spread_over(shared.max_lag / 2);
+                                break 'watch;
+                            }
+                            After::Retry => backoff.reset(),
                         }
-                        backoff.reset();
                     }
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "session watch broke; resuming");
@@ -606,15 +706,22 @@ fn apply(shared: &Shared, event: WatchEvent<AccessSession>) -> After {
             shared.update_session(crate::state::key_of(&s), |st| st.remove(&s, now))
         }
         WatchEvent::Bookmark(b) => {
-            shared.update(|st| st.bookmark(Some(b.metadata.resource_version), now));
+            let annotations = &b.metadata.annotations;
+            shared.learn_bookmark_interval(
+                annotations
+                    .get(apis::feed::BOOKMARK_INTERVAL_ANNOTATION)
+                    .map(String::as_str),
+            );
+            let head = annotations
+                .get(apis::feed::HEAD_ANNOTATION)
+                .map(String::as_str);
+            shared.update(|st| st.bookmark(Some(b.metadata.resource_version), head, now));
         }
         WatchEvent::Error(status) => {
             let err = kube::Error::Api(status);
-            return match shared.on_error("watch event", &err) {
-                After::Relist => After::Relist,
-                // Any other ERROR ends this watch; resuming from the last position is safe.
-                After::Retry => After::Retry,
-            };
+            // Any ERROR that drops nothing ends this watch all the same; resuming from the
+            // last position is safe.
+            return shared.on_error("watch event", &err);
         }
     }
     After::Retry

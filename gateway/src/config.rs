@@ -11,6 +11,8 @@ use crate::error::CacheError;
 
 /// The default and the longest stale window (DESIGN §5: configurable shorter, never longer).
 pub const MAX_STALE_WINDOW: Duration = Duration::from_secs(600);
+/// The default lag bound.
+pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(2);
 /// Environment variable that shortens the stale window.
 pub const STALE_WINDOW_ENV: &str = "SESSION_SYNC_STALE_WINDOW";
 
@@ -28,6 +30,9 @@ pub struct CacheConfig {
     pub token_file: PathBuf,
     /// How long last-known-good is served after the last proof of being caught up.
     pub stale_window: Duration,
+    /// How long the cache keeps answering once it knows it is behind the change log's head
+    /// (docs/gateways.md, "Lag bound"); then `sync_lagging` until it caught up.
+    pub max_lag: Duration,
     /// `timeoutSeconds` of each watch: the server ends it then and the cache resumes from its
     /// resourceVersion, which also re-presents the (possibly rotated) token.
     pub watch_timeout: Duration,
@@ -47,6 +52,7 @@ impl std::fmt::Debug for CacheConfig {
             .field("ca_file", &self.ca_file)
             .field("token_file", &self.token_file)
             .field("stale_window", &self.stale_window)
+            .field("max_lag", &self.max_lag)
             .field("watch_timeout", &self.watch_timeout)
             .field("retry_max", &self.retry_max)
             .field("miss_concurrency", &self.miss_concurrency)
@@ -55,7 +61,8 @@ impl std::fmt::Debug for CacheConfig {
 }
 
 impl CacheConfig {
-    /// Defaults: a 10 minute stale window, 290 s watches, reconnection backoff up to 5 s.
+    /// Defaults: a 10 minute stale window, a 2 s lag bound, 290 s watches, reconnection
+    /// backoff up to 5 s.
     pub fn new(
         sync_url: impl Into<String>,
         ca_file: impl Into<PathBuf>,
@@ -66,6 +73,7 @@ impl CacheConfig {
             ca_file: ca_file.into(),
             token_file: token_file.into(),
             stale_window: MAX_STALE_WINDOW,
+            max_lag: DEFAULT_MAX_LAG,
             watch_timeout: Duration::from_secs(290),
             retry_max: Duration::from_secs(5),
             miss_concurrency: 8,

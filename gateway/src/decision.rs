@@ -21,6 +21,9 @@ pub enum DenyReason {
     SessionPendingEnrollment,
     /// The last proof that the cache is in sync is older than the stale window.
     SyncStale,
+    /// The cache has known for longer than the lag bound that it is behind the change log's
+    /// head (a bookmark's head ahead of what it applied, or a 410 it is relisting after).
+    SyncLagging,
     /// No complete list since start, or cached authority was dropped (401/403, 410).
     SyncNotReady,
 }
@@ -34,6 +37,7 @@ impl DenyReason {
             Self::SessionExpired => "session_expired",
             Self::SessionPendingEnrollment => "session_pending_enrollment",
             Self::SyncStale => "sync_stale",
+            Self::SyncLagging => "sync_lagging",
             Self::SyncNotReady => "sync_not_ready",
         }
     }

@@ -28,6 +28,8 @@ pub enum CacheError {
     TokenEmpty(PathBuf),
     #[error("invalid stale window: {0}")]
     StaleWindow(String),
+    #[error("invalid lag bound: {0}")]
+    MaxLag(String),
     #[error("cannot build the HTTPS client: {0}")]
     Client(#[source] kube::Error),
 }

@@ -24,8 +24,12 @@ pub struct CacheMetrics {
     pub(crate) sync_age: SyncAge,
     /// Complete lists taken (the first one, and every relist after a reset or failure).
     pub(crate) relists: Counter,
-    /// Times cached authority was dropped (401/403 from the server, 410 Expired).
+    /// Times cached authority was dropped (401/403 from the server, a new epoch).
     pub(crate) invalidations: Counter,
+    /// 410s that were not a new epoch: changes missed, the snapshot kept under the lag bound.
+    pub(crate) missed: Counter,
+    /// Watches dropped and resumed because nothing, not even a bookmark, arrived.
+    pub(crate) quiet_watches: Counter,
     /// From a session's `status.revocation.revokedAt` to the moment this cache applied it.
     pub(crate) revoke_to_deny: Histogram,
 }
@@ -36,6 +40,8 @@ impl Default for CacheMetrics {
             sync_age: SyncAge::default(),
             relists: Counter::default(),
             invalidations: Counter::default(),
+            missed: Counter::default(),
+            quiet_watches: Counter::default(),
             revoke_to_deny: Histogram::new(REVOKE_TO_DENY_BUCKETS),
         }
     }
@@ -54,8 +60,18 @@ impl CacheMetrics {
         );
         registry.register(
             "mcp_gateway_session_invalidations",
-            "Times cached session authority was dropped (401/403 from the server, 410 Expired)",
+            "Times cached session authority was dropped (401/403 from the server, 410 Expired for a new epoch)",
             metrics.invalidations.clone(),
+        );
+        registry.register(
+            "mcp_gateway_session_missed_changes",
+            "410 Expired answers that were not a new epoch: the snapshot was kept under the lag bound while the cache relisted",
+            metrics.missed.clone(),
+        );
+        registry.register(
+            "mcp_gateway_session_quiet_watches",
+            "Session watches dropped and resumed because nothing, not even a bookmark, arrived for three bookmark intervals",
+            metrics.quiet_watches.clone(),
         );
         registry.register(
             "mcp_gateway_revoke_to_deny_seconds",
@@ -116,6 +132,8 @@ mod tests {
 pub(crate) trait SyncAgeSource: Send + Sync {
     /// Seconds since the last proof of being caught up; -1 without authority.
     fn sync_age_seconds(&self) -> f64;
+    /// How far behind the change log the cache knows it is.
+    fn lag(&self) -> crate::state::Lag;
 }
 
 /// Computed at scrape time from the cache's state, so it grows while nothing arrives.
@@ -135,25 +153,43 @@ impl SyncAge {
         }
     }
 
-    fn seconds(&self) -> f64 {
-        let source = self
-            .0
+    fn source(&self) -> Option<Arc<dyn SyncAgeSource>> {
+        self.0
             .lock()
             .ok()
-            .and_then(|w| w.as_ref().and_then(Weak::upgrade));
-        source.map_or(-1.0, |s| s.sync_age_seconds())
+            .and_then(|w| w.as_ref().and_then(Weak::upgrade))
+    }
+
+    fn seconds(&self) -> f64 {
+        self.source().map_or(-1.0, |s| s.sync_age_seconds())
     }
 }
 
 impl Collector for SyncAge {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let gauge = ConstGauge::new(self.seconds());
+        let source = self.source();
+        let gauge = ConstGauge::new(source.as_ref().map_or(-1.0, |s| s.sync_age_seconds()));
         let metric = encoder.encode_descriptor(
             "mcp_gateway_session_sync_age_seconds",
             "Seconds since the session cache last proved it was caught up; -1 before the first sync and while authority is dropped",
             None,
             MetricType::Gauge,
         )?;
-        gauge.encode(metric)
+        gauge.encode(metric)?;
+        let lag = source.map(|s| s.lag()).unwrap_or_default();
+        let metric = encoder.encode_descriptor(
+            "mcp_gateway_session_sync_lag_seconds",
+            "Seconds since the session cache learned it is behind the change log's head (a bookmark's head ahead of what it applied, or a 410); 0 when caught up. Past the lag bound it denies with cache_stale",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(lag.seconds).encode(metric)?;
+        let metric = encoder.encode_descriptor(
+            "mcp_gateway_session_sync_lag_changes",
+            "Changes between what the session cache applied and the head the last bookmark named; 0 when caught up or unknown",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(lag.changes as i64).encode(metric)
     }
 }

@@ -2,17 +2,22 @@
 //! and how fresh it is. The sync loop drives it; `authorize` and `subscribe` read it. No I/O,
 //! and time is passed in, so every rule below is unit-tested with a paused clock.
 //!
-//! Authority rules (DESIGN §5):
+//! Authority rules (DESIGN §5, docs/gateways.md "Lag bound"):
 //! - no authority before the first complete list (`sync_not_ready`);
-//! - each proof that the cache is caught up (a complete list, any watch event or bookmark)
-//!   renews freshness; past the stale window without one, `sync_stale`;
-//! - [`State::invalidate`] (401/403, 410) drops the snapshot itself, not just a flag, so no
-//!   later code path can serve it while the relist fails.
+//! - each proof that the stream is alive (a complete list, any watch event or bookmark)
+//!   renews freshness; past the stale window without one, `sync_stale` (last-known-good);
+//! - a bookmark carries the change log's head (`apis::feed::HEAD_ANNOTATION`): from the moment
+//!   the cache learns it has applied less than the head (or, after a 410 that is not an epoch
+//!   change, that it missed an unknown amount) it keeps answering for at most the lag bound,
+//!   then `sync_lagging`, until it applied the head or relisted;
+//! - [`State::invalidate`] (401/403, a new epoch) drops the snapshot itself, not just a flag,
+//!   so no later code path can serve it while the relist fails.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apis::feed::ResourceVersion;
 use apis::{AccessSession, SessionPhase};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
@@ -75,6 +80,27 @@ pub(crate) struct State {
     resource_version: Option<String>,
     /// Bumped on every change subscribers must look at (not on bookmarks).
     generation: u64,
+    /// How long the cache may answer once it knows it is behind.
+    max_lag: Duration,
+    /// Since when, and behind which head, the cache knows it is behind.
+    behind: Option<Behind>,
+}
+
+/// The cache knows it has not applied everything committed.
+#[derive(Clone, Copy, Debug)]
+struct Behind {
+    /// The head to reach; `None` after a 410 (unknown: only a relist catches up).
+    head: Option<ResourceVersion>,
+    since: Instant,
+}
+
+/// How far behind the change log the cache knows it is (the lag metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Lag {
+    /// Seconds since the cache learned it is behind; 0 when caught up.
+    pub seconds: f64,
+    /// Changes between what it applied and the head it knows of; 0 when unknown.
+    pub changes: u64,
 }
 
 /// `revokedAt` of `next` when it revokes a session the snapshot held unrevoked: the moment
@@ -100,7 +126,7 @@ pub(crate) fn key_of(s: &AccessSession) -> Key {
 }
 
 impl State {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(max_lag: Duration) -> Self {
         Self {
             sessions: HashMap::new(),
             ready: false,
@@ -108,6 +134,8 @@ impl State {
             server_uid: ServerUid::Unknown,
             resource_version: None,
             generation: 0,
+            max_lag,
+            behind: None,
         }
     }
 
@@ -117,8 +145,66 @@ impl State {
             return Err(DenyReason::SyncNotReady);
         }
         match self.fresh_at {
-            Some(at) if now.saturating_duration_since(at) < window => Ok(()),
-            _ => Err(DenyReason::SyncStale),
+            Some(at) if now.saturating_duration_since(at) < window => {}
+            _ => return Err(DenyReason::SyncStale),
+        }
+        match self.behind {
+            Some(b) if now.saturating_duration_since(b.since) >= self.max_lag => {
+                Err(DenyReason::SyncLagging)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What was applied last, when the server's resourceVersion has the feed's form.
+    fn applied(&self) -> Option<ResourceVersion> {
+        self.resource_version
+            .as_deref()
+            .and_then(|rv| ResourceVersion::parse(rv).ok())
+    }
+
+    /// After the position moved: caught up once the head known is applied.
+    fn settle_lag(&mut self) {
+        let (Some(b), Some(applied)) = (self.behind, self.applied()) else {
+            return;
+        };
+        if b.head.and_then(|head| applied.behind(head)) == Some(0) {
+            self.behind = None;
+        }
+    }
+
+    /// The cache is behind from `now` (unless it already knew), towards `head`.
+    fn fall_behind(&mut self, head: Option<ResourceVersion>, now: Instant) {
+        let since = self.behind.map_or(now, |b| b.since);
+        // An unknown head (a 410) is only cleared by a relist; a known one may move on.
+        let head = match self.behind {
+            Some(Behind { head: None, .. }) => None,
+            _ => head,
+        };
+        self.behind = Some(Behind { head, since });
+    }
+
+    /// A 410 that is not an epoch change: the snapshot is a valid past state but misses an
+    /// unknown number of changes. It answers for at most the lag bound while the cache
+    /// relists.
+    pub(crate) fn missed_changes(&mut self, now: Instant) {
+        if self.ready {
+            self.fall_behind(None, now);
+        }
+    }
+
+    /// How far behind the cache knows it is at `now`.
+    pub(crate) fn lag(&self, now: Instant) -> Lag {
+        let Some(b) = self.behind else {
+            return Lag::default();
+        };
+        Lag {
+            seconds: now.saturating_duration_since(b.since).as_secs_f64(),
+            changes: b
+                .head
+                .zip(self.applied())
+                .and_then(|(head, applied)| applied.behind(head))
+                .unwrap_or(0),
         }
     }
 
@@ -157,6 +243,8 @@ impl State {
         self.ready = true;
         self.fresh_at = Some(now);
         self.resource_version = resource_version;
+        // A complete list is everything committed when it was read.
+        self.behind = None;
         self.generation += 1;
         revoked
     }
@@ -173,6 +261,7 @@ impl State {
         let revoked = newly_revoked(self.sessions.get(&key), &session);
         self.sessions.insert(key, Arc::new(session));
         self.fresh_at = Some(now);
+        self.settle_lag();
         self.generation += 1;
         revoked
     }
@@ -185,15 +274,35 @@ impl State {
         self.resource_version = session.metadata.resource_version.clone();
         self.sessions.remove(&key_of(session));
         self.fresh_at = Some(now);
+        self.settle_lag();
         self.generation += 1;
     }
 
-    /// A bookmark: caught up to `resource_version`, nothing changed.
-    pub(crate) fn bookmark(&mut self, resource_version: Option<String>, now: Instant) {
+    /// A bookmark: everything up to `resource_version` was delivered; `head`, when the server
+    /// says it, is the newest change committed. Ahead of what was applied, the cache is behind
+    /// from now on until it applies the head (or relists); at it, the cache is caught up.
+    pub(crate) fn bookmark(
+        &mut self,
+        resource_version: Option<String>,
+        head: Option<&str>,
+        now: Instant,
+    ) {
         if resource_version.is_some() {
             self.resource_version = resource_version;
         }
         self.fresh_at = Some(now);
+        if !self.ready {
+            return;
+        }
+        let Some(head) = head.and_then(|h| ResourceVersion::parse(h).ok()) else {
+            return;
+        };
+        match self.applied().and_then(|applied| applied.behind(head)) {
+            Some(0) if self.behind.is_some_and(|b| b.head.is_some()) => self.behind = None,
+            Some(0) => {}
+            // Behind it, or at another epoch (the head's history is not the one applied).
+            Some(_) | None => self.fall_behind(Some(head), now),
+        }
     }
 
     /// Drops cached authority at once: the snapshot is emptied, not merely flagged.
@@ -203,6 +312,7 @@ impl State {
         self.fresh_at = None;
         self.server_uid = ServerUid::Unknown;
         self.resource_version = None;
+        self.behind = None;
         self.generation += 1;
     }
 
@@ -218,9 +328,13 @@ impl State {
         self.sessions.len()
     }
 
-    /// When the snapshot goes stale unless renewed.
+    /// When the snapshot stops answering unless renewed (stale) or caught up (lagging).
     pub(crate) fn stale_at(&self, window: Duration) -> Option<Instant> {
-        self.fresh_at.filter(|_| self.ready).map(|at| at + window)
+        let stale = self.fresh_at.filter(|_| self.ready).map(|at| at + window)?;
+        Some(match self.behind {
+            Some(b) => stale.min(b.since + self.max_lag),
+            None => stale,
+        })
     }
 
     /// Seconds since the last proof of being caught up; -1 without authority.
@@ -239,6 +353,7 @@ mod tests {
     use apis::SessionPhase;
 
     const WINDOW: Duration = Duration::from_secs(600);
+    const MAX_LAG: Duration = Duration::from_secs(2);
 
     fn found(l: Lookup) -> Arc<AccessSession> {
         match l {
@@ -249,7 +364,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_authority_before_the_first_list() {
-        let st = State::new();
+        let st = State::new(MAX_LAG);
         let now = Instant::now();
         assert!(matches!(
             st.lookup("ns", "a", now, WINDOW),
@@ -260,7 +375,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stale_after_the_window_renewed_by_bookmarks() {
-        let mut st = State::new();
+        let mut st = State::new(MAX_LAG);
         let start = Instant::now();
         st.replace(
             vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
@@ -272,7 +387,7 @@ mod tests {
             st.lookup("ns", "a", start + WINDOW, WINDOW),
             Lookup::Denied(DenyReason::SyncStale)
         ));
-        st.bookmark(Some("2".into()), start + WINDOW);
+        st.bookmark(Some("2".into()), None, start + WINDOW);
         found(st.lookup("ns", "a", start + WINDOW, WINDOW));
         assert_eq!(st.resource_version(), Some("2"));
         assert_eq!(
@@ -283,7 +398,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn invalidation_drops_the_snapshot_itself() {
-        let mut st = State::new();
+        let mut st = State::new(MAX_LAG);
         let now = Instant::now();
         st.replace(
             vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
@@ -301,7 +416,7 @@ mod tests {
         assert_eq!(st.resource_version(), None, "the next watch cannot resume");
         assert_eq!(st.sync_age_seconds(now), -1.0);
         // A bookmark alone (a stray event after invalidation) does not restore authority.
-        st.bookmark(Some("9".into()), now);
+        st.bookmark(Some("9".into()), None, now);
         assert!(matches!(
             st.lookup("ns", "a", now, WINDOW),
             Lookup::Denied(DenyReason::SyncNotReady)
@@ -310,7 +425,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn server_uid_is_learned_and_mixed_uids_trust_no_miss() {
-        let mut st = State::new();
+        let mut st = State::new(MAX_LAG);
         let now = Instant::now();
         st.replace(vec![], Some("1".into()), now);
         assert!(matches!(
@@ -345,7 +460,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_revocation_is_reported_once_when_it_revokes_a_held_session() {
-        let mut st = State::new();
+        let mut st = State::new(MAX_LAG);
         let now = Instant::now();
         let revoked = mk_session("ns", "a", "u1", SessionPhase::Revoked);
         let revoked_at = revoked
@@ -389,7 +504,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn events_update_the_snapshot() {
-        let mut st = State::new();
+        let mut st = State::new(MAX_LAG);
         let now = Instant::now();
         st.replace(
             vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
@@ -406,5 +521,119 @@ mod tests {
             st.lookup("ns", "a", now, WINDOW),
             Lookup::Missing { .. }
         ));
+    }
+
+    fn rv(seq: u64) -> String {
+        ResourceVersion::new(7, seq).to_string()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_ahead_of_what_was_applied_bounds_the_answers_to_the_lag() {
+        let mut st = State::new(MAX_LAG);
+        let start = Instant::now();
+        st.replace(
+            vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
+            Some(rv(10)),
+            start,
+        );
+        // At the head: caught up, no lag.
+        st.bookmark(Some(rv(10)), Some(&rv(10)), start);
+        assert_eq!(st.lag(start), Lag::default());
+        // The head moved on to 12 while this cache is at 10: it still answers within the
+        // bound, and bookmarks (the stream is alive) do not restart the clock.
+        st.bookmark(Some(rv(10)), Some(&rv(12)), start);
+        let later = start + MAX_LAG - Duration::from_millis(1);
+        st.bookmark(Some(rv(10)), Some(&rv(12)), later);
+        found(st.lookup("ns", "a", later, WINDOW));
+        assert_eq!(
+            st.lag(later),
+            Lag {
+                seconds: later.duration_since(start).as_secs_f64(),
+                changes: 2
+            }
+        );
+        assert_eq!(st.stale_at(WINDOW), Some(start + MAX_LAG));
+        assert!(matches!(
+            st.lookup("ns", "a", start + MAX_LAG, WINDOW),
+            Lookup::Denied(DenyReason::SyncLagging)
+        ));
+        // Applying 11 is not enough; 12 is.
+        let now = start + MAX_LAG;
+        let mut s11 = mk_session("ns", "b", "u1", SessionPhase::Active);
+        s11.metadata.resource_version = Some(rv(11));
+        st.upsert(s11, now);
+        assert!(matches!(
+            st.lookup("ns", "a", now, WINDOW),
+            Lookup::Denied(DenyReason::SyncLagging)
+        ));
+        let mut s12 = mk_session("ns", "a", "u1", SessionPhase::Revoked);
+        s12.metadata.resource_version = Some(rv(12));
+        st.upsert(s12, now);
+        assert_eq!(
+            found(st.lookup("ns", "a", now, WINDOW)).phase(),
+            SessionPhase::Revoked
+        );
+        assert_eq!(st.lag(now), Lag::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_of_another_epoch_counts_as_behind() {
+        let mut st = State::new(MAX_LAG);
+        let start = Instant::now();
+        st.replace(vec![], Some(rv(10)), start);
+        st.bookmark(
+            Some(rv(10)),
+            Some(&ResourceVersion::new(8, 1).to_string()),
+            start,
+        );
+        assert!(matches!(
+            st.lookup("ns", "a", start + MAX_LAG, WINDOW),
+            Lookup::Denied(DenyReason::SyncLagging)
+        ));
+        // A relist catches up whatever the head was.
+        st.replace(
+            vec![],
+            Some(ResourceVersion::new(8, 1).to_string()),
+            start + MAX_LAG,
+        );
+        assert!(matches!(
+            st.lookup("ns", "a", start + MAX_LAG, WINDOW),
+            Lookup::Missing { .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn missed_changes_answer_until_the_lag_bound_and_only_a_relist_clears_them() {
+        let mut st = State::new(MAX_LAG);
+        let start = Instant::now();
+        st.replace(
+            vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
+            Some(rv(10)),
+            start,
+        );
+        st.missed_changes(start);
+        // A bookmark at its own head says nothing about what the 410 said was missed.
+        st.bookmark(Some(rv(10)), Some(&rv(10)), start);
+        found(st.lookup(
+            "ns",
+            "a",
+            start + MAX_LAG - Duration::from_millis(1),
+            WINDOW,
+        ));
+        assert!(matches!(
+            st.lookup("ns", "a", start + MAX_LAG, WINDOW),
+            Lookup::Denied(DenyReason::SyncLagging)
+        ));
+        assert_eq!(st.lag(start + MAX_LAG).changes, 0, "unknown");
+        st.replace(
+            vec![mk_session("ns", "a", "u1", SessionPhase::Active)],
+            Some(rv(20)),
+            start + MAX_LAG,
+        );
+        found(st.lookup("ns", "a", start + MAX_LAG, WINDOW));
+        // Before the first list there is nothing to fall behind with.
+        let mut empty = State::new(MAX_LAG);
+        empty.missed_changes(start);
+        assert_eq!(empty.lag(start + MAX_LAG), Lag::default());
     }
 }

@@ -308,6 +308,14 @@ impl ApiError {
                 }
             }
             StoreError::Expired(message) => Self::expired(message),
+            StoreError::EpochChanged(message) => Self::expired(message).with_details(StatusDetails {
+                causes: Some(vec![StatusCause {
+                    reason: Some(apis::feed::EPOCH_CHANGED_CAUSE.to_string()),
+                    message: Some("the change history was reset (a new epoch)".to_string()),
+                    field: None,
+                }]),
+                ..Default::default()
+            }),
             StoreError::Unavailable(message) => {
                 tracing::warn!(error = %message, "storage unavailable");
                 Self::unavailable("storage is unavailable; retry later")

@@ -198,6 +198,30 @@ pub(crate) const MAX_DRAINED_BYTES: usize = 4 * MAX_BODY_BYTES;
 /// `--request-timeout`).
 pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The answer to a body not received within its bound: 504 `Timeout`.
+pub(crate) fn body_timed_out() -> ApiError {
+    ApiError::timeout("the request body was not received in time")
+}
+
+/// Whether a request is receiving its body, so that the request timer, when it fires
+/// first, still answers a stalled body as the body bound does and not as a storage outage.
+#[derive(Debug, Default)]
+pub(crate) struct BodyPhase(std::sync::atomic::AtomicBool);
+
+impl BodyPhase {
+    pub(crate) fn reading(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) async fn while_reading<T>(&self, read: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.store(true, Relaxed);
+        let out = read.await;
+        self.0.store(false, Relaxed);
+        out
+    }
+}
+
 pub(crate) async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResult<Bytes> {
     use futures::StreamExt;
     let declared = headers
@@ -229,7 +253,7 @@ pub(crate) async fn read_body(headers: &http::HeaderMap, body: Body) -> ApiResul
     };
     tokio::time::timeout(BODY_READ_TIMEOUT, read)
         .await
-        .map_err(|_| ApiError::timeout("the request body was not received in time"))??;
+        .map_err(|_| body_timed_out())??;
     if total > MAX_BODY_BYTES {
         return Err(ApiError::too_large(MAX_BODY_BYTES));
     }

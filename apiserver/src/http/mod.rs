@@ -30,7 +30,7 @@ pub use request::Rendering;
 pub use sync::SyncState;
 
 use documents::{Doc, Documents};
-use limits::{read_body, InflightLimiter, RequestKind, WatchCounter};
+use limits::{read_body, BodyPhase, InflightLimiter, RequestKind, WatchCounter};
 use observe::{request_span, RecordUser, RequestLog};
 use route::{Route, Target, Verb};
 
@@ -205,14 +205,20 @@ impl<S: Store + Clone> AppState<S> {
             Err(response) => return *response,
         };
         let routed = if long_running {
-            self.route(request).await
+            self.route(request, &BodyPhase::default()).await
         } else {
             // Dropping the request's future gives back its connection, its write turn and its
             // permit; what it had sent may still commit (the answer says so).
             let limit = self.limits.request_timeout;
-            tokio::time::timeout(limit, self.route(request))
+            let body = BodyPhase::default();
+            tokio::time::timeout(limit, self.route(request, &body))
                 .await
                 .unwrap_or_else(|_| {
+                    // The client's fault, not the storage's: the body bound's answer, whichever
+                    // of the two timers fired first (both are 60 s by default).
+                    if body.reading() {
+                        return Err((String::new(), String::new(), limits::body_timed_out()));
+                    }
                     tracing::warn!(limit_ms = limit.as_millis() as u64, "request timed out");
                     Err((
                         String::new(),
@@ -262,6 +268,7 @@ impl<S: Store + Clone> AppState<S> {
     async fn route(
         &self,
         request: Request,
+        body_phase: &BodyPhase,
     ) -> Result<(String, String, Response), (String, String, ApiError)> {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path().to_string();
@@ -323,7 +330,10 @@ impl<S: Store + Clone> AppState<S> {
         }
         tracing::debug!(user = %user.name, verb = %verb, path = %path, "request");
 
-        let body = read_body(&parts.headers, body).await.map_err(&fail)?;
+        let body = body_phase
+            .while_reading(read_body(&parts.headers, body))
+            .await
+            .map_err(&fail)?;
         let response = match route {
             Route::NonResource(Doc::Jwks | Doc::OpenIdConfiguration)
                 if !matches!(parts.method, http::Method::GET | http::Method::HEAD) =>

@@ -253,14 +253,35 @@ pub fn event_line<K: Renderable>(
 }
 
 /// A BOOKMARK line at `rv`; `initial_events_end` marks the end of a streaming list.
+/// What a BOOKMARK says besides its resourceVersion.
+#[derive(Clone, Copy, Debug)]
+pub enum BookmarkMark {
+    /// The end of the initial events (`sendInitialEvents`), as kube-apiserver marks it.
+    InitialEventsEnd,
+    /// A periodic bookmark: the change log's head it is measured against and the interval of
+    /// bookmarks on this watch (`apis::feed`).
+    Progress {
+        head: ResourceVersion,
+        interval: std::time::Duration,
+    },
+}
+
 pub fn bookmark_line<K: Renderable>(
     rv: ResourceVersion,
     rendering: Rendering,
-    initial_events_end: bool,
+    mark: BookmarkMark,
 ) -> ApiResult<Bytes> {
     let mut metadata = json!({"resourceVersion": rv.to_string()});
-    if initial_events_end {
-        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    match mark {
+        BookmarkMark::InitialEventsEnd => {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        BookmarkMark::Progress { head, interval } => {
+            metadata["annotations"] = json!({
+                apis::feed::HEAD_ANNOTATION: head.to_string(),
+                apis::feed::BOOKMARK_INTERVAL_ANNOTATION: interval.as_millis().to_string(),
+            });
+        }
     }
     let object = match rendering {
         Rendering::Object => {

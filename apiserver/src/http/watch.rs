@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::{ApiError, ApiResult};
-use super::render::{bookmark_line, event_line, object_json, table, watch_line};
+use super::render::{bookmark_line, event_line, object_json, table, watch_line, BookmarkMark};
 use super::request::{ListOptions, Rendering};
 use super::AppState;
 use crate::store::{
@@ -180,7 +180,11 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
         Err(e) => return Err(e),
     };
     if let Some(rv) = initial_end {
-        lines.push(bookmark_line::<K>(rv, rendering, true)?);
+        lines.push(bookmark_line::<K>(
+            rv,
+            rendering,
+            BookmarkMark::InitialEventsEnd,
+        )?);
     }
 
     // `timeoutSeconds=0` means "not set", as in kube-apiserver (kube-rs sends it for
@@ -309,6 +313,9 @@ impl WatchTask {
         );
         checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         checks.tick().await;
+        // The guard's check runs beside the stream, not in its way: a TokenReview that hangs
+        // or retries must not hold back the events (revocations among them) meanwhile.
+        let mut check: Option<BoxFuture<'static, bool>> = None;
         loop {
             tokio::select! {
                 event = self.subscription.next() => match event {
@@ -340,23 +347,32 @@ impl WatchTask {
                 },
                 _ = bookmarks.tick(), if self.selection.options.allow_bookmarks => {
                     // Sent every interval, changed or not: it tells the client the stream is
-                    // alive, so a feed that cannot vouch for being current ends the watch
-                    // (410) instead.
-                    let rv = match self.subscription.bookmark() {
-                        Ok(rv) => rv,
-                        Err(e) => {
-                            self.cut_off::<K>(ApiError::from_store(e, &K::INFO, "")).await;
-                            return;
-                        }
+                    // alive and how far behind the head it is. A feed that cannot vouch for
+                    // being current sends none (the silence is the signal; nobody is cut off,
+                    // and the watch goes on where it stopped once the feed recovers).
+                    let Some(mark) = self.subscription.bookmark() else { continue };
+                    let progress = BookmarkMark::Progress {
+                        head: mark.head,
+                        interval: self.bookmark_interval,
                     };
-                    match bookmark_line::<K>(rv, self.rendering, false) {
+                    match bookmark_line::<K>(mark.at, self.rendering, progress) {
                         Ok(line) => if !self.send(line).await { return },
                         Err(_) => return,
                     }
                 }
-                _ = checks.tick(), if self.guard.is_some() => {
-                    let Some(guard) = self.guard.as_mut() else { continue };
-                    if !(guard.still_allowed)().await {
+                _ = checks.tick(), if self.guard.is_some() && check.is_none() => {
+                    if let Some(guard) = self.guard.as_mut() {
+                        check = Some((guard.still_allowed)());
+                    }
+                }
+                allowed = async {
+                    match check.as_mut() {
+                        Some(check) => check.await,
+                        None => std::future::pending().await,
+                    }
+                }, if check.is_some() => {
+                    check = None;
+                    if !allowed {
                         // Ended without an event, as when kube-apiserver closes a watch: the
                         // client's next request meets the refusal (401).
                         self.metrics.watch_cut_off(K::PLURAL, "Unauthorized");

@@ -30,6 +30,10 @@ pub enum StoreError {
     /// The resourceVersion or continue token is no longer (or not yet) served; relist.
     #[error("{0}")]
     Expired(String),
+    /// [`StoreError::Expired`] because the epoch changed: the history itself was reset, not
+    /// only the position (410 with the cause `apis::feed::EPOCH_CHANGED_CAUSE`).
+    #[error("{0}")]
+    EpochChanged(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     #[error("internal storage error: {0}")]

@@ -10,10 +10,12 @@
 //!
 //! A source that cannot commit without the fan-out seeing it (the memory store) is always
 //! current. One that follows a database from afar (the tail) must prove it, through
-//! [`Liveness`]: while a proof is older than the staleness bound, every subscriber is cut off
-//! with `Expired`, no bookmark is given at a cursor that can no longer be vouched for, and new
-//! subscriptions are refused (`Unavailable`): a watcher never mistakes a silent feed for a
-//! quiet one.
+//! [`Liveness`]: while a proof is older than the staleness bound the feed is *stalled*, and
+//! no bookmark is given (a watcher never mistakes a silent feed for a quiet one). A stall is
+//! not an epoch change: nobody is cut off and new subscriptions are taken, since the log
+//! still holds every change after each cursor; once the source catches up, every
+//! subscriber continues where it stopped, and bookmarks resume. Every bookmark carries the
+//! head the source knows of, so a watcher behind it can tell by how much.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
@@ -104,13 +106,11 @@ impl Event {
 }
 
 /// Why the fan-out cut a subscriber off. Every one ends the watch with `Expired` (410): the
-/// client relists.
+/// client relists. A stall is not among them (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CutOff {
     /// Its queue was full: it fell behind the live events.
     SlowConsumer,
-    /// The source could not prove it was current within the staleness bound.
-    Stalled,
     /// The epoch changed: the history the subscriber followed is gone.
     EpochRotated,
     /// The log was trimmed past the source: the next events cannot be read.
@@ -118,9 +118,8 @@ pub(crate) enum CutOff {
 }
 
 impl CutOff {
-    const ALL: [CutOff; 4] = [
+    const ALL: [CutOff; 3] = [
         CutOff::SlowConsumer,
-        CutOff::Stalled,
         CutOff::EpochRotated,
         CutOff::BehindRetention,
     ];
@@ -129,7 +128,6 @@ impl CutOff {
     fn label(self) -> &'static str {
         match self {
             CutOff::SlowConsumer => "slow_consumer",
-            CutOff::Stalled => "stalled",
             CutOff::EpochRotated => "epoch_rotated",
             CutOff::BehindRetention => "behind_retention",
         }
@@ -262,8 +260,6 @@ struct Liveness {
     bound: Duration,
     /// Set while a proof is older than the bound; cleared once both are fresh again.
     stale: bool,
-    /// How many times the feed went stale: a subscription made before a cut is expired.
-    cuts: u64,
     /// When the reader last sent a query that completed.
     reader_ok_at: Instant,
     /// The latest moment up to which everything committed is known to be fanned out.
@@ -276,7 +272,7 @@ struct Liveness {
 pub(crate) enum LivenessChange {
     /// Both proofs are fresh again.
     Recovered,
-    /// A proof grew older than the bound: every subscriber was cut off.
+    /// A proof grew older than the bound: bookmarks stop until it recovers.
     Stalled {
         subscribers: usize,
         reader_silent: Duration,
@@ -342,7 +338,6 @@ impl Fanout {
                 liveness: staleness_bound.map(|bound| Liveness {
                     bound,
                     stale: false,
-                    cuts: 0,
                     reader_ok_at: now,
                     confirmed_at: now,
                     pending: VecDeque::new(),
@@ -506,8 +501,8 @@ impl Fanout {
         state.settle();
     }
 
-    /// One liveness check at `now` (a few times a second): refreshes the metrics, cuts everyone
-    /// off when a proof is older than the bound, and reports what changed.
+    /// One liveness check at `now` (a few times a second): refreshes the metrics, marks the
+    /// feed stalled when a proof is older than the bound, and reports what changed.
     pub(crate) fn check_liveness(&self, now: Instant) -> Option<LivenessChange> {
         let mut state = self.state();
         self.metrics.observe(&state, now);
@@ -522,13 +517,8 @@ impl Fanout {
             return None;
         }
         liveness.stale = true;
-        liveness.cuts += 1;
         let reader_silent = now.duration_since(liveness.reader_ok_at);
         let unconfirmed = now.duration_since(liveness.confirmed_at);
-        self.metrics.cut(CutOff::Stalled, subscribers);
-        for slot in state.subscribers.drain(..) {
-            let _ = slot.cut_off.set(CutOff::Stalled);
-        }
         Some(LivenessChange::Stalled {
             subscribers,
             reader_silent,
@@ -536,20 +526,16 @@ impl Fanout {
         })
     }
 
-    /// A subscription starting just after `from`, which the caller has validated. Refused
-    /// while the fan-out cannot vouch for being current.
+    /// A subscription starting just after `from`, which the caller has validated. Taken
+    /// while the feed is stalled too: it is served once the source catches up.
     pub(crate) fn subscription(self: &Arc<Self>, from: ResourceVersion) -> Result<Subscription> {
-        let state = self.state();
-        if !state.is_live(Instant::now()) {
-            return Err(stalled());
-        }
         Ok(Subscription {
             fanout: self.clone(),
             epoch: from.epoch,
             cursor: from.seq,
-            cuts: state.cuts(),
             backlog: VecDeque::new(),
             live: None,
+            replaying: None,
         })
     }
 }
@@ -611,36 +597,50 @@ impl State {
         !self.liveness.as_ref().is_some_and(|l| l.stale) && self.fresh(now)
     }
 
-    fn cuts(&self) -> u64 {
-        self.liveness.as_ref().map_or(0, |l| l.cuts)
+    /// The newest head of `epoch` known: the last event fanned out, or a later head the
+    /// heartbeat read that the reader has not reached yet.
+    fn known_head(&self, epoch: u32) -> u64 {
+        let pending = self.liveness.as_ref().and_then(|l| {
+            l.pending
+                .iter()
+                .filter(|(e, _, _)| *e == epoch)
+                .map(|(_, seq, _)| *seq)
+                .max()
+        });
+        pending.unwrap_or(0).max(self.head)
     }
 }
 
 /// The history a cursor was in is gone: relist.
 pub(crate) fn expired_epoch() -> StoreError {
-    StoreError::Expired(
+    StoreError::EpochChanged(
         "too old resource version: the change history was reset (the epoch changed: a \
          restored database or an operator's --rotate-epoch); relist"
             .into(),
     )
 }
 
-fn stalled() -> StoreError {
-    StoreError::Unavailable(
-        "the change feed cannot confirm it is current (database unreachable or stalled); retry"
-            .into(),
-    )
+/// Where a watch's bookmark may stand, and the head it is measured against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bookmark {
+    /// Every event up to here reached the watcher (the resourceVersion it carries).
+    pub at: ResourceVersion,
+    /// The newest committed change the feed knows of, in the same epoch.
+    pub head: ResourceVersion,
 }
+
+/// A read of the log that a cancelled `next` left in flight, resumed by the next call.
+type PendingPage = futures::future::BoxFuture<'static, Result<Vec<Arc<Event>>>>;
 
 /// A position in the change feed that yields every later event exactly once, in order.
 pub struct Subscription {
     fanout: Arc<Fanout>,
     epoch: u32,
     cursor: u64,
-    /// The fan-out's stall count when this subscription started.
-    cuts: u64,
     backlog: VecDeque<Arc<Event>>,
     live: Option<(mpsc::Receiver<Arc<Event>>, CutOffCell)>,
+    /// The replay read in flight, kept across cancellations of `next`.
+    replaying: Option<PendingPage>,
 }
 
 impl Subscription {
@@ -649,21 +649,13 @@ impl Subscription {
         ResourceVersion::new(self.epoch, self.cursor)
     }
 
-    /// `Expired` once the feed stalled after this subscription started, or while it cannot
-    /// vouch for being current: what was delivered may no longer be the latest.
-    fn ensure_current(&self, state: &State) -> Result<()> {
-        if state.cuts() != self.cuts || !state.is_live(Instant::now()) {
-            return Err(StoreError::Expired(format!(
-                "too old resource version: {}: the change feed stalled and cannot vouch for \
-                 later changes; relist",
-                self.cursor()
-            )));
-        }
-        Ok(())
-    }
-
     /// The next event. `Expired` when this subscriber was cut off (too slow, log trimmed
-    /// past it, epoch rotated, or the feed stalled): the client must relist.
+    /// past it), `EpochChanged` when its history is gone: the client must relist. While the
+    /// feed is stalled it waits.
+    ///
+    /// Cancel-safe: a call dropped while it reads a page of the log leaves the read in flight,
+    /// and the next call takes it up (a watch that also sends bookmarks drops this future
+    /// every interval; restarting the read each time could starve it forever).
     pub async fn next(&mut self) -> Result<Arc<Event>> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
@@ -679,12 +671,10 @@ impl Subscription {
                     None => match cut_off.get().copied() {
                         Some(CutOff::EpochRotated) => return Err(expired_epoch()),
                         Some(why) => {
-                            self.ensure_current(&self.fanout.state())?;
                             let cause = match why {
                                 CutOff::BehindRetention => {
                                     "the change feed fell behind the retained log"
                                 }
-                                CutOff::Stalled => "the change feed stalled",
                                 CutOff::SlowConsumer | CutOff::EpochRotated => {
                                     "the watcher fell behind"
                                 }
@@ -717,12 +707,13 @@ impl Subscription {
                     continue;
                 }
             }
-            let page = self
-                .fanout
-                .replay
-                .read_after(self.epoch, self.cursor)
-                .await?;
-            self.ensure_current(&self.fanout.state())?;
+            let (replay, epoch, cursor) = (self.fanout.replay.clone(), self.epoch, self.cursor);
+            let read = self.replaying.get_or_insert_with(|| {
+                Box::pin(async move { replay.read_after(epoch, cursor).await })
+            });
+            let page = read.await;
+            self.replaying = None;
+            let page = page?;
             match page.first() {
                 Some(first) if first.seq() == self.cursor + 1 => self.backlog.extend(page),
                 // The next change after the cursor is gone from the log (`Some`), or the
@@ -740,14 +731,8 @@ impl Subscription {
 
     /// When every event up to the fan-out's head has reached this subscriber, moves the
     /// cursor to that head: a bookmark can then say how far the stream is known complete,
-    /// even if none of those events were for this watcher. Does nothing while the feed
-    /// cannot vouch for its head.
-    pub fn advance_if_idle(&mut self) {
-        let fanout = self.fanout.clone();
-        let state = fanout.state();
-        if self.ensure_current(&state).is_err() {
-            return;
-        }
+    /// even if none of those events were for this watcher.
+    fn advance_if_idle(&mut self, state: &State) {
         let Some((rx, cut_off)) = &self.live else {
             return;
         };
@@ -763,13 +748,22 @@ impl Subscription {
         }
     }
 
-    /// The position a bookmark may carry now: `advance_if_idle`, then the cursor. `Expired`
-    /// while the feed cannot vouch for being current, so a stalled feed never sends a
-    /// bookmark (which clients read as "nothing changed up to here").
-    pub fn bookmark(&mut self) -> Result<ResourceVersion> {
-        self.ensure_current(&self.fanout.state())?;
-        self.advance_if_idle();
-        Ok(self.cursor())
+    /// The bookmark this watch may send now: its cursor (moved to the head when nothing is
+    /// in flight to it) and the head it is measured against. `None` while the feed cannot
+    /// vouch for being current or follows another epoch: a stalled feed sends no bookmark,
+    /// which clients would read as "nothing changed up to here".
+    pub fn bookmark(&mut self) -> Option<Bookmark> {
+        let fanout = self.fanout.clone();
+        let state = fanout.state();
+        if !state.is_live(Instant::now()) || state.epoch != self.epoch {
+            return None;
+        }
+        self.advance_if_idle(&state);
+        let head = state.known_head(self.epoch).max(self.cursor);
+        Some(Bookmark {
+            at: self.cursor(),
+            head: ResourceVersion::new(self.epoch, head),
+        })
     }
 
     /// Joins the live fan-out if the ring (or the head) covers the cursor.
@@ -784,7 +778,6 @@ impl Subscription {
             // rotated it): the source is about to switch, not the subscriber behind.
             return Ok(Attach::EpochAhead);
         }
-        self.ensure_current(&state)?;
         let covered = self.cursor >= state.head
             || state
                 .ring
@@ -909,21 +902,26 @@ mod tests {
         fanout.switch_epoch(2, 40);
         assert_eq!(fanout.position(), (2, 40));
         assert!(fanout.has_retired(1));
-        assert!(expired(sub.next().await).contains("the epoch changed"));
+        let epoch_changed = |result: Result<Arc<Event>>| match result {
+            Err(StoreError::EpochChanged(message)) => message,
+            other => panic!("expected EpochChanged, got {other:?}"),
+        };
+        assert!(epoch_changed(sub.next().await).contains("the epoch changed"));
         let mut late = fanout
             .subscription(ResourceVersion::new(1, 1))
             .expect("subscribes");
-        assert!(expired(late.next().await).contains("the epoch changed"));
+        assert!(epoch_changed(late.next().await).contains("the epoch changed"));
     }
 
     #[tokio::test]
-    async fn a_stale_source_cuts_everyone_off_refuses_new_watches_and_recovers() {
+    async fn a_stall_sends_no_bookmark_cuts_nobody_and_the_watch_goes_on_after_it() {
         let bound = Duration::from_millis(100);
         let fanout = mk_fanout(8, 8, Some(bound));
         let mut sub = attached(&fanout).await;
         // Fresh proofs: nothing changes.
         assert!(fanout.check_liveness(Instant::now()).is_none());
         assert!(fanout.is_live());
+        assert!(sub.bookmark().is_some());
 
         let later = Instant::now() + bound * 3;
         match fanout.check_liveness(later) {
@@ -931,21 +929,90 @@ mod tests {
             _ => panic!("expected the feed to stall"),
         }
         assert!(!fanout.is_live());
-        assert!(expired(sub.next().await).contains("stalled"));
-        assert!(matches!(
-            fanout.subscription(ResourceVersion::new(1, 1)),
-            Err(StoreError::Unavailable(_))
-        ));
+        assert_eq!(fanout.subscriber_count(), 1, "a stall cuts nobody off");
+        assert_eq!(sub.bookmark(), None, "a stalled feed vouches for nothing");
+        let mut during = fanout
+            .subscription(ResourceVersion::new(1, 1))
+            .expect("a new watch is taken during a stall");
 
-        // Both proofs fresh again: the reader answered and the heartbeat's head is reached.
+        // The source catches up: what it read is delivered in order to both, and
+        // bookmarks resume.
         let now = Instant::now();
-        fanout.publish_page(Vec::new(), now);
-        fanout.confirm_head(1, 1, now);
+        fanout.publish_page(vec![mk_event(2, 10)], now);
+        fanout.confirm_head(1, 2, now);
         assert!(matches!(
             fanout.check_liveness(now),
             Some(LivenessChange::Recovered)
         ));
-        assert!(fanout.subscription(ResourceVersion::new(1, 1)).is_ok());
+        assert_eq!(sub.next().await.expect("event 2").seq(), 2);
+        assert_eq!(during.next().await.expect("event 2").seq(), 2);
+        let mark = sub.bookmark().expect("bookmarks resume");
+        assert_eq!((mark.at.seq, mark.head.seq), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn a_bookmark_carries_the_head_the_heartbeat_saw_ahead_of_the_reader() {
+        let fanout = mk_fanout(8, 8, Some(Duration::from_secs(60)));
+        let mut sub = attached(&fanout).await;
+        // The heartbeat read head 5; the reader has fanned out only 1.
+        fanout.confirm_head(1, 5, Instant::now());
+        let mark = sub.bookmark().expect("the feed is live");
+        assert_eq!((mark.at.seq, mark.head.seq), (1, 5));
+    }
+
+    /// A log whose reads take `delay`, counting the reads started.
+    struct SlowLog {
+        delay: Duration,
+        started: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Replay for SlowLog {
+        async fn read_after(&self, _epoch: u32, after: u64) -> Result<Vec<Arc<Event>>> {
+            self.started
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            Ok((after + 1..=after + 3)
+                .map(|seq| mk_event(seq, 10))
+                .collect())
+        }
+        fn nudge(&self) {}
+    }
+
+    /// The watch loop drops `next()` at every bookmark tick. A replay read that takes longer
+    /// than the interval must still complete: the dropped read is taken up, not restarted.
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_read_survives_next_being_dropped_by_every_bookmark_tick() {
+        let log = Arc::new(SlowLog {
+            delay: Duration::from_millis(250),
+            started: Default::default(),
+        });
+        let limits = FanoutLimits {
+            buffer: 8,
+            ring_capacity: 8,
+            ring_bytes: 1000,
+            epoch_wait: Duration::from_millis(10),
+        };
+        // The fan-out is at 10 with an empty ring: a subscription from 0 must replay.
+        let fanout = Fanout::new(1, 10, limits, None, log.clone());
+        let mut sub = fanout
+            .subscription(ResourceVersion::new(1, 0))
+            .expect("subscribes");
+        let mut delivered = Vec::new();
+        for _tick in 0..10 {
+            if let Ok(event) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await {
+                delivered.push(event.expect("replayed").seq());
+                if delivered.len() == 3 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(delivered, vec![1, 2, 3], "the replay was starved");
+        assert_eq!(
+            log.started.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the read dropped by each tick was taken up, not started again"
+        );
     }
 
     #[tokio::test]
@@ -954,10 +1021,11 @@ mod tests {
         let mut sub = attached(&fanout).await;
         fanout.publish(mk_event(2, 10));
         // Event 2 is queued, not yet read: the bookmark stays at what was delivered.
-        assert_eq!(sub.bookmark().expect("bookmark").seq, 1);
+        let mark = sub.bookmark().expect("bookmark");
+        assert_eq!((mark.at.seq, mark.head.seq), (1, 2));
         assert_eq!(sub.next().await.expect("event 2").seq(), 2);
         fanout.publish(mk_event(3, 10));
         assert_eq!(sub.next().await.expect("event 3").seq(), 3);
-        assert_eq!(sub.bookmark().expect("bookmark").seq, 3);
+        assert_eq!(sub.bookmark().expect("bookmark").at.seq, 3);
     }
 }

@@ -556,7 +556,7 @@ impl Store for MemoryStore {
         // Checked as PostgreSQL's store checks it, the ring standing for the retained log.
         let (epoch, head) = self.fanout.position();
         if from.epoch != epoch {
-            return Err(StoreError::Expired(format!(
+            return Err(StoreError::EpochChanged(format!(
                 "too old resource version: {from}: the change history was reset (the epoch \
                  changed: a restored database or an operator's --rotate-epoch); relist"
             )));

@@ -44,6 +44,12 @@ pub struct SyncArgs {
     /// most (and by default) 10m.
     #[arg(long, env = STALE_WINDOW_ENV, default_value = "10m", value_parser = parse_stale_window)]
     pub stale_window: Duration,
+    /// How long sessions are still answered once the cache knows it is behind the change
+    /// log's head (a bookmark's head ahead of what it applied, or a 410 it is relisting
+    /// after); then every check is denied with `cache_stale` until it caught up. At most the
+    /// stale window.
+    #[arg(long, env = "GATEWAY_MAX_LAG", default_value = "2s", value_parser = parse_positive_duration)]
+    pub max_lag: Duration,
     /// `timeoutSeconds` of each watch (Go duration); the watch then resumes where it ended.
     #[arg(long, env = "GATEWAY_WATCH_TIMEOUT", default_value = "290s", value_parser = parse_positive_duration)]
     pub watch_timeout: Duration,

@@ -53,6 +53,7 @@ impl SyncArgs {
             self.token_file.clone(),
         );
         config.stale_window = self.stale_window;
+        config.max_lag = self.max_lag;
         config.watch_timeout = self.watch_timeout;
         config
     }

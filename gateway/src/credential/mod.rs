@@ -96,7 +96,9 @@ impl From<DenyReason> for Reason {
             DenyReason::SessionRevoked => Self::SessionRevoked,
             DenyReason::SessionExpired => Self::SessionExpired,
             DenyReason::SessionPendingEnrollment => Self::SessionPendingEnrollment,
-            DenyReason::SyncStale | DenyReason::SyncNotReady => Self::CacheStale,
+            DenyReason::SyncStale | DenyReason::SyncLagging | DenyReason::SyncNotReady => {
+                Self::CacheStale
+            }
         }
     }
 }
@@ -123,7 +125,10 @@ pub fn admit(
     decision: Decision,
     session: Option<&AccessSession>,
 ) -> Result<(), Reason> {
-    if let Decision::Deny(r @ (DenyReason::SyncStale | DenyReason::SyncNotReady)) = decision {
+    if let Decision::Deny(
+        r @ (DenyReason::SyncStale | DenyReason::SyncLagging | DenyReason::SyncNotReady),
+    ) = decision
+    {
         return Err(r.into());
     }
     let Some(session) = session else {
@@ -287,7 +292,11 @@ mod tests {
         let c = verified();
         let active = session(SessionPhase::Active);
         assert_eq!(admit(&c, Decision::Allow, Some(&active)), Ok(()));
-        for stale in [DenyReason::SyncStale, DenyReason::SyncNotReady] {
+        for stale in [
+            DenyReason::SyncStale,
+            DenyReason::SyncLagging,
+            DenyReason::SyncNotReady,
+        ] {
             assert_eq!(
                 admit(&c, Decision::Deny(stale), None),
                 Err(Reason::CacheStale)

@@ -515,7 +515,7 @@ impl Store for PgStore {
             horizon,
         } = list::head(&client).await?;
         if from.epoch != epoch {
-            return Err(StoreError::Expired(format!(
+            return Err(StoreError::EpochChanged(format!(
                 "too old resource version: {from}: the change history was reset (the epoch \
                  changed: a restored database or an operator's --rotate-epoch); relist"
             )));

@@ -12,8 +12,9 @@
 //! connection of its own at least every second; the head counts as confirmed once the reader
 //! has fanned out everything up to it. The reader's own queries carry timeouts and it must
 //! complete a round trip regularly. If either proof is older than the staleness bound (a
-//! stopped or half-open LISTEN connection, an unreachable database), the fan-out cuts every
-//! subscriber off and refuses new ones until both proofs are fresh again.
+//! stopped or half-open LISTEN connection, an unreachable database), the fan-out stops sending
+//! bookmarks until both proofs are fresh again; nobody is cut off, since the log still holds
+//! every change after each watcher's cursor.
 //!
 //! The tail also rotates the epoch when the history went back (`history.rs`): the head going
 //! back in the same epoch, the event at its head changed, an epoch it already left coming
@@ -549,7 +550,7 @@ impl Tail {
         }
     }
 
-    /// Has the fan-out cut everyone off when a proof is older than the bound, and reports
+    /// Has the fan-out mark itself stalled when a proof is older than the bound, and reports
     /// recovery.
     async fn check_liveness(&self) {
         loop {
@@ -567,7 +568,7 @@ impl Tail {
                     subscribers,
                     reader_silent_ms = reader_silent.as_millis() as u64,
                     unconfirmed_ms = unconfirmed.as_millis() as u64,
-                    "change feed stalled: ending every watch and refusing new ones until it recovers"
+                    "change feed stalled: watches get no bookmarks until it recovers, then go on where they stopped"
                 ),
                 None => {}
             }
