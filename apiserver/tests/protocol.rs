@@ -133,7 +133,9 @@ impl Watch {
     async fn change(&mut self) -> Value {
         loop {
             let e = self.event().await;
-            if e["type"] != "BOOKMARK" || e["object"]["metadata"]["annotations"].is_object() {
+            let initial_events_end =
+                !e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"].is_null();
+            if e["type"] != "BOOKMARK" || initial_events_end {
                 return e;
             }
         }
@@ -314,7 +316,17 @@ async fn bookmarks_only_when_asked_for() {
     assert_eq!(e["type"], "BOOKMARK");
     assert_eq!(e["object"]["kind"], "PartialObjectMetadata");
     assert_eq!(e["object"]["apiVersion"], "meta.k8s.io/v1");
-    assert_eq!(e["object"]["metadata"].as_object().unwrap().len(), 1, "{e}");
+    let keys: BTreeSet<&str> = e["object"]["metadata"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["annotations", "resourceVersion"]),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,19 +437,30 @@ async fn expect_expired_watch(server: &TestServer, url: &str) {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(
-        keys,
-        BTreeSet::from([
-            "apiVersion",
-            "code",
-            "kind",
-            "message",
-            "metadata",
-            "reason",
-            "status"
-        ]),
-        "{status}"
-    );
+    let mut expected = BTreeSet::from([
+        "apiVersion",
+        "code",
+        "kind",
+        "message",
+        "metadata",
+        "reason",
+        "status",
+    ]);
+    // A cursor of another epoch names the cause, so a cache knows its history is gone.
+    if status["message"]
+        .as_str()
+        .unwrap()
+        .contains("the change history was reset")
+    {
+        expected.insert("details");
+        assert_eq!(
+            status["details"],
+            json!({"causes": [{"reason": apis::feed::EPOCH_CHANGED_CAUSE,
+                               "message": "the change history was reset (a new epoch)"}]}),
+            "{status}"
+        );
+    }
+    assert_eq!(keys, expected, "{status}");
     w.end(Duration::from_secs(5)).await;
 }
 

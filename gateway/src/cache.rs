@@ -92,7 +92,11 @@ struct Shared {
     /// Bumped when a request outside the sync loop (get-on-miss) dropped authority, so the
     /// loop abandons its watch and relists.
     invalidated: watch::Sender<u64>,
-    client: kube::Client,
+    /// Replaced when a watch went quiet: its idle pooled connections may be as dead as the
+    /// watch's, and a new request must not wait on one of them.
+    client: RwLock<kube::Client>,
+    /// What the client is built from.
+    config: CacheConfig,
     window: Duration,
     max_lag: Duration,
     /// The bookmark interval the server last stated, in milliseconds.
@@ -242,8 +246,29 @@ impl Shared {
         }
     }
 
+    fn client(&self) -> kube::Client {
+        self.client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn api(&self) -> Api<AccessSession> {
-        Api::all(self.client.clone())
+        Api::all(self.client())
+    }
+
+    /// A watch brought nothing for three bookmark intervals: the connection is taken for dead,
+    /// and with it every idle connection of the pool (a lost flow at a NAT or a middlebox
+    /// takes them all), so the next request opens a new one.
+    fn quiet_watch(&self, quiet: Duration, what: &str) {
+        tracing::warn!(quiet = ?quiet, "{what}; resuming on a new connection");
+        self.metrics.quiet_watches.inc();
+        match client::build(&self.config) {
+            Ok(fresh) => *self.client.write().unwrap_or_else(|e| e.into_inner()) = fresh,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot rebuild the feed client; keeping the old one")
+            }
+        }
     }
 
     /// How long a watch may bring nothing before it is dropped and resumed.
@@ -311,7 +336,8 @@ impl SessionCache {
             changes: watch::channel(0).0,
             session_changes: Mutex::new(HashMap::new()),
             invalidated: watch::channel(0).0,
-            client,
+            client: RwLock::new(client),
+            config: config.clone(),
             window: config.stale_window,
             max_lag: config.max_lag,
             bookmark_interval_ms: AtomicU64::new(DEFAULT_BOOKMARK_INTERVAL.as_millis() as u64),
@@ -389,7 +415,7 @@ impl SessionCache {
         let Ok(_permit) = self.shared.misses.try_acquire() else {
             return not_found;
         };
-        let api: Api<AccessSession> = Api::namespaced(self.shared.client.clone(), ns);
+        let api: Api<AccessSession> = Api::namespaced(self.shared.client(), ns);
         let fetched = match api.get_opt(name).await {
             Ok(Some(s)) => s,
             Ok(None) => return not_found,
@@ -578,10 +604,9 @@ impl Backoff {
 async fn sync_loop(shared: Arc<Shared>) {
     let mut backoff = Backoff::new(shared.retry_max);
     let mut invalidated = shared.invalidated.subscribe();
-    let api = shared.api();
     loop {
         invalidated.borrow_and_update();
-        let list = match api.list(&ListParams::default()).await {
+        let list = match shared.api().list(&ListParams::default()).await {
             Ok(list) => list,
             Err(e) => {
                 match shared.on_error("list", &e) {
@@ -612,11 +637,20 @@ async fn sync_loop(shared: Arc<Shared>) {
             let timeout = u32::try_from(shared.watch_timeout.as_secs()).unwrap_or(290);
             let mut params = WatchParams::default().timeout(timeout);
             params.bookmarks = true;
+            // Bounded like the stream itself: a server that accepts the connection and then
+            // says nothing would otherwise hold the cache here until the read timeout.
+            let quiet = shared.quiet_limit();
+            let api = shared.api();
             let stream = tokio::select! {
                 stream = api.watch(&params, &rv) => stream,
                 _ = invalidated.changed() => {
                     backoff.retry_now();
                     break 'watch;
+                }
+                _ = tokio::time::sleep(quiet) => {
+                    shared.quiet_watch(quiet, "session watch not answered");
+                    backoff.wait().await;
+                    continue 'watch;
                 }
             };
             let stream = match stream {
@@ -650,8 +684,7 @@ async fn sync_loop(shared: Arc<Shared>) {
                     // for being current. Resume from where the cache stands (the snapshot is
                     // kept; last-known-good ages it out if this goes on).
                     _ = tokio::time::sleep(quiet) => {
-                        tracing::warn!(quiet = ?quiet, "session watch brought nothing, not even a bookmark; resuming it");
-                        shared.metrics.quiet_watches.inc();
+                        shared.quiet_watch(quiet, "session watch brought nothing, not even a bookmark");
                         continue 'watch;
                     }
                 };

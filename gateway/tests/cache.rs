@@ -416,6 +416,131 @@ async fn an_epoch_rotation_relists_and_never_allows_what_was_revoked_meanwhile()
     assert!(cache.metric("mcp_gateway_session_relists_total").unwrap() >= 2.0);
 }
 
+/// The watch connection goes half-open (a middlebox lost the flow: nothing arrives, nothing is
+/// closed). Bookmarks come every second, so within three intervals the cache drops that watch
+/// and resumes on a new connection, where the revocation made meanwhile arrives. Without the
+/// watchdog the cache would sit on the dead connection until its read timeout (over 5 min),
+/// allowing the revoked session all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_watch_is_replaced_within_three_bookmark_intervals() {
+    let server = Apiserver::start(&[]).await;
+    server
+        .create_session("team-a", "alice", SERVER_UID, HOUR)
+        .await;
+    let relay = Blackhole::start(server.port).await;
+    let cache = TestCache::start(&server, GATEWAY_TOKEN, |c| {
+        c.sync_url = format!("https://{}", relay.addr)
+    });
+    cache.ready().await;
+    let c = &cache.cache;
+    // A first bookmark states the interval (1 s here): past the list's own proof, the age
+    // falls back only through one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually(Duration::from_secs(10), "a bookmark arrived", || async {
+        cache.metric("mcp_gateway_session_sync_age_seconds") < Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        cache.metric("mcp_gateway_session_quiet_watches_total"),
+        Some(0.0)
+    );
+
+    relay.silence_open_connections();
+    let silenced = std::time::Instant::now();
+    server.revoke("team-a", "alice").await;
+    eventually(
+        Duration::from_secs(30),
+        "the revocation reaches the cache over a new connection",
+        || async {
+            c.authorize("team-a", "alice", Timestamp::now()).await
+                == deny(DenyReason::SessionRevoked)
+        },
+    )
+    .await;
+    let took = silenced.elapsed();
+    eprintln!("half-open watch replaced; revocation applied {took:?} after the silence");
+    assert!(
+        cache.metric("mcp_gateway_session_quiet_watches_total") >= Some(1.0),
+        "the watchdog fired"
+    );
+    // Expected: at most three 1 s intervals plus a reconnect (about 3 s); 5x that.
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}
+
+/// The apiserver's change-feed reader is stopped (SIGSTOP on its PostgreSQL backend) while the
+/// heartbeat still reads the log's head: a revocation commits but is never delivered. The
+/// bookmarks' head shows the cache it is behind, and after the lag bound it denies every
+/// session (`sync_lagging`), not just the revoked one — long before the stale window. When the
+/// reader reconnects, the same watch delivers the revocation (a stall ends no watch) and the
+/// cache answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_behind_the_head_denies_after_the_lag_bound_and_recovers_on_the_same_watch() {
+    // A wide staleness bound: the feed keeps vouching (and sending bookmarks with the head)
+    // while its reader is stuck.
+    let server = Apiserver::start(&["--change-feed-staleness-bound", "60s"]).await;
+    for name in ["alice", "bob"] {
+        server
+            .create_session("team-a", name, SERVER_UID, HOUR)
+            .await;
+    }
+    let max_lag = Duration::from_secs(1);
+    let cache = TestCache::start(&server, GATEWAY_TOKEN, |c| c.max_lag = max_lag);
+    cache.ready().await;
+    let c = &cache.cache;
+    eventually(Duration::from_secs(10), "a bookmark arrived", || async {
+        cache.metric("mcp_gateway_session_sync_age_seconds") < Some(1.5)
+    })
+    .await;
+    let backends = server.feed_backends().await;
+    assert_eq!(backends.len(), 1, "one feed connection: {backends:?}");
+    let stopped = Stopped::new(backends[0]);
+    server.revoke("team-a", "alice").await;
+    let revoked = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(20),
+        "the cache denies once behind for the lag bound",
+        || async {
+            c.authorize("team-a", "bob", Timestamp::now()).await == deny(DenyReason::SyncLagging)
+        },
+    )
+    .await;
+    let took = revoked.elapsed();
+    eprintln!("behind the head: denying {took:?} after the revocation committed");
+    assert_eq!(
+        c.authorize("team-a", "alice", Timestamp::now()).await,
+        deny(DenyReason::SyncLagging)
+    );
+    assert!(cache.metric("mcp_gateway_session_sync_lag_changes") >= Some(1.0));
+    assert!(cache.metric("mcp_gateway_session_sync_lag_seconds") >= Some(1.0));
+    // Expected: the heartbeat (1 s) + a bookmark (1 s) + the lag bound (1 s); 5x that.
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    let relists = cache.metric("mcp_gateway_session_relists_total");
+
+    drop(stopped);
+    eventually(
+        Duration::from_secs(30),
+        "the revocation arrives once the reader is back",
+        || async {
+            c.authorize("team-a", "alice", Timestamp::now()).await
+                == deny(DenyReason::SessionRevoked)
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "bob is allowed again", || async {
+        c.authorize("team-a", "bob", Timestamp::now()).await == Decision::Allow
+    })
+    .await;
+    assert_eq!(
+        cache.metric("mcp_gateway_session_sync_lag_seconds"),
+        Some(0.0)
+    );
+    assert_eq!(
+        cache.metric("mcp_gateway_session_relists_total"),
+        relists,
+        "caught up on the same watch, without a relist"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insecure_or_missing_settings_refuse_to_start() {
     let server = Apiserver::prepare(&[]).await;

@@ -91,6 +91,36 @@ fn apiserver_bin() -> String {
 }
 
 impl Apiserver {
+    /// The pid of the running process.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// A superuser connection to the apiserver's own database.
+    pub async fn database(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(self.db.dsn(), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test database");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// Backend pids of the change feed's LISTEN connections.
+    pub async fn feed_backends(&self) -> Vec<i32> {
+        self.database()
+            .await
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'mcp-access-feed' \
+                 AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// Files, database and port, without starting the process (see [`Apiserver::launch`]).
     /// `extra` flags are passed on every start.
     pub async fn prepare(extra: &[&str]) -> Self {
@@ -447,5 +477,81 @@ impl Apiserver {
             .as_str()
             .expect("status.token")
             .to_string()
+    }
+}
+
+/// A process stopped with SIGSTOP; continued when dropped, whatever the test's outcome.
+pub struct Stopped(pub i32);
+
+impl Stopped {
+    pub fn new(pid: i32) -> Self {
+        signal("-STOP", pid);
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal("-CONT", self.0);
+    }
+}
+
+fn signal(sig: &str, pid: i32) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {sig} {pid} failed");
+}
+
+/// A TCP relay to `target` that can turn every connection it carries half-open: bytes stop
+/// flowing both ways, and nothing is closed (a NAT or a middlebox that lost the flow). New
+/// connections are carried normally.
+pub struct Blackhole {
+    pub addr: std::net::SocketAddr,
+    /// Bumped to silence the connections open now.
+    silence: tokio::sync::watch::Sender<u64>,
+}
+
+impl Blackhole {
+    pub async fn start(target: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (silence, _) = tokio::sync::watch::channel(0u64);
+        let events = silence.clone();
+        tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let mut silenced = events.subscribe();
+                silenced.borrow_and_update();
+                tokio::spawn(async move {
+                    let (mut dr, mut dw) = down.into_split();
+                    let (mut ur, mut uw) = up.into_split();
+                    let relay = async {
+                        tokio::select! {
+                            _ = tokio::io::copy(&mut dr, &mut uw) => {}
+                            _ = tokio::io::copy(&mut ur, &mut dw) => {}
+                        }
+                    };
+                    tokio::select! {
+                        _ = relay => {}
+                        // Half-open: hold both sockets open, move nothing, for as long as the
+                        // test runs.
+                        _ = silenced.changed() => {
+                            let _keep = (dr, dw, ur, uw);
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, silence }
+    }
+
+    /// Every connection open now stops carrying bytes.
+    pub fn silence_open_connections(&self) {
+        self.silence.send_modify(|n| *n += 1);
     }
 }

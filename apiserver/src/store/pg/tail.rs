@@ -102,7 +102,7 @@ impl TailLimits {
         self.poll_interval()
     }
     /// The reader's own queries and reconnects. Longer than the bound on purpose: a stalled
-    /// reader is reported as stale (everyone cut off) before it quietly heals, never after.
+    /// reader is reported as stale (bookmarks stop) before it quietly heals, never after.
     fn reader_timeout(&self) -> Duration {
         self.staleness_bound * 2
     }
