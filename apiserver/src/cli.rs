@@ -87,6 +87,14 @@ pub struct StorageArgs {
     /// same cluster while no replica ran (docs/storage.md, "Epoch"); ordinary starts keep it.
     #[arg(long, env = "MCP_ACCESS_ROTATE_EPOCH")]
     pub rotate_epoch: bool,
+    /// A promoted standby keeps the epoch when the change history goes on there: set it where
+    /// PostgreSQL replicates synchronously (Patroni `synchronous_mode`, CloudNativePG with
+    /// synchronous replicas), so a failover makes no watcher relist. A running replica then
+    /// takes a new WAL timeline for a failover, not a restore, once the database holds every
+    /// change it handed out and the last one it fanned out is unchanged; otherwise (and at
+    /// start) the epoch still rotates (docs/storage.md, "Epoch").
+    #[arg(long, env = "MCP_ACCESS_FAILOVER_KEEPS_EPOCH")]
+    pub failover_keeps_epoch: bool,
 }
 
 /// Listeners and certificates.

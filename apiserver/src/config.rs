@@ -227,6 +227,7 @@ pub struct Storage {
     pub session: SessionLimits,
     pub staleness_bound: Duration,
     pub rotate_epoch: bool,
+    pub failover_keeps_epoch: bool,
 }
 
 /// Port of the gateway sync listener behind kube-apiserver unless `--sync-port` says otherwise.
@@ -427,6 +428,7 @@ impl TryFrom<&StorageArgs> for Storage {
             session,
             staleness_bound,
             rotate_epoch: args.rotate_epoch,
+            failover_keeps_epoch: args.failover_keeps_epoch,
         })
     }
 }
@@ -445,6 +447,7 @@ impl Storage {
         config.session = self.session;
         config.staleness_bound = self.staleness_bound;
         config.rotate_epoch = self.rotate_epoch;
+        config.failover_keeps_epoch = self.failover_keeps_epoch;
         Ok(config)
     }
 }

@@ -252,7 +252,6 @@ pub fn event_line<K: Renderable>(
     Ok(cell.get_or_init(|| bytes).clone())
 }
 
-/// A BOOKMARK line at `rv`; `initial_events_end` marks the end of a streaming list.
 /// What a BOOKMARK says besides its resourceVersion.
 #[derive(Clone, Copy, Debug)]
 pub enum BookmarkMark {
@@ -266,6 +265,7 @@ pub enum BookmarkMark {
     },
 }
 
+/// A BOOKMARK line at `rv`, marked as `mark` says.
 pub fn bookmark_line<K: Renderable>(
     rv: ResourceVersion,
     rendering: Rendering,

@@ -68,6 +68,19 @@ pub(super) enum Unknown {
 }
 
 impl Snapshot {
+    /// Whether only the WAL timeline differs from what the epoch was minted on: a promoted
+    /// standby (or a point-in-time recovery, which the history checks then tell apart).
+    pub fn promoted(&self) -> bool {
+        let (m, l) = (&self.minted, &self.live);
+        !self.rotate_requested
+            && m.complete()
+            && l.complete()
+            && m.system_id == l.system_id
+            && m.database == l.database
+            && m.table == l.table
+            && m.timeline != l.timeline
+    }
+
     /// Why this history cannot be trusted to be the one the epoch was minted on, if it cannot.
     pub fn reset_reason(&self, unknown: Unknown) -> Option<String> {
         if self.rotate_requested {
@@ -216,6 +229,21 @@ pub(super) async fn rotate(client: &Client, from: u32) -> Result<Option<(u32, u6
     Ok(Some((epoch as u32, row.get::<_, i64>(0) as u64)))
 }
 
+/// Records the live WAL timeline as the one epoch `epoch` was minted on: a failover kept
+/// the history (the caller proved it).
+pub(super) async fn adopt_timeline(client: &Client, epoch: u32) -> Result<()> {
+    client
+        .execute(
+            &format!(
+                "UPDATE sync_state SET epoch_timeline = {TIMELINE} WHERE id = 1 AND epoch = $1"
+            ),
+            &[&(epoch as i32)],
+        )
+        .await
+        .map_err(db_err)?;
+    Ok(())
+}
+
 /// At start: keeps the epoch if the database is still the one it was minted on, else (or when
 /// `force`) rotates it. Returns the epoch, the head, and why it rotated (if it did).
 pub(super) async fn adopt(client: &Client, force: bool) -> Result<(u32, u64, Option<String>)> {
@@ -284,6 +312,23 @@ mod tests {
                 .unwrap();
             assert!(why.contains(word), "{why}");
         }
+    }
+
+    #[test]
+    fn only_a_timeline_change_alone_may_be_a_failover() {
+        let minted = identity("1", 1, 5, 9);
+        assert!(mk_snapshot(minted.clone(), identity("1", 2, 5, 9)).promoted());
+        for live in [
+            identity("1", 1, 5, 9),
+            identity("2", 2, 5, 9),
+            identity("1", 2, 6, 9),
+            identity("1", 2, 5, 10),
+        ] {
+            assert!(!mk_snapshot(minted.clone(), live).promoted());
+        }
+        let mut marked = mk_snapshot(minted, identity("1", 2, 5, 9));
+        marked.rotate_requested = true;
+        assert!(!marked.promoted(), "the operator's marker always rotates");
     }
 
     #[test]

@@ -72,14 +72,17 @@ pub struct StoreConfig {
     pub ring_bytes: usize,
     /// Encoded bytes read from the change log per page (at least one row per page).
     pub page_bytes: usize,
-    /// How long the change feed may go without confirming the database head before every
-    /// watch is ended with 410 and readiness fails.
+    /// How long the change feed may go without confirming the database head before it sends
+    /// no more bookmarks and readiness fails.
     pub staleness_bound: Duration,
     /// How often the change log is trimmed.
     pub trim_interval: Duration,
     /// Rotate the epoch at start even if the database is the one it was minted on (an
     /// operator's `--rotate-epoch`, after restoring a copy nothing else can tell apart).
     pub rotate_epoch: bool,
+    /// A new WAL timeline under a running replica is a failover that kept the history when
+    /// the database holds everything the replica handed out (`--failover-keeps-epoch`).
+    pub failover_keeps_epoch: bool,
 }
 
 impl StoreConfig {
@@ -99,6 +102,7 @@ impl StoreConfig {
             staleness_bound: Duration::from_secs(5),
             trim_interval: Duration::from_secs(10),
             rotate_epoch: false,
+            failover_keeps_epoch: false,
         }
     }
 }
@@ -184,6 +188,7 @@ impl PgStore {
         let limits = TailLimits {
             page_bytes: config.page_bytes.max(1),
             staleness_bound: config.staleness_bound,
+            failover_keeps_epoch: config.failover_keeps_epoch,
         };
         let wake = Arc::new(Notify::new());
         let replay = LogReplay {

@@ -87,9 +87,11 @@ fn event_from_row(epoch: u32, row: &Row) -> Result<Event> {
 pub(crate) struct TailLimits {
     /// Encoded bytes per page read from the log (a page always holds at least one row).
     pub page_bytes: usize,
-    /// How long the tail may go without proving it is current before every subscriber is
-    /// cut off.
+    /// How long the tail may go without proving it is current before it stops vouching
+    /// (no bookmarks, readiness fails).
     pub staleness_bound: Duration,
+    /// A new WAL timeline whose history goes on is a failover, not a reset (see `recheck`).
+    pub failover_keeps_epoch: bool,
 }
 
 impl TailLimits {
@@ -179,6 +181,19 @@ impl Drop for Driver {
 struct Reset {
     epoch: u32,
     reason: String,
+}
+
+/// What the database says about the history this replica followed.
+enum Continuity {
+    /// It holds everything handed out, and the last change fanned out is unchanged.
+    Kept,
+    /// Another epoch already: someone else rotated; the reader switches.
+    Elsewhere,
+    /// Nothing contradicts it, and nothing proves it (no change fanned out in this epoch, or
+    /// the last one trimmed).
+    Unproven,
+    /// The history went back or went on differently: rotate.
+    Broken(Reset),
 }
 
 /// The reader's states. Each step does one thing and names the next; an error in any of them
@@ -407,18 +422,61 @@ impl Tail {
     /// identity must match what the epoch was minted on, and in the same epoch its head must
     /// not be behind this reader's and the event at this reader's head must be the one it
     /// fanned out. Returns the epoch to rotate and why.
+    ///
+    /// A new WAL timeline alone (a promoted standby) is a failover that kept the history when
+    /// `failover_keeps_epoch` is set and the checks below prove it: the database is at least
+    /// as far as everything this replica handed out, and the last change it fanned out is the
+    /// one stored there. The timeline is then recorded as the epoch's own; anything less
+    /// rotates, as any other identity change does.
     async fn recheck(&self, client: &tokio_postgres::Client) -> Result<Option<Reset>> {
         let mark = self.history.mark();
         let snapshot = epoch::read(client).await?;
+        let promoted = self.limits.failover_keeps_epoch && snapshot.promoted();
         if let Some(reason) = snapshot.reset_reason(epoch::Unknown::Ignored) {
-            return Ok(Some(Reset {
-                epoch: snapshot.epoch,
-                reason,
-            }));
+            if !promoted {
+                return Ok(Some(Reset {
+                    epoch: snapshot.epoch,
+                    reason,
+                }));
+            }
+            let continuity = self.continuity(client, mark, &snapshot).await?;
+            return match continuity {
+                Continuity::Kept => {
+                    epoch::adopt_timeline(client, snapshot.epoch).await?;
+                    tracing::warn!(
+                        epoch = snapshot.epoch,
+                        %reason,
+                        "a failover kept the change history (every change handed out is there):                          the epoch stays, no watcher relists"
+                    );
+                    Ok(None)
+                }
+                Continuity::Elsewhere => Ok(None),
+                Continuity::Unproven => Ok(Some(Reset {
+                    epoch: snapshot.epoch,
+                    reason: format!(
+                        "{reason}; nothing this replica fanned out proves the history went on"
+                    ),
+                })),
+                Continuity::Broken(reset) => Ok(Some(reset)),
+            };
         }
+        match self.continuity(client, mark, &snapshot).await? {
+            Continuity::Broken(reset) => Ok(Some(reset)),
+            Continuity::Kept | Continuity::Elsewhere | Continuity::Unproven => Ok(None),
+        }
+    }
+
+    /// Whether the database goes on with the history this replica followed (its identity
+    /// aside).
+    async fn continuity(
+        &self,
+        client: &tokio_postgres::Client,
+        mark: Mark,
+        snapshot: &epoch::Snapshot,
+    ) -> Result<Continuity> {
         let (followed, head) = self.fanout.position();
         if self.fanout.has_retired(snapshot.epoch) {
-            return Ok(Some(Reset {
+            return Ok(Continuity::Broken(Reset {
                 epoch: snapshot.epoch,
                 reason: format!(
                     "the database returned to epoch {}, which this replica left: an older copy \
@@ -429,14 +487,14 @@ impl Tail {
         }
         if snapshot.epoch != followed {
             // Rotated meanwhile by someone else: the reader switches on its next page.
-            return Ok(None);
+            return Ok(Continuity::Elsewhere);
         }
         let epoch = followed;
         if let Some(reason) = History::behind(mark, epoch, snapshot.seq) {
-            return Ok(Some(Reset { epoch, reason }));
+            return Ok(Continuity::Broken(Reset { epoch, reason }));
         }
         if snapshot.seq < head {
-            return Ok(Some(Reset {
+            return Ok(Continuity::Broken(Reset {
                 epoch,
                 reason: format!(
                     "the change history went back from {head} to {} in epoch {epoch}: an older \
@@ -446,7 +504,7 @@ impl Tail {
             }));
         }
         let Some(last) = self.fanout.last() else {
-            return Ok(None);
+            return Ok(Continuity::Unproven);
         };
         let row = client
             .query_opt(
@@ -457,7 +515,7 @@ impl Tail {
             .map_err(unavailable)?;
         // A missing row was trimmed (the reader fell behind retention, handled as such).
         let Some(row) = row else {
-            return Ok(None);
+            return Ok(Continuity::Unproven);
         };
         let mut object: serde_json::Value = row.get("object");
         set_resource_version(&mut object, last.rv);
@@ -467,9 +525,9 @@ impl Tail {
             && row.get::<_, &str>("event") == last.event_type.as_str()
             && object == last.object;
         if same {
-            return Ok(None);
+            return Ok(Continuity::Kept);
         }
-        Ok(Some(Reset {
+        Ok(Continuity::Broken(Reset {
             epoch,
             reason: format!(
                 "the change at {} is not the one this replica fanned out: the history was \
