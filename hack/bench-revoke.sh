@@ -26,8 +26,9 @@ cargo build --release -p apiserver --bin mcp-access-apiserver \
   -p gateway --bin mcp-access-authz --example bench_revoke
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/$dir/mcp-access-apiserver
 export MCP_ACCESS_AUTHZ_BIN=$PWD/target/$dir/mcp-access-authz
-# N caches hold N watches and connections (the workers hold the client ends, the apiserver, a
-# child of the bench, the server ends): 10,000 caches need over 20,000 descriptors.
+# N caches hold N watches and connections: the workers hold the client ends (2,500 each), the
+# apiserver (a child of the bench) all N server ends: 10,000 caches need over 11,000
+# descriptors in it. The limit is per process.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 most=500 gateways=
 prev=
@@ -40,8 +41,8 @@ if [[ -n $gateways ]]; then
   most=1
   for n in ${gateways//,/ }; do [[ $n =~ ^[0-9]+$ ]] && (( n > most )) && most=$n; done
 fi
-if (( $(ulimit -n) < most * 2 + 1000 )); then
-  echo "bench-revoke.sh: ulimit -n is $(ulimit -n); $most gateways need about $(( most * 2 + 1000 ))" >&2
+if (( $(ulimit -n) < most + 1000 )); then
+  echo "bench-revoke.sh: ulimit -n is $(ulimit -n); $most gateways need about $(( most + 1000 ))" >&2
   exit 1
 fi
 exec "target/$dir/examples/bench_revoke" "$@"

@@ -28,27 +28,9 @@ if ! command -v apt-get >/dev/null; then
   exit 1
 fi
 
-# A package's postinst must not start the system service (it would listen on port 80 of every
-# address): policy-rc.d refuses every start during the install, as in container builds.
-policy=/usr/sbin/policy-rc.d
-added_policy=
-if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\nexit 101\n' >"$policy"
-  chmod 755 "$policy"
-  added_policy=1
-fi
-cleanup() { if [ -n "$added_policy" ]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
-
-install() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "$1" >&2
-}
+. "$(dirname "$0")/lib/debian.sh"
 echo "ensure-nginx.sh: nginx not found; installing Debian's nginx-light" >&2
-if ! install nginx-light && ! install nginx; then
-  # The package lists may be missing or stale: refresh them once.
-  apt-get update -q -o DPkg::Lock::Timeout=300 >&2
-  install nginx-light || install nginx
-fi
+debian_install nginx-light nginx
 
 if ! find_nginx; then
   echo "ensure-nginx.sh: the package installed, but no nginx binary was found" >&2

@@ -20,27 +20,9 @@ if ! command -v apt-get >/dev/null; then
   exit 1
 fi
 
-# A package's postinst must not start the system service: policy-rc.d refuses every start
-# during the install, as in container builds.
-policy=/usr/sbin/policy-rc.d
-added_policy=
-if [ ! -e "$policy" ]; then
-  printf '#!/bin/sh\nexit 101\n' >"$policy"
-  chmod 755 "$policy"
-  added_policy=1
-fi
-cleanup() { if [ -n "$added_policy" ]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
-
-install() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends patroni >&2
-}
+. "$(dirname "$0")/lib/debian.sh"
 echo "ensure-patroni.sh: patroni not found; installing Debian's patroni" >&2
-if ! install; then
-  # The package lists may be missing or stale: refresh them once.
-  apt-get update -q -o DPkg::Lock::Timeout=300 >&2
-  install
-fi
+debian_install patroni
 if ! command -v patroni; then
   echo "ensure-patroni.sh: the package installed, but no patroni executable was found" >&2
   exit 1

@@ -17,6 +17,7 @@ use apiserver::store::{
     PgStore, ResourceVersion, Store, StoreConfig, StoreError, FEED_APPLICATION_NAME,
 };
 
+use e2e::stopped::Stopped;
 use support::server::{TestServer, ADMIN_TOKEN};
 use support::watch::{Next, WatchStream};
 use support::*;
@@ -83,30 +84,6 @@ async fn feed_pids(admin: &tokio_postgres::Client, dbname: &str) -> Vec<i32> {
         .iter()
         .map(|r| r.get(0))
         .collect()
-}
-
-/// A backend stopped with SIGSTOP; continued when dropped, whatever the test's outcome.
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: i32) -> Self {
-        signal("-STOP", pid);
-        Self(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal("-CONT", self.0);
-    }
-}
-
-fn signal(sig: &str, pid: i32) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill {sig} {pid} failed");
 }
 
 /// Two stores over one database, once each one's feed has seen the other's epoch rotation.

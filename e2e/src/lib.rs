@@ -13,6 +13,7 @@ pub mod harness;
 pub mod listening;
 pub mod mcp;
 pub mod scratch_db;
+pub mod stopped;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -578,6 +578,17 @@ impl Backoff {
         self.spread = Some(over);
     }
 
+    /// Sets up the wait before the relist `after` asks for (a 410's spread over `spread`);
+    /// false when it asks for none.
+    fn relist_after(&mut self, after: &After, spread: Duration) -> bool {
+        match after {
+            After::Relist => self.retry_now(),
+            After::RelistSpread => self.spread_over(spread),
+            After::Retry => return false,
+        }
+        true
+    }
+
     /// The next attempt goes out at once, unless that was already tried since the last success.
     fn retry_now(&mut self) {
         if !self.skipped {
@@ -609,11 +620,7 @@ async fn sync_loop(shared: Arc<Shared>) {
         let list = match shared.api().list(&ListParams::default()).await {
             Ok(list) => list,
             Err(e) => {
-                match shared.on_error("list", &e) {
-                    After::Relist => backoff.retry_now(),
-                    After::RelistSpread => backoff.spread_over(shared.max_lag / 2),
-                    After::Retry => {}
-                }
+                backoff.relist_after(&shared.on_error("list", &e), shared.max_lag / 2);
                 backoff.wait().await;
                 continue;
             }
@@ -655,20 +662,13 @@ async fn sync_loop(shared: Arc<Shared>) {
             };
             let stream = match stream {
                 Ok(stream) => stream,
-                Err(e) => match shared.on_error("watch", &e) {
-                    After::Relist => {
-                        backoff.retry_now();
+                Err(e) => {
+                    if backoff.relist_after(&shared.on_error("watch", &e), shared.max_lag / 2) {
                         break 'watch;
                     }
-                    After::RelistSpread => {
-                        backoff.spread_over(shared.max_lag / 2);
-                        break 'watch;
-                    }
-                    After::Retry => {
-                        backoff.wait().await;
-                        continue 'watch;
-                    }
-                },
+                    backoff.wait().await;
+                    continue 'watch;
+                }
             };
             let mut stream = std::pin::pin!(stream);
             let mut delivered = false;
@@ -699,17 +699,10 @@ async fn sync_loop(shared: Arc<Shared>) {
                     }
                     Some(Ok(event)) => {
                         delivered = true;
-                        match apply(&shared, event) {
-                            After::Relist => {
-                                backoff.retry_now();
-                                break 'watch;
-                            }
-                            After::RelistSpread => {
-                                backoff.spread_over(shared.max_lag / 2);
-                                break 'watch;
-                            }
-                            After::Retry => backoff.reset(),
+                        if backoff.relist_after(&apply(&shared, event), shared.max_lag / 2) {
+                            break 'watch;
                         }
+                        backoff.reset();
                     }
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "session watch broke; resuming");
@@ -758,4 +751,43 @@ fn apply(shared: &Shared, event: WatchEvent<AccessSession>) -> After {
         }
     }
     After::Retry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 410 an epoch change ends a watch with, as the apiserver writes it, and the one of a
+    /// watcher that fell behind.
+    #[test]
+    fn a_410_names_an_epoch_change_only_by_its_cause() {
+        let epoch: kube::core::Status = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Status","code":410,"reason":"Expired","status":"Failure",
+                "message":"too old resource version: the change history was reset",
+                "details":{"causes":[{"message":"the change history was reset (a new epoch)",
+                                      "reason":"EpochChanged"}]},"metadata":{}}"#,
+        )
+        .unwrap();
+        assert!(epoch_changed(&epoch));
+        let behind: kube::core::Status = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Status","code":410,"reason":"Expired","status":"Failure",
+                "message":"too old resource version: 7: the watcher fell behind and must relist",
+                "metadata":{}}"#,
+        )
+        .unwrap();
+        assert!(!epoch_changed(&behind));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spread_relist_waits_a_random_part_of_the_spread_once() {
+        let mut backoff = Backoff::new(Duration::from_secs(5));
+        backoff.spread_over(Duration::from_secs(1));
+        let started = Instant::now();
+        backoff.wait().await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The next wait is the ordinary backoff again.
+        let started = Instant::now();
+        backoff.wait().await;
+        assert!(started.elapsed() >= Backoff::MIN / 2);
+    }
 }

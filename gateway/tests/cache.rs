@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use e2e::stopped::Stopped;
 use gateway::{Decision, DenyReason};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use support::*;
@@ -414,6 +415,74 @@ async fn an_epoch_rotation_relists_and_never_allows_what_was_revoked_meanwhile()
         "the epoch reset dropped the old snapshot instead of resuming it"
     );
     assert!(cache.metric("mcp_gateway_session_relists_total").unwrap() >= 2.0);
+}
+
+/// A 410 that is not an epoch change: while the watched apiserver is down, another replica
+/// writes more than the log retains and trims it, so the cache's resourceVersion is gone when
+/// it resumes. It missed an unknown number of changes, but its snapshot is a true past state:
+/// it keeps answering from it (never `sync_not_ready`) for at most the lag bound while it
+/// relists, and the relist brings what changed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_for_a_trimmed_log_keeps_the_snapshot_while_it_relists() {
+    let mut server = Apiserver::start(&["--retained-events", "3"]).await;
+    for name in ["revoked-meanwhile", "untouched"] {
+        server
+            .create_session("team-a", name, SERVER_UID, HOUR)
+            .await;
+    }
+    let cache = TestCache::start(&server, GATEWAY_TOKEN, |c| {
+        c.max_lag = Duration::from_secs(5);
+        c.retry_max = Duration::from_millis(200);
+    });
+    cache.ready().await;
+    let c = &cache.cache;
+    let old_epoch = epoch_of(&c.status().resource_version.unwrap());
+
+    server.stop();
+    server.start_peer().await;
+    server.revoke("team-a", "revoked-meanwhile").await;
+    for i in 0..10 {
+        server
+            .create_session("team-a", &format!("filler-{i}"), SERVER_UID, HOUR)
+            .await;
+    }
+    // The peer trims the log to the last 3 changes (every 10 s).
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    server.launch().await;
+
+    // From the relaunch until the relist lands: the untouched session is answered from the
+    // snapshot all along, never refused for want of one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let decision = c.authorize("team-a", "untouched", Timestamp::now()).await;
+        assert_eq!(decision, Decision::Allow, "the snapshot was dropped");
+        if c.authorize("team-a", "revoked-meanwhile", Timestamp::now())
+            .await
+            == deny(DenyReason::SessionRevoked)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relist never brought the revocation"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        epoch_of(&c.status().resource_version.unwrap()),
+        old_epoch,
+        "no epoch change"
+    );
+    assert_eq!(
+        cache.metric("mcp_gateway_session_missed_changes_total"),
+        Some(1.0),
+        "the 410 was taken for missed changes"
+    );
+    assert_eq!(
+        cache.metric("mcp_gateway_session_invalidations_total"),
+        Some(0.0),
+        "nothing was dropped"
+    );
 }
 
 /// The watch connection goes half-open (a middlebox lost the flow: nothing arrives, nothing is

@@ -480,30 +480,6 @@ impl Apiserver {
     }
 }
 
-/// A process stopped with SIGSTOP; continued when dropped, whatever the test's outcome.
-pub struct Stopped(pub i32);
-
-impl Stopped {
-    pub fn new(pid: i32) -> Self {
-        signal("-STOP", pid);
-        Self(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal("-CONT", self.0);
-    }
-}
-
-fn signal(sig: &str, pid: i32) {
-    let status = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill {sig} {pid} failed");
-}
-
 /// A TCP relay to `target` that can turn every connection it carries half-open: bytes stop
 /// flowing both ways, and nothing is closed (a NAT or a middlebox that lost the flow). New
 /// connections are carried normally.
