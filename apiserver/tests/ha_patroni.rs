@@ -103,6 +103,11 @@ impl Drop for Patroni {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_primary_under_writes_loses_no_acknowledged_write_and_no_watcher_relists() {
+    // The store's own account of the failover, shown when the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("apiserver=info")
+        .with_test_writer()
+        .try_init();
     let cluster = Patroni::start();
     // A role that owns its database and nothing else (docs/operations.md, "PostgreSQL").
     let admin = cluster.superuser().await;
@@ -124,27 +129,25 @@ async fn killing_the_primary_under_writes_loses_no_acknowledged_write_and_no_wat
     let start = store.current_version().await.unwrap();
     let mut sub = store.subscribe(start).await.unwrap();
 
-    // The watcher: every event in order, until told to stop or cut off.
+    // The watcher: every event in order, until the end of the test or cut off.
     let seen = Arc::new(Mutex::new(Vec::<(u64, String)>::new()));
     let ended = Arc::new(Mutex::new(None::<StoreError>));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watcher = {
-        let (seen, ended, mut stop) = (seen.clone(), ended.clone(), stop_rx.clone());
+        let (seen, ended) = (seen.clone(), ended.clone());
         tokio::spawn(async move {
             loop {
-                tokio::select! {
-                    event = sub.next() => match event {
-                        Ok(e) => seen.lock().unwrap().push((e.seq(), e.name.clone())),
-                        Err(e) => {
-                            *ended.lock().unwrap() = Some(e);
-                            return;
-                        }
-                    },
-                    _ = stop.changed() => return,
+                match sub.next().await {
+                    Ok(e) => seen.lock().unwrap().push((e.seq(), e.name.clone())),
+                    Err(e) => {
+                        *ended.lock().unwrap() = Some(e);
+                        return;
+                    }
                 }
             }
         })
     };
+    // The writers stop on this; the watcher reads on until the end.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
     // Writers: each acknowledged name is recorded; failures during the failover are expected.
     let acked = Arc::new(Mutex::new(Vec::<(String, Instant)>::new()));
@@ -240,7 +243,7 @@ async fn killing_the_primary_under_writes_loses_no_acknowledged_write_and_no_wat
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
 
     // The watcher saw every acknowledged write, in order, once, and was never cut off.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let delivered: BTreeSet<String> = seen
             .lock()
@@ -248,15 +251,45 @@ async fn killing_the_primary_under_writes_loses_no_acknowledged_write_and_no_wat
             .iter()
             .map(|(_, n)| n.clone())
             .collect();
-        if acked.iter().all(|n| delivered.contains(n)) {
+        let missing: Vec<&String> = acked.iter().filter(|n| !delivered.contains(*n)).collect();
+        if missing.is_empty() {
             break;
         }
         if let Some(e) = ended.lock().unwrap().as_ref() {
             panic!("the watcher was cut off by the failover: {e}");
         }
+        let last_seen = seen.lock().unwrap().last().map(|(seq, _)| *seq);
+        if Instant::now() >= deadline {
+            // Where the feed's connections are, as the primary sees them.
+            let primary = cluster.superuser().await;
+            for row in primary
+                .query(
+                    "SELECT application_name, state, backend_start::text, \
+                     coalesce(query, '') FROM pg_stat_activity \
+                     WHERE application_name LIKE 'mcp-access%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+            {
+                eprintln!(
+                    "primary: {} {:?} {} {}",
+                    row.get::<_, String>(0),
+                    row.get::<_, Option<String>>(1),
+                    row.get::<_, String>(2),
+                    row.get::<_, String>(3)
+                );
+            }
+        }
         assert!(
             Instant::now() < deadline,
-            "the watcher is missing acknowledged writes"
+            "the watcher is missing {} acknowledged writes (first {:?}); it saw {} events up \
+             to seq {last_seen:?}; the store is at {:?}, its feed live: {}",
+            missing.len(),
+            missing.first(),
+            delivered.len(),
+            store.current_version().await,
+            store.change_feed_live()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -269,6 +302,5 @@ async fn killing_the_primary_under_writes_loses_no_acknowledged_write_and_no_wat
         start.epoch,
         "the failover kept the epoch"
     );
-    stop_tx.send_replace(true);
     watcher.abort();
 }

@@ -446,7 +446,7 @@ impl Tail {
                     tracing::warn!(
                         epoch = snapshot.epoch,
                         %reason,
-                        "a failover kept the change history (every change handed out is there):                          the epoch stays, no watcher relists"
+                        "a failover kept the change history (every change handed out is there): the epoch stays, no watcher relists"
                     );
                     Ok(None)
                 }
