@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -36,20 +36,25 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hack/patroni.sh")
 }
 
+/// `hack/patroni.sh COMMAND DIR`; its standard output, or a panic with its standard error.
+fn patroni_sh(command: &str, dir: &Path) -> String {
+    let out = Command::new(script())
+        .arg(command)
+        .arg(dir)
+        .output()
+        .expect("run hack/patroni.sh");
+    assert!(
+        out.status.success(),
+        "hack/patroni.sh {command} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 impl Patroni {
     fn start() -> Self {
         let dir = std::env::temp_dir().join(format!("mcp-access-ha-{}", uuid::Uuid::new_v4()));
-        let out = Command::new(script())
-            .args(["start", dir.to_str().unwrap()])
-            .output()
-            .expect("run hack/patroni.sh");
-        assert!(
-            out.status.success(),
-            "hack/patroni.sh start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let dsn = stdout
+        let dsn = patroni_sh("start", &dir)
             .lines()
             .find_map(|l| l.strip_prefix("PATRONI_DSN="))
             .expect("PATRONI_DSN")
@@ -60,16 +65,7 @@ impl Patroni {
 
     /// `kill -9` of the leader's Patroni and PostgreSQL; its name.
     fn kill_primary(&self) -> String {
-        let out = Command::new(script())
-            .args(["kill-primary", self.dir.to_str().unwrap()])
-            .output()
-            .expect("run hack/patroni.sh");
-        assert!(
-            out.status.success(),
-            "kill-primary: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        patroni_sh("kill-primary", &self.dir).trim().to_string()
     }
 
     async fn superuser(&self) -> tokio_postgres::Client {
@@ -83,9 +79,7 @@ impl Patroni {
 
 impl Drop for Patroni {
     fn drop(&mut self) {
-        let _ = Command::new(script())
-            .args(["stop", self.dir.to_str().unwrap()])
-            .status();
+        let _ = Command::new(script()).arg("stop").arg(&self.dir).status();
         if std::thread::panicking() {
             for m in ["pg0", "pg1", "pg2"] {
                 let log =

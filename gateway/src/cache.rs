@@ -98,7 +98,6 @@ struct Shared {
     /// What the client is built from.
     config: CacheConfig,
     window: Duration,
-    max_lag: Duration,
     /// The bookmark interval the server last stated, in milliseconds.
     bookmark_interval_ms: AtomicU64,
     watch_timeout: Duration,
@@ -231,7 +230,7 @@ impl Shared {
             }
             kube::Error::Api(status) if status.code == 410 => {
                 tracing::warn!(
-                    max_lag = ?self.max_lag,
+                    max_lag = ?self.config.max_lag,
                     message = %status.message,
                     "410 Expired: changes were missed; relisting, answering meanwhile for at most the lag bound"
                 );
@@ -269,6 +268,12 @@ impl Shared {
                 tracing::warn!(error = %e, "cannot rebuild the feed client; keeping the old one")
             }
         }
+    }
+
+    /// The pause before a relist after a 410 is a random part of this: half the lag bound,
+    /// so that a snapshot kept under it is replaced in time.
+    fn relist_spread(&self) -> Duration {
+        self.config.max_lag / 2
     }
 
     /// How long a watch may bring nothing before it is dropped and resumed.
@@ -339,7 +344,6 @@ impl SessionCache {
             client: RwLock::new(client),
             config: config.clone(),
             window: config.stale_window,
-            max_lag: config.max_lag,
             bookmark_interval_ms: AtomicU64::new(DEFAULT_BOOKMARK_INTERVAL.as_millis() as u64),
             watch_timeout: config.watch_timeout.max(Duration::from_secs(1)),
             retry_max: config.retry_max.max(Duration::from_millis(100)),
@@ -620,7 +624,7 @@ async fn sync_loop(shared: Arc<Shared>) {
         let list = match shared.api().list(&ListParams::default()).await {
             Ok(list) => list,
             Err(e) => {
-                backoff.relist_after(&shared.on_error("list", &e), shared.max_lag / 2);
+                backoff.relist_after(&shared.on_error("list", &e), shared.relist_spread());
                 backoff.wait().await;
                 continue;
             }
@@ -663,7 +667,7 @@ async fn sync_loop(shared: Arc<Shared>) {
             let stream = match stream {
                 Ok(stream) => stream,
                 Err(e) => {
-                    if backoff.relist_after(&shared.on_error("watch", &e), shared.max_lag / 2) {
+                    if backoff.relist_after(&shared.on_error("watch", &e), shared.relist_spread()) {
                         break 'watch;
                     }
                     backoff.wait().await;
@@ -699,7 +703,7 @@ async fn sync_loop(shared: Arc<Shared>) {
                     }
                     Some(Ok(event)) => {
                         delivered = true;
-                        if backoff.relist_after(&apply(&shared, event), shared.max_lag / 2) {
+                        if backoff.relist_after(&apply(&shared, event), shared.relist_spread()) {
                             break 'watch;
                         }
                         backoff.reset();

@@ -230,19 +230,8 @@ impl FeedMetrics {
 
     fn observe(&self, state: &State, now: Instant) {
         self.head.set(i64::try_from(state.head).unwrap_or(i64::MAX));
-        let (db_head, confirmed_at) = match &state.liveness {
-            Some(liveness) => (
-                liveness
-                    .pending
-                    .iter()
-                    .filter(|(epoch, _, _)| *epoch == state.epoch)
-                    .map(|(_, seq, _)| *seq)
-                    .max()
-                    .unwrap_or(state.head),
-                liveness.confirmed_at,
-            ),
-            None => (state.head, now),
-        };
+        let db_head = state.known_head(state.epoch);
+        let confirmed_at = state.liveness.as_ref().map_or(now, |l| l.confirmed_at);
         self.lag_events
             .set(i64::try_from(db_head.saturating_sub(state.head)).unwrap_or(i64::MAX));
         self.lag_seconds

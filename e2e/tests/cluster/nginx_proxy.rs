@@ -300,14 +300,19 @@ fn start_nginx(
         std::fs::write(dir.join("mcp-access.conf"), conf).map_err(|e| e.to_string())?;
         let main = dir.join("nginx.conf");
         std::fs::write(&main, main_config(dir)).map_err(|e| e.to_string())?;
+        // nginx with its prefix, error log and configuration in `dir`.
+        let nginx_in_dir = || {
+            let mut cmd = Command::new(nginx_bin);
+            cmd.arg("-p")
+                .arg(dir)
+                .arg("-e")
+                .arg(dir.join("error.log"))
+                .arg("-c")
+                .arg(&main);
+            cmd
+        };
         // The configuration must pass nginx's own check first, with its message if not.
-        let test = Command::new(nginx_bin)
-            .arg("-p")
-            .arg(dir)
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-c")
-            .arg(&main)
+        let test = nginx_in_dir()
             .arg("-t")
             .output()
             .map_err(|e| format!("run {nginx_bin}: {e}"))?;
@@ -319,13 +324,7 @@ fn start_nginx(
         let log = std::fs::File::create(dir.join("nginx.out")).map_err(|e| e.to_string())?;
         let log_err = log.try_clone().map_err(|e| e.to_string())?;
         let mut nginx = Nginx(
-            Command::new(nginx_bin)
-                .arg("-p")
-                .arg(dir)
-                .arg("-e")
-                .arg(dir.join("error.log"))
-                .arg("-c")
-                .arg(&main)
+            nginx_in_dir()
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log_err)

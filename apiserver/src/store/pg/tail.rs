@@ -432,38 +432,36 @@ impl Tail {
         let mark = self.history.mark();
         let snapshot = epoch::read(client).await?;
         let promoted = self.limits.failover_keeps_epoch && snapshot.promoted();
-        if let Some(reason) = snapshot.reset_reason(epoch::Unknown::Ignored) {
-            if !promoted {
-                return Ok(Some(Reset {
-                    epoch: snapshot.epoch,
-                    reason,
-                }));
-            }
-            let continuity = self.continuity(client, mark, &snapshot).await?;
-            return match continuity {
-                Continuity::Kept => {
+        // Any change of identity rotates, but a promotion that the history checks below
+        // prove to be a failover.
+        let changed = snapshot.reset_reason(epoch::Unknown::Ignored);
+        if let Some(reason) = changed.clone().filter(|_| !promoted) {
+            return Ok(Some(Reset {
+                epoch: snapshot.epoch,
+                reason,
+            }));
+        }
+        Ok(
+            match (changed, self.continuity(client, mark, &snapshot).await?) {
+                (_, Continuity::Broken(reset)) => Some(reset),
+                (None, _) | (Some(_), Continuity::Elsewhere) => None,
+                (Some(reason), Continuity::Kept) => {
                     epoch::adopt_timeline(client, snapshot.epoch).await?;
                     tracing::warn!(
                         epoch = snapshot.epoch,
                         %reason,
                         "a failover kept the change history (every change handed out is there): the epoch stays, no watcher relists"
                     );
-                    Ok(None)
+                    None
                 }
-                Continuity::Elsewhere => Ok(None),
-                Continuity::Unproven => Ok(Some(Reset {
+                (Some(reason), Continuity::Unproven) => Some(Reset {
                     epoch: snapshot.epoch,
                     reason: format!(
                         "{reason}; nothing this replica fanned out proves the history went on"
                     ),
-                })),
-                Continuity::Broken(reset) => Ok(Some(reset)),
-            };
-        }
-        match self.continuity(client, mark, &snapshot).await? {
-            Continuity::Broken(reset) => Ok(Some(reset)),
-            Continuity::Kept | Continuity::Elsewhere | Continuity::Unproven => Ok(None),
-        }
+                }),
+            },
+        )
     }
 
     /// Whether the database goes on with the history this replica followed (its identity
