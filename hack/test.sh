@@ -43,8 +43,6 @@ export MCP_ACCESS_PATRONI_BIN
 # them.
 if [ $# -eq 0 ]; then
   cargo test --workspace --all-targets --no-run
-  # A package without integration tests gets no binary from the line above.
-  cargo build -p kubectl-access --bin kubectl-access
 else
   cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
     --bin mcp-access-gateway -p controllers --bin mcp-access-controllers \

@@ -88,7 +88,54 @@ impl Drop for Process {
 }
 
 /// A TLS connection that negotiated HTTP/2 (ALPN `h2` only, as the aggregator's transport).
-async fn h2_tls(ca_pem: &str, port: u16) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+/// The client's transport, whose own goodbye (TLS close_notify, then FIN) may meet a server
+/// that has already closed: that write failing (EPIPE, ECONNRESET) is the client's race with
+/// a clean close, not something the server did, and is not reported as a connection error.
+struct ClientTransport(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
+
+impl tokio::io::AsyncRead for ClientTransport {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for ClientTransport {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionReset, NotConnected};
+        match std::pin::Pin::new(&mut self.0).poll_shutdown(cx) {
+            std::task::Poll::Ready(Err(e))
+                if matches!(e.kind(), BrokenPipe | ConnectionReset | NotConnected) =>
+            {
+                std::task::Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+async fn h2_tls(ca_pem: &str, port: u16) -> ClientTransport {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -109,7 +156,7 @@ async fn h2_tls(ca_pem: &str, port: u16) -> tokio_rustls::client::TlsStream<toki
         Some(&b"h2"[..]),
         "the server did not negotiate HTTP/2"
     );
-    tls
+    ClientTransport(tls)
 }
 
 /// Reads the stream to its end; the events (one JSON object per line) and how it ended:
