@@ -1,6 +1,6 @@
 //! The API objects of `access.mcp-runtime.dev/v1alpha1` (DESIGN §2).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -616,6 +616,89 @@ pub struct RevocationStatus {
     /// Set by the server: the time of the transaction that revoked the targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
+    /// Where the revocation has reached: the gateway watches of each server whose sessions it
+    /// changed, and how many of them it was written to (docs/revocation.md, "Revocation
+    /// receipts").
+    ///
+    /// Set by the server: the servers at creation, the counts as the apiserver replicas that
+    /// serve those watches report them (about once a second while any is pending, for at most
+    /// the tracking window). Omitted when the revocation changed no session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<RevocationDelivery>,
+}
+
+/// The receipts of one revocation, summed over the apiserver replicas that report them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevocationDelivery {
+    /// Gateway watches connected for the tracked servers, over every reporting replica.
+    #[serde(default)]
+    pub gateways: u32,
+    /// Of those, how many the revocation's changes were written to.
+    #[serde(default)]
+    pub delivered: u32,
+    /// When the change feed of the first reporting replica saw the revocation committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<MicroTime>,
+    /// When the last of the delivered watches received it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_delivered_at: Option<MicroTime>,
+    /// The resourceVersion a watch must have been written past to count as delivered: the
+    /// revocation's own, at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// The servers whose sessions it changed, by uid (at most 16, in uid order), with their
+    /// counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerDelivery>,
+    /// Servers whose sessions it changed beyond the 16 tracked.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub untracked_servers: u32,
+    /// Each replica's share, as it last reported it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaDelivery>,
+}
+
+/// The receipts of one server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerDelivery {
+    /// The MCPServer's uid, as the sessions name it.
+    pub uid: String,
+    /// Gateway watches connected for this server.
+    #[serde(default)]
+    pub gateways: u32,
+    /// Of those, how many the revocation's changes were written to.
+    #[serde(default)]
+    pub delivered: u32,
+    /// When the last of them received it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_delivered_at: Option<MicroTime>,
+}
+
+/// One apiserver replica's report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaDelivery {
+    /// The replica (its pod name, or host name and process id).
+    pub name: String,
+    /// When it reported. A report that is not final and older than the staleness bound is
+    /// from a replica that went away; it no longer counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_at: Option<MicroTime>,
+    /// Every watch this replica served for the tracked servers had received the revocation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub r#final: bool,
+    /// When its change feed saw the revocation committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<MicroTime>,
+    /// Its counts, per tracked server with any watch on this replica.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerDelivery>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Kind for Enrollment {

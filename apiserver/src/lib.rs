@@ -8,6 +8,7 @@ pub mod config;
 pub mod events;
 pub mod expiry;
 pub mod http;
+pub mod receipts;
 pub mod server;
 pub mod store;
 pub mod tasks;

@@ -20,6 +20,7 @@ use crate::config::{AuthMode, Config, ServingCert};
 use crate::events;
 use crate::expiry::{self, ExpiryConfig, ExpiryMetrics};
 use crate::http::{AppState, HttpConfig, HttpMetrics, Limits, SyncState};
+use crate::receipts::{self, ReceiptsConfig, ReceiptsMetrics};
 use crate::server::{self, Health};
 use crate::store::{PgStore, Store};
 use crate::tasks::Tasks;
@@ -239,6 +240,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     store.change_feed_metrics().register(&mut registry);
     let expiry_metrics = ExpiryMetrics::register(&mut registry);
     let event_metrics = events::EventMetrics::register(&mut registry);
+    let receipts_metrics = ReceiptsMetrics::register(&mut registry);
     let registry = Arc::new(registry);
     let health = Arc::new(Health::default());
     // Not ready while the change feed cannot vouch for being current: watches would end.
@@ -290,6 +292,17 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     };
     if let (Some(listener), Some((gateways, reverify))) = (sync_listener, gateways) {
         let sync = SyncState::new(app.clone(), gateways, reverify);
+        // The gateway watches are served here: so are their revocation receipts.
+        tasks.push((
+            "revocation receipts",
+            forever(receipts::run(
+                store.clone(),
+                app.deliveries.clone(),
+                receipts::replica_name(),
+                ReceiptsConfig::default(),
+                receipts_metrics,
+            )),
+        ));
         let shutdown = shutdown_rx.clone();
         tasks.push((
             SYNC_LISTENER,

@@ -618,11 +618,15 @@ async fn single_session_revocation_and_withdrawal() {
     let t = Table::parse(&out.stdout);
     assert_eq!(
         t.header,
-        ["NAME", "TARGET", "CAUSE", "REVOKED", "AGE"],
+        ["NAME", "TARGET", "CAUSE", "REVOKED", "DELIVERED", "DELIVERED-IN", "AGE"],
         "{}",
         out.stdout
     );
-    assert_eq!(t.row("r1")[..4], ["r1", "session/s1", "manual", "1"]);
+    // No gateway watch is connected (this server has no sync listener): delivered to 0 of 0.
+    assert_eq!(
+        t.row("r1")[..6],
+        ["r1", "session/s1", "manual", "1", "0/0", "<none>"]
+    );
     let out = server.kubectl(&["get", "rvk", "r1", "-o", "json"]).await;
     ok(&out);
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -1220,7 +1224,10 @@ async fn clamp_warning_tables_and_explain() {
         ["github", "billing-bot", "alice", "Pending"]
     );
     let rvk = Table::parse(sections[1]);
-    assert_eq!(rvk.header, ["NAME", "TARGET", "CAUSE", "REVOKED", "AGE"]);
+    assert_eq!(
+        rvk.header,
+        ["NAME", "TARGET", "CAUSE", "REVOKED", "DELIVERED", "DELIVERED-IN", "AGE"]
+    );
     assert_eq!(
         rvk.row("revocation.access.mcp-runtime.dev/r1")[1..4],
         ["session/s1", "manual", "1"]

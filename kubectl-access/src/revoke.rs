@@ -228,10 +228,54 @@ async fn apply(ctx: &Context, wanted: Revocation, args: &RevocationArgs) -> Resu
             ));
         }
     }
+    if let Some(line) = delivery_line(&api, &applied, args.timeout.min(DELIVERY_WAIT)).await {
+        out.push_str(&line);
+    }
     if !covered.is_empty() {
         out.push_str(&session_table(&covered, now, true, false).render());
     }
     Ok(out)
+}
+
+/// How long `revoke` waits for every connected gateway watch to have the revocation.
+const DELIVERY_WAIT: Duration = Duration::from_secs(3);
+/// How long it waits for a first report before concluding no gateway is connected.
+const UNREPORTED: Duration = Duration::from_millis(600);
+
+/// What the revocation's receipts say once every counted gateway watch has it (or after
+/// `wait`): `delivered to 3/3 gateway watches in 1.4ms`. None when it changed no session or
+/// the receipts cannot be read.
+async fn delivery_line(
+    api: &Api<Revocation>,
+    applied: &Revocation,
+    wait: Duration,
+) -> Option<String> {
+    let name = applied.metadata.name.clone()?;
+    let started = Instant::now();
+    let mut current = applied.clone();
+    loop {
+        let delivery = current.status.as_ref()?.delivery.as_ref()?;
+        let (delivered, took) = apis::kinds::delivery_cells(Some(delivery));
+        if took != "<pending>" && !delivery.replicas.is_empty() {
+            return Some(format!(
+                "delivered to {delivered} gateway watches in {took}\n"
+            ));
+        }
+        // A replica serving a watch of these servers reports within a few hundred ms.
+        let unreported = delivery.replicas.is_empty() && started.elapsed() >= UNREPORTED;
+        if unreported || started.elapsed() >= wait {
+            return Some(if delivery.gateways == 0 {
+                "delivered to no gateway watch: no gateway of the affected servers is connected\n"
+                    .to_string()
+            } else {
+                format!(
+                    "delivered to {delivered} gateway watches so far (`kubectl get revocation {name}` follows the rest)\n"
+                )
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        current = api.get(&name).await.ok()?;
+    }
 }
 
 /// Polls until the server reports the revocation applied (`status.completedAt`). MCP Access

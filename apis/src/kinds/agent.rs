@@ -144,9 +144,8 @@ impl Strategy for Agent {
         let mut writes = Vec::new();
         if deactivating {
             let selector = bound_sessions(&current);
-            let (revoked, _, _) =
-                revoke_selected(facts, &selector, CAUSE_AGENT_DEACTIVATED, None, ctx.now)?;
-            writes = revoked;
+            writes =
+                revoke_selected(facts, &selector, CAUSE_AGENT_DEACTIVATED, None, ctx.now)?.writes;
         }
         writes.push(Write::put(&updated, false)?);
         Ok(Plan {
@@ -163,13 +162,14 @@ impl Strategy for Agent {
         ctx: &Context,
         facts: &Facts,
     ) -> Result<Plan<Self>, Stop> {
-        let (mut writes, _, _) = revoke_selected(
+        let mut writes = revoke_selected(
             facts,
             &bound_sessions(&current),
             CAUSE_AGENT_DEACTIVATED,
             None,
             ctx.now,
-        )?;
+        )?
+        .writes;
         let key = crate::strategy::ObjectKey::for_object(&current);
         writes.push(Write::Remove { key });
         Ok(Plan {

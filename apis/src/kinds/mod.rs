@@ -6,6 +6,10 @@ mod agent;
 mod enrollment;
 pub use enrollment::{due_for_collection, pending_session};
 mod revocation;
+pub use revocation::{
+    delivery_cells, merge_report, DeliveryReport, MAX_REPLICA_REPORTS, STALE_REPORT,
+    TRACKED_SERVERS,
+};
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -79,29 +83,42 @@ pub(crate) fn admit_issuance(
 }
 
 /// Records a revocation on every session `selector` selects and returns the writes: usable
-/// sessions are revoked, revoked ones are covered by it too. Also counts them: (revoked
-/// now, already revoked).
+/// sessions are revoked, revoked ones are covered by it too. Also counts them and names
+/// their servers.
 pub(crate) fn revoke_selected(
     facts: &Facts,
     selector: &locks::SessionSelector,
     cause: &str,
     revocation_name: Option<&str>,
     now: Timestamp,
-) -> Result<(Vec<Write>, usize, usize), Stop> {
-    let mut writes = Vec::new();
-    let (mut revoked, mut already) = (0, 0);
+) -> Result<Revoked, Stop> {
+    let mut out = Revoked::default();
     for session in facts.sessions(selector)? {
         let mut session = session.clone();
         let effect = rules::revoke_session(&mut session, cause, revocation_name, now);
         match effect {
-            RevokeEffect::Revoked => revoked += 1,
-            RevokeEffect::AlsoCovered | RevokeEffect::Unchanged => already += 1,
+            RevokeEffect::Revoked => out.newly += 1,
+            RevokeEffect::AlsoCovered | RevokeEffect::Unchanged => out.already += 1,
         }
         if effect.changed() {
-            writes.push(Write::put(&session, false)?);
+            out.servers.insert(session.spec.server.uid.clone());
+            out.writes.push(Write::put(&session, false)?);
         }
     }
-    Ok((writes, revoked, already))
+    Ok(out)
+}
+
+/// What revoking selected sessions writes and counts.
+#[derive(Default)]
+pub(crate) struct Revoked {
+    /// The sessions it changed.
+    pub writes: Vec<Write>,
+    /// Sessions it revoked.
+    pub newly: usize,
+    /// Sessions already revoked (now also covered, or unchanged).
+    pub already: usize,
+    /// The server uids of the sessions it changed: whose gateways must hear of it.
+    pub servers: std::collections::BTreeSet<String>,
 }
 
 #[cfg(test)]

@@ -108,6 +108,9 @@ pub struct AppState<S> {
     pub limits: Limits,
     /// The signer of the `token` subresource and the JWKS it publishes.
     pub tokens: Arc<SessionTokens>,
+    /// The gateway watches this replica serves and how far each has been delivered
+    /// (revocation receipts).
+    pub deliveries: Arc<crate::receipts::Deliveries>,
     inflight: InflightLimiter,
     watches: Arc<WatchCounter>,
     docs: Arc<Documents>,
@@ -125,6 +128,7 @@ impl<S: Clone> Clone for AppState<S> {
             namespaces: self.namespaces.clone(),
             limits: self.limits.clone(),
             tokens: self.tokens.clone(),
+            deliveries: self.deliveries.clone(),
             inflight: self.inflight.clone(),
             watches: self.watches.clone(),
             docs: self.docs.clone(),
@@ -152,6 +156,7 @@ impl<S: Store + Clone> AppState<S> {
             limits: Limits::default(),
             // Until `with_session_tokens`: no signing key, the subresource answers 503.
             tokens: Arc::new(SessionTokens::disabled(Arc::default())),
+            deliveries: Arc::default(),
             inflight: InflightLimiter::new(&Limits::default()),
             watches: Arc::default(),
             docs: Arc::new(Documents::build()),
@@ -519,6 +524,7 @@ impl<S: Store + Clone> AppState<S> {
                     options,
                     rendering,
                     slot,
+                    None,
                     None,
                 )
                 .await

@@ -324,6 +324,7 @@ impl<S: Store + Clone> SyncState<S> {
             rendering,
             slot,
             Some(guard),
+            Some(self.app.deliveries.register(&gateway.server_uid)),
         )
         .await
     }

@@ -18,6 +18,7 @@ use super::error::{ApiError, ApiResult};
 use super::render::{bookmark_line, event_line, object_json, table, watch_line, BookmarkMark};
 use super::request::{ListOptions, Rendering};
 use super::AppState;
+use crate::receipts::{Progress, Tracked};
 use crate::store::{
     Event, EventType, ListAt, ListQuery, RawItems, ResourceVersion, Store, Subscription,
 };
@@ -25,6 +26,35 @@ use apis::strategy::Strategy;
 
 /// Lines queued between the watch task and the connection.
 const LINE_BUFFER: usize = 256;
+
+/// One piece of a watch's stream: the bytes to write (none for a mere mark), and how far in
+/// the change feed the stream is once they are out, for the watch's delivery receipts.
+struct Line {
+    bytes: Bytes,
+    through: Option<ResourceVersion>,
+}
+
+impl From<Bytes> for Line {
+    fn from(bytes: Bytes) -> Self {
+        Self {
+            bytes,
+            through: None,
+        }
+    }
+}
+
+impl Line {
+    fn through(bytes: Bytes, rv: ResourceVersion) -> Self {
+        Self {
+            bytes,
+            through: Some(rv),
+        }
+    }
+
+    fn mark(rv: ResourceVersion) -> Self {
+        Self::through(Bytes::new(), rv)
+    }
+}
 
 /// Which objects a watch selects.
 struct Selection {
@@ -103,7 +133,9 @@ pub struct WatchGuard {
 }
 
 /// Starts a watch. Errors before the stream starts are returned as HTTP errors; an expired
-/// resourceVersion is a 200 with one ERROR event, as clients expect.
+/// resourceVersion is a 200 with one ERROR event, as clients expect. `tracked`, when set, is
+/// the watch's entry in the delivery ledger: its stream reports there how far it has been
+/// handed out.
 pub async fn watch<K: Strategy, S: Store + Clone>(
     app: &AppState<S>,
     namespace: Option<String>,
@@ -111,9 +143,11 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
     rendering: Rendering,
     slot: super::WatchSlot,
     guard: Option<WatchGuard>,
+    tracked: Option<Tracked>,
 ) -> ApiResult<Response> {
     let selection = Selection { namespace, options };
-    let (tx, rx) = mpsc::channel::<Bytes>(LINE_BUFFER);
+    let (tx, rx) = mpsc::channel::<Line>(LINE_BUFFER);
+    let progress = tracked.as_ref().map(Tracked::progress);
     let initial = selection.options.send_initial_events
         || matches!(
             selection.options.resource_version.as_deref(),
@@ -173,9 +207,9 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
         Ok(s) => s,
         Err(e) if e.code == StatusCode::GONE => {
             // Expired: 200 with one ERROR event, then the end of the stream.
-            let _ = tx.try_send(error_line(&e));
+            let _ = tx.try_send(error_line(&e).into());
             drop(tx);
-            return Ok(stream_response(rx));
+            return Ok(stream_response(rx, None));
         }
         Err(e) => return Err(e),
     };
@@ -208,27 +242,45 @@ pub async fn watch<K: Strategy, S: Store + Clone>(
         metrics: app.metrics.clone(),
         deadline: tokio::time::Instant::now() + timeout,
         guard,
+        progress: progress.clone(),
+        _tracked: tracked,
         _slot: slot,
     };
     // The watch outlives the request's handler but stays in its span.
     tokio::spawn(tracing::Instrument::in_current_span(
         task.run::<K>(raw_initial, lines),
     ));
-    Ok(stream_response(rx))
+    Ok(stream_response(rx, progress))
 }
 
 /// Most lines written as one chunk: a burst of events (one revocation of many sessions) goes
 /// out in a few writes instead of one per event, and the client reads it in a few reads.
 const LINES_PER_CHUNK: usize = 256;
 
-fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
+/// The response streaming the queued lines. Each chunk handed to the connection advances
+/// `progress` (the watch's delivery receipts) to the furthest resourceVersion in it.
+fn stream_response(rx: mpsc::Receiver<Line>, progress: Option<Arc<Progress>>) -> Response {
     let stream = ReceiverStream::new(rx)
         .ready_chunks(LINES_PER_CHUNK)
-        .map(|lines| {
-            Ok::<_, std::convert::Infallible>(match <[Bytes; 1]>::try_from(lines) {
-                Ok([one]) => one,
-                Err(lines) => Bytes::from(lines.concat()),
-            })
+        .filter_map(move |lines| {
+            let through = lines.iter().filter_map(|l| l.through).max();
+            let bytes = match <[Line; 1]>::try_from(lines) {
+                Ok([one]) => one.bytes,
+                Err(lines) => {
+                    let mut all = Vec::with_capacity(lines.iter().map(|l| l.bytes.len()).sum());
+                    for line in &lines {
+                        all.extend_from_slice(&line.bytes);
+                    }
+                    Bytes::from(all)
+                }
+            };
+            if let (Some(progress), Some(through)) = (&progress, through) {
+                progress.advance(through);
+            }
+            // A chunk of marks only has nothing to write.
+            std::future::ready(
+                (!bytes.is_empty()).then_some(Ok::<_, std::convert::Infallible>(bytes)),
+            )
         });
     Response::builder()
         .status(StatusCode::OK)
@@ -242,7 +294,7 @@ struct WatchTask {
     selection: Selection,
     rendering: Rendering,
     subscription: Subscription,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Line>,
     first: bool,
     bookmark_interval: Duration,
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -250,6 +302,10 @@ struct WatchTask {
     /// When the watch ends (`timeoutSeconds`).
     deadline: tokio::time::Instant,
     guard: Option<WatchGuard>,
+    /// How far the stream has been handed out, for delivery receipts (gateway watches).
+    progress: Option<Arc<Progress>>,
+    /// This watch's entry in the delivery ledger, removed when the task ends.
+    _tracked: Option<Tracked>,
     /// This watch's place in its user's quota, freed when the task ends.
     _slot: super::WatchSlot,
 }
@@ -258,7 +314,8 @@ impl WatchTask {
     /// Queues one line for the connection. A client that stops reading fills the queue;
     /// the send then waits, but never past the watch's deadline or the server's shutdown.
     /// Returns false when the watch must end.
-    async fn send(&mut self, line: Bytes) -> bool {
+    async fn send(&mut self, line: impl Into<Line>) -> bool {
+        let line = line.into();
         if *self.shutdown.borrow() {
             return false;
         }
@@ -266,6 +323,21 @@ impl WatchTask {
             sent = self.tx.send(line) => sent.is_ok(),
             _ = tokio::time::sleep_until(self.deadline) => false,
             _ = self.shutdown.changed() => false,
+        }
+    }
+
+    /// The feed moved past `rv` with nothing for this watch. With nothing of its own queued,
+    /// everything up to `rv` is out: the receipts advance at once, with no wake-up of the
+    /// connection; otherwise a mark follows the queued lines (or, when the queue is full,
+    /// the next line or bookmark carries the position).
+    fn skipped(&self, rv: ResourceVersion) {
+        let Some(progress) = &self.progress else {
+            return;
+        };
+        if self.tx.capacity() == self.tx.max_capacity() {
+            progress.advance(rv);
+        } else {
+            let _ = self.tx.try_send(Line::mark(rv));
         }
     }
 
@@ -302,6 +374,10 @@ impl WatchTask {
                 return;
             }
         }
+        // The client now holds everything up to where the feed starts.
+        if self.progress.is_some() && !self.send(Line::mark(self.subscription.cursor())).await {
+            return;
+        }
         let deadline = tokio::time::sleep_until(self.deadline);
         tokio::pin!(deadline);
         let mut bookmarks = tokio::time::interval(self.bookmark_interval);
@@ -321,9 +397,13 @@ impl WatchTask {
                 event = self.subscription.next() => match event {
                     Ok(event) => {
                         if event.resource != K::PLURAL {
+                            self.skipped(event.rv);
                             continue;
                         }
-                        let Some((event_type, replaced)) = self.selection.view(&event) else { continue };
+                        let Some((event_type, replaced)) = self.selection.view(&event) else {
+                            self.skipped(event.rv);
+                            continue;
+                        };
                         let line = match replaced {
                             Some(object) => {
                                 let owned = Event { object, event_type, ..(*event).clone() };
@@ -333,7 +413,7 @@ impl WatchTask {
                         };
                         self.first = false;
                         match line {
-                            Ok(line) => if !self.send(line).await { return },
+                            Ok(line) => if !self.send(Line::through(line, event.rv)).await { return },
                             Err(e) => {
                                 self.cut_off::<K>(e).await;
                                 return;
@@ -356,7 +436,7 @@ impl WatchTask {
                         interval: self.bookmark_interval,
                     };
                     match bookmark_line::<K>(mark.at, self.rendering, progress) {
-                        Ok(line) => if !self.send(line).await { return },
+                        Ok(line) => if !self.send(Line::through(line, mark.at)).await { return },
                         Err(_) => return,
                     }
                 }

@@ -83,6 +83,9 @@ pub struct Event {
     pub rendered: EventRenderings,
     /// Encoded size of `object` and `before` in bytes, what the ring and pages are bounded by.
     pub size: usize,
+    /// When this replica's change feed read it (or, for the memory store, committed it): for
+    /// every subscriber of the live fan-out, the same instant.
+    pub seen_at: k8s_openapi::jiff::Timestamp,
 }
 
 /// Lazily encoded forms of one event, keyed by rendering.
@@ -836,6 +839,7 @@ mod tests {
             before: None,
             rendered: EventRenderings::default(),
             size,
+            seen_at: k8s_openapi::jiff::Timestamp::now(),
         })
     }
 

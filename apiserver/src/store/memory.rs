@@ -250,6 +250,7 @@ fn change(
         object,
         before: before.cloned(),
         rendered: EventRenderings::default(),
+        seen_at: k8s_openapi::jiff::Timestamp::now(),
     }
 }
 

@@ -260,6 +260,7 @@ mod tests {
             revoked_sessions: 2,
             cluster_wide,
             completed_at: Some(Time(Timestamp::UNIX_EPOCH)),
+            ..RevocationStatus::default()
         });
         r
     }

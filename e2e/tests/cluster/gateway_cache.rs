@@ -246,6 +246,47 @@ fn revoke(c: &LocalCluster, ns: &str, session: &str) -> Result<(), String> {
     .map(|_| ())
 }
 
+/// The DELIVERED and DELIVERED-IN cells `kubectl get revocation` prints, once delivery is
+/// no longer pending (or as they are after `within`).
+fn delivered_row(
+    c: &LocalCluster,
+    ns: &str,
+    name: &str,
+    within: Duration,
+) -> Result<(String, String), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = ok(
+            &c.kubectl(&["get", "revocation", name, "-n", ns]),
+            "get revocation",
+        )?;
+        let mut lines = out.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let row: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let cell = |column: &str| {
+            header
+                .iter()
+                .position(|h| *h == column)
+                .and_then(|i| row.get(i))
+                .map(|c| c.to_string())
+                .ok_or_else(|| format!("no {column} column in:\n{out}"))
+        };
+        let cells = (cell("DELIVERED")?, cell("DELIVERED-IN")?);
+        if cells.1 != "<pending>" && cells.1 != "<none>" || Instant::now() > deadline {
+            return Ok(cells);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn join_poll(
     poll: std::thread::JoinHandle<Result<(u16, String), String>>,
     limit: Duration,
@@ -297,6 +338,33 @@ pub fn revoke_to_deny_through_kube_apiserver(c: &mut LocalCluster) -> Result<(),
         "    revoke-to-deny observed {:.1} ms after kubectl returned",
         took.as_secs_f64() * 1e3
     );
+    // The receipts: the one gateway watch of alpha (this sidecar's) has it; beta's sessions
+    // were untouched, so beta is not among the servers.
+    let row = delivered_row(c, ns, "rvk-alice", Duration::from_secs(10))?;
+    ensure!(
+        row.0 == "1/1" && row.1.ends_with('s'),
+        "kubectl get revocation: DELIVERED {} DELIVERED-IN {}",
+        row.0,
+        row.1
+    );
+    let servers = ok(
+        &c.kubectl(&[
+            "get",
+            "revocation",
+            "rvk-alice",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.delivery.servers[*].uid}",
+        ]),
+        "get revocation",
+    )?;
+    ensure!(
+        servers.trim() == alpha.server_uid,
+        "receipts for servers {servers:?}, want only alpha's {}",
+        alpha.server_uid
+    );
+    eprintln!("    receipts: DELIVERED {} in {}", row.0, row.1);
 
     // A session issued now is allowed at once (the watch or get-on-miss), scoped all the same.
     create_session(c, ns, "carol", &alpha.server_uid)?;

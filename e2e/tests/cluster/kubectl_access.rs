@@ -549,6 +549,14 @@ pub fn revoke_waits_and_prints_what_was_revoked(c: &mut LocalCluster) -> Result<
         .ok_or_else(|| format!("first line: {}", one.stdout))?
         .to_string();
     ensure!(name.starts_with("session-s1-"), "generated name {name}");
+    // No gateway of s1's server is connected: the receipts say so instead of waiting.
+    ensure!(
+        one.stdout.contains(
+            "delivered to no gateway watch: no gateway of the affected servers is connected"
+        ),
+        "revoke s1 receipts: {}",
+        one.stdout
+    );
     ensure!(
         one.stdout.contains(&format!(
             "in namespace {ns}: 1 session(s) covered (cause compromised)"

@@ -79,6 +79,7 @@ fn event_from_row(epoch: u32, row: &Row) -> Result<Event> {
         before: row.get("before"),
         rendered: EventRenderings::default(),
         size: row.get::<_, i64>("size").max(0) as usize,
+        seen_at: k8s_openapi::jiff::Timestamp::now(),
     })
 }
 
