@@ -618,7 +618,15 @@ async fn single_session_revocation_and_withdrawal() {
     let t = Table::parse(&out.stdout);
     assert_eq!(
         t.header,
-        ["NAME", "TARGET", "CAUSE", "REVOKED", "DELIVERED", "DELIVERED-IN", "AGE"],
+        [
+            "NAME",
+            "TARGET",
+            "CAUSE",
+            "REVOKED",
+            "DELIVERED",
+            "DELIVERED-IN",
+            "AGE"
+        ],
         "{}",
         out.stdout
     );
@@ -1226,7 +1234,15 @@ async fn clamp_warning_tables_and_explain() {
     let rvk = Table::parse(sections[1]);
     assert_eq!(
         rvk.header,
-        ["NAME", "TARGET", "CAUSE", "REVOKED", "DELIVERED", "DELIVERED-IN", "AGE"]
+        [
+            "NAME",
+            "TARGET",
+            "CAUSE",
+            "REVOKED",
+            "DELIVERED",
+            "DELIVERED-IN",
+            "AGE"
+        ]
     );
     assert_eq!(
         rvk.row("revocation.access.mcp-runtime.dev/r1")[1..4],

@@ -84,7 +84,9 @@ impl Fleet {
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
         let app = AppState::new(
             store.clone(),
-            Arc::new(TokenFile::parse("admin-token,admin,admin-uid\n", "test").expect("token file")),
+            Arc::new(
+                TokenFile::parse("admin-token,admin,admin-uid\n", "test").expect("token file"),
+            ),
             Arc::new(AllowAuthenticated),
             HttpConfig::default(),
             HttpMetrics::register(&mut Registry::default()),
