@@ -3,10 +3,12 @@
 # kube-apiserver, kube-controller-manager, MCP Access behind its APIService), opens 5,000
 # idle watches on MCP Access's API port (front-proxy client certificate, as the aggregator
 # connects) and 5,000 on its gateway sync listener (a Pod-bound gateway token) in one
-# apiserver process, and prints its VmRSS before and after (KiB per watch) and how long one
-# session takes to reach all of them. Never run by CI or hack/test.sh.
+# apiserver process, and prints its VmRSS before and after (KiB per watch); then 5,000 more on
+# the API port multiplexed over HTTP/2 (100 per connection, as the aggregator and client-go
+# hold them) and what they added, side by side; and how long one session takes to reach all of
+# them. Never run by CI or hack/test.sh.
 #
-#   hack/bench-watches.sh [--api 5000] [--sync 5000] [--settle 10]
+#   hack/bench-watches.sh [--api 5000] [--sync 5000] [--h2 5000] [--h2-streams 100] [--settle 10]
 # Release build (target/release), like every benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."

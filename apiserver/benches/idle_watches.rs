@@ -6,7 +6,13 @@
 //! per watch, as gateways connect). Prints the process's resident memory (VmRSS) before and
 //! after, KiB per watch, and how long one session took to reach every watcher.
 //!
-//! Usage: `idle_watches [--api 5000] [--sync 5000] [--settle 10]`; needs
+//! Then, in the same process and run, `--h2` more watches on the API port multiplexed over
+//! HTTP/2 connections (`--h2-streams` per connection), as kube-apiserver's aggregator and
+//! client-go/kube-rs clients hold them; the memory they add is reported on its own line, side
+//! by side with the one-connection-per-watch figure.
+//!
+//! Usage: `idle_watches [--api 5000] [--sync 5000] [--h2 5000] [--h2-streams 100]
+//! [--settle 10]`; needs
 //! `MCP_ACCESS_APISERVER_BIN` and `KUBE_APISERVER`, `KUBE_CONTROLLER_MANAGER`, `ETCD` (from
 //! `hack/build-kube.sh`). The figure to compare with the target (50 KiB per watch) is the
 //! "KiB per watch" line; nothing here gates anything.
@@ -31,6 +37,8 @@ const SERVICE_HOST: &str = "mcp-access-apiserver.mcp-access.svc";
 struct Args {
     api: usize,
     sync: usize,
+    h2: usize,
+    h2_streams: usize,
     settle: Duration,
 }
 
@@ -38,6 +46,8 @@ fn parse_args() -> Result<Args> {
     let mut args = Args {
         api: 5000,
         sync: 5000,
+        h2: 5000,
+        h2_streams: 100,
         settle: Duration::from_secs(10),
     };
     // `cargo bench` passes `--bench`.
@@ -47,6 +57,8 @@ fn parse_args() -> Result<Args> {
         match flag.as_str() {
             "--api" => args.api = value.parse()?,
             "--sync" => args.sync = value.parse()?,
+            "--h2" => args.h2 = value.parse()?,
+            "--h2-streams" => args.h2_streams = value.parse::<usize>()?.clamp(1, 250),
             "--settle" => args.settle = Duration::from_secs(value.parse()?),
             other => bail!("unknown flag {other}"),
         }
@@ -69,7 +81,7 @@ fn main() -> Result<()> {
         "mcp-access-bench-watches-{}",
         uuid::Uuid::new_v4().simple()
     ));
-    let most = args.api.max(args.sync);
+    let most = (args.api + args.h2).max(args.sync);
     let cluster = LocalCluster::start(Options {
         dir: dir.clone(),
         apiserver_bin: PathBuf::from(need("MCP_ACCESS_APISERVER_BIN")?),
@@ -122,8 +134,9 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
         args,
         pid,
         Clients {
-            api: connector(&ca, Some((&proxy_cert, &proxy_key)))?,
-            sync: connector(&ca, None)?,
+            api: connector(&ca, Some((&proxy_cert, &proxy_key)), b"http/1.1")?,
+            sync: connector(&ca, None, b"http/1.1")?,
+            h2: connector(&ca, Some((&proxy_cert, &proxy_key)), b"h2")?,
         },
         &token,
         &chain.server_uid,
@@ -133,9 +146,15 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
 struct Clients {
     api: tokio_rustls::TlsConnector,
     sync: tokio_rustls::TlsConnector,
+    /// The API port's client offering only HTTP/2.
+    h2: tokio_rustls::TlsConnector,
 }
 
-fn connector(ca: &[u8], identity: Option<(&[u8], &[u8])>) -> Result<tokio_rustls::TlsConnector> {
+fn connector(
+    ca: &[u8],
+    identity: Option<(&[u8], &[u8])>,
+    alpn: &[u8],
+) -> Result<tokio_rustls::TlsConnector> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca) {
@@ -149,7 +168,7 @@ fn connector(ca: &[u8], identity: Option<(&[u8], &[u8])>) -> Result<tokio_rustls
         )?,
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
@@ -202,6 +221,73 @@ async fn open_watch(
                 Ok(_) => {}
             }
         }
+    });
+    Ok(())
+}
+
+/// `streams` watches over one HTTP/2 connection: waits for every response head, then reads
+/// each stream in the background (returning its flow-control credit) and reports when its
+/// first ADDED arrives.
+async fn open_h2_watches(
+    connector: tokio_rustls::TlsConnector,
+    addr: SocketAddr,
+    uri: String,
+    headers: &[(&'static str, &'static str)],
+    streams: usize,
+    added: tokio::sync::mpsc::UnboundedSender<Instant>,
+) -> Result<()> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = connector
+        .connect(ServerName::try_from(SERVICE_HOST)?, tcp)
+        .await?;
+    if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+        bail!("the server did not negotiate h2");
+    }
+    let (client, connection) = h2::client::handshake(tls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await?;
+    let mut responses = Vec::with_capacity(streams);
+    for _ in 0..streams {
+        let mut request = http::Request::get(&uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let (response, _) = client.send_request(request.body(())?, true)?;
+        responses.push(response);
+        client = client.ready().await?;
+    }
+    for response in responses {
+        let response = response.await?;
+        if response.status() != 200 {
+            bail!("answered {}", response.status());
+        }
+        let mut body = response.into_body();
+        let added = added.clone();
+        tokio::spawn(async move {
+            let mut reported = false;
+            let mut seen: Vec<u8> = Vec::new();
+            while let Some(Ok(data)) = body.data().await {
+                let _ = body.flow_control().release_capacity(data.len());
+                if reported {
+                    continue;
+                }
+                let keep = seen.len().saturating_sub(32);
+                seen.drain(..keep);
+                seen.extend_from_slice(&data);
+                if seen.windows(ADDED.len()).any(|w| w == ADDED) {
+                    let _ = added.send(Instant::now());
+                    reported = true;
+                    seen = Vec::new();
+                }
+            }
+        });
+    }
+    // The connection lives as long as a clone of its handle does.
+    tokio::spawn(async move {
+        let _client = client;
+        std::future::pending::<()>().await
     });
     Ok(())
 }
@@ -293,7 +379,6 @@ async fn run(
             open_watch(connector, addr, request, added).await
         }));
     }
-    drop(added_tx);
     for (i, task) in opening.into_iter().enumerate() {
         task.await?.with_context(|| {
             format!("watch {i} ({})", if i < args.api { "API" } else { "sync" })
@@ -313,6 +398,52 @@ async fn run(
     if open < total as i64 {
         bail!("the apiserver reports {open} open watches, {total} were opened");
     }
+
+    // The same watches multiplexed over HTTP/2, in this process beside the others.
+    let started = Instant::now();
+    let connections = args.h2.div_ceil(args.h2_streams);
+    let mut opening = Vec::new();
+    let uri = format!("https://{SERVICE_HOST}{path}?{query}");
+    for c in 0..connections {
+        let streams = args.h2_streams.min(args.h2 - c * args.h2_streams);
+        let (connector, uri, added) = (clients.h2.clone(), uri.clone(), added_tx.clone());
+        opening.push(tokio::spawn(async move {
+            open_h2_watches(
+                connector,
+                api_addr,
+                uri,
+                &[
+                    ("x-remote-user", "bench-watcher"),
+                    ("x-remote-group", "system:masters"),
+                ],
+                streams,
+                added,
+            )
+            .await
+        }));
+    }
+    drop(added_tx);
+    for (i, task) in opening.into_iter().enumerate() {
+        task.await?
+            .with_context(|| format!("HTTP/2 connection {i}"))?;
+    }
+    if args.h2 > 0 {
+        eprintln!(
+            "{} HTTP/2 watches on {connections} connections established in {:.1}s",
+            args.h2,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    tokio::time::sleep(args.settle).await;
+    let open_h2 = open_watches(cluster.metrics_port).await?;
+    let after_h2 = rss_kib(pid)?;
+    if open_h2 < (total + args.h2) as i64 {
+        bail!(
+            "the apiserver reports {open_h2} open watches, {} were opened",
+            total + args.h2
+        );
+    }
+    let total = total + args.h2;
 
     // One session of the gateways' server: every watcher must see it.
     let body = serde_json::json!({
@@ -369,12 +500,22 @@ async fn run(
         "idle watches in one mcp-access-apiserver: {} on the API port (front-proxy certificate), {} on the gateway sync listener (Pod-bound token); one TLS connection each ({open} open in all, kube-controller-manager's included)",
         args.api, args.sync
     );
+    let one_each = args.api + args.sync;
     println!(
-        "  VmRSS before {:.1} MiB, with {total} watches {:.1} MiB (after {}s idle): {:.1} KiB per watch",
+        "  VmRSS before {:.1} MiB, with {one_each} watches {:.1} MiB (after {}s idle): {:.1} KiB per watch",
         before as f64 / 1024.0,
         after as f64 / 1024.0,
         args.settle.as_secs(),
-        (after.saturating_sub(before)) as f64 / total as f64
+        (after.saturating_sub(before)) as f64 / one_each.max(1) as f64
+    );
+    println!(
+        "  then {} watches multiplexed over HTTP/2 ({} per connection, API port): VmRSS {:.1} MiB: {:.1} KiB per watch; ratio one-connection-each / HTTP/2 = {:.2}",
+        args.h2,
+        args.h2_streams,
+        after_h2 as f64 / 1024.0,
+        after_h2.saturating_sub(after) as f64 / args.h2.max(1) as f64,
+        (after.saturating_sub(before) as f64 / one_each.max(1) as f64)
+            / (after_h2.saturating_sub(after) as f64 / args.h2.max(1) as f64)
     );
     println!(
         "  one session to every watcher (from the write sent; the write took {:.1} ms): p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms; VmRSS then {:.1} MiB",

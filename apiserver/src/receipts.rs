@@ -191,6 +191,9 @@ pub struct ReceiptsConfig {
     pub heartbeat: Duration,
     /// How long a revocation is tracked at most.
     pub window: Duration,
+    /// The most reports written per poll, over every pending revocation: what receipts may
+    /// add to the write load in a storm of revocations (50 a second at the defaults).
+    pub writes_per_poll: usize,
     /// Wait before following the feed again after it failed.
     pub retry: Duration,
 }
@@ -202,6 +205,7 @@ impl Default for ReceiptsConfig {
             min_interval: Duration::from_millis(250),
             heartbeat: Duration::from_secs(2),
             window: Duration::from_secs(300),
+            writes_per_poll: 5,
             retry: Duration::from_secs(1),
         }
     }
@@ -369,7 +373,12 @@ async fn follow<S: Store>(
                         };
                         if let Some(p) = Pending::of(&revocation, event.rv, event.seen_at) {
                             if pending.len() == MAX_PENDING {
-                                let oldest = pending.remove(0);
+                                let oldest = pending
+                                    .iter()
+                                    .enumerate()
+                                    .min_by_key(|(_, p)| p.since)
+                                    .map_or(0, |(i, _)| i);
+                                let oldest = pending.swap_remove(oldest);
                                 tracing::warn!(ns = %oldest.namespace, name = %oldest.name,
                                     "revocation receipts: too many pending; this one is no longer reported");
                             }
@@ -381,9 +390,12 @@ async fn follow<S: Store>(
                 }
             }
             _ = poll.tick(), if !pending.is_empty() => {
+                // The longest unreported first: under the write budget, nobody starves.
+                pending.sort_by_key(|p| p.sent.as_ref().map(|(at, _)| *at));
+                let mut budget = config.writes_per_poll;
                 let mut kept = Vec::with_capacity(pending.len());
                 for mut p in std::mem::take(&mut pending) {
-                    if report_one(store, ledger, replica, config, metrics, &mut p).await {
+                    if report_one(store, ledger, replica, config, metrics, &mut p, &mut budget).await {
                         kept.push(p);
                     }
                 }
@@ -393,7 +405,7 @@ async fn follow<S: Store>(
     }
 }
 
-/// Writes `p`'s report if it is due; returns whether to keep tracking it.
+/// Writes `p`'s report if it is due and `budget` allows; returns whether to keep tracking it.
 async fn report_one<S: Store>(
     store: &S,
     ledger: &Deliveries,
@@ -401,6 +413,7 @@ async fn report_one<S: Store>(
     config: &ReceiptsConfig,
     metrics: &ReceiptsMetrics,
     p: &mut Pending,
+    budget: &mut usize,
 ) -> bool {
     let in_window = p.since.elapsed() < config.window;
     let Some(report) = p.report(ledger, replica) else {
@@ -414,9 +427,10 @@ async fn report_one<S: Store>(
                 || (!report.r#final && at.elapsed() >= config.heartbeat)
         }
     };
-    if !due {
+    if !due || *budget == 0 {
         return in_window;
     }
+    *budget -= 1;
     let mut written = report.clone();
     written.reported_at = Some(MicroTime(Timestamp::now()));
     let body = DeliveryReport {
@@ -523,6 +537,73 @@ mod tests {
             p.advance(rv(seq));
         }
         assert!(p.passed(rv(5)).expect("passed") > first);
+    }
+
+    /// A store with `n` sessions of server "a", each revoked by a revocation of its own;
+    /// returns the pending revocations as the reporter tracks them.
+    async fn revoked(store: &crate::store::MemoryStore, n: usize) -> Vec<Pending> {
+        use apis::{AccessSession, RevocationTarget, ServerRef};
+        let ctx = Context::new(crate::store::now(), Requester::default());
+        let mut pending = Vec::new();
+        for i in 0..n {
+            let mut session = AccessSession::default();
+            session.metadata.namespace = Some("ns".into());
+            session.metadata.name = Some(format!("s{i}"));
+            session.spec.server = ServerRef {
+                name: "github".into(),
+                uid: "a".into(),
+            };
+            session.spec.teams = vec!["payments".into()];
+            session.spec.expires_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                crate::store::now() + k8s_openapi::jiff::SignedDuration::from_hours(1),
+            ));
+            store.create(session, &ctx, false).await.expect("session");
+            let mut revocation = Revocation::default();
+            revocation.metadata.namespace = Some("ns".into());
+            revocation.metadata.name = Some(format!("r{i}"));
+            revocation.spec.cause = "compromised".into();
+            revocation.spec.target = RevocationTarget {
+                session: Some(format!("s{i}")),
+                ..Default::default()
+            };
+            let written = store
+                .create(revocation, &ctx, false)
+                .await
+                .expect("revocation");
+            let rv = ResourceVersion::parse(
+                written.object.metadata.resource_version.as_deref().unwrap(),
+            )
+            .unwrap();
+            pending.push(Pending::of(&written.object, rv, Timestamp::now()).expect("tracked"));
+        }
+        pending
+    }
+
+    #[tokio::test]
+    async fn a_storm_of_revocations_is_reported_within_the_write_budget() {
+        let store = crate::store::MemoryStore::new();
+        let ledger = Arc::new(Deliveries::default());
+        let watch = ledger.register("a");
+        let mut pending = revoked(&store, 5).await;
+        watch
+            .progress()
+            .advance(store.current_version().await.unwrap());
+        let config = ReceiptsConfig::default();
+        let metrics = ReceiptsMetrics::default();
+        let mut budget = 2;
+        for p in &mut pending {
+            let keep = report_one(&store, &ledger, "me", &config, &metrics, p, &mut budget).await;
+            // Final once written (the one watch has it); still tracked while unwritten.
+            assert_eq!(keep, p.sent.is_none());
+        }
+        assert_eq!(budget, 0);
+        let mut reported = Vec::new();
+        for i in 0..5 {
+            let r: Revocation = store.get("ns", &format!("r{i}")).await.unwrap();
+            let delivery = r.status.unwrap().delivery.unwrap();
+            reported.push((delivery.gateways, delivery.delivered));
+        }
+        assert_eq!(reported, [(1, 1), (1, 1), (0, 0), (0, 0), (0, 0)]);
     }
 
     #[test]

@@ -7,23 +7,20 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use apis::types::RevocationDelivery;
 use apis::{Revocation, RevocationTarget};
-use apiserver::auth::{
-    AllowAuthenticated, Freshness, GatewayAuthenticator, GatewayIdentity, GatewayRefusal, TokenFile,
-};
+use apiserver::auth::{AllowAuthenticated, TokenFile};
 use apiserver::http::{AppState, HttpConfig, HttpMetrics, SyncState};
 use apiserver::receipts::{self, ReceiptsConfig, ReceiptsMetrics};
 use apiserver::store::{EventType, PgStore, ResourceVersion, RevokerAuthority, Store};
-use async_trait::async_trait;
 use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
+use support::gateways::Gateways;
 use support::{mk_revocation, mk_session, StoreExt, TestDb};
 use tokio::sync::mpsc;
 
@@ -31,41 +28,6 @@ const NS: &str = "team";
 const SERVER_A: &str = "uid-server-a";
 const SERVER_B: &str = "uid-server-b";
 const SESSIONS: &str = "/apis/access.mcp-runtime.dev/v1alpha1/namespaces/team/accesssessions";
-
-/// Gateways by token (`<server>-<n>`), each its own pod.
-#[derive(Default)]
-struct Gateways(Mutex<HashMap<String, GatewayIdentity>>);
-
-impl Gateways {
-    fn add(&self, token: &str, server_uid: &str) {
-        self.0.lock().unwrap().insert(
-            token.to_string(),
-            GatewayIdentity {
-                user: format!("system:serviceaccount:{NS}:gw"),
-                namespace: NS.to_string(),
-                pod_uid: format!("pod-of-{token}"),
-                server_name: "github".into(),
-                server_uid: server_uid.to_string(),
-            },
-        );
-    }
-}
-
-#[async_trait]
-impl GatewayAuthenticator for Gateways {
-    async fn authenticate(
-        &self,
-        token: &str,
-        _freshness: Freshness,
-    ) -> Result<GatewayIdentity, GatewayRefusal> {
-        self.0
-            .lock()
-            .unwrap()
-            .get(token)
-            .cloned()
-            .ok_or(GatewayRefusal::ChainBroken)
-    }
-}
 
 struct Fleet {
     sync: SyncState<PgStore>,
@@ -123,7 +85,7 @@ impl Fleet {
 
     /// Opens the watch of a new gateway of `server_uid`, as an informer does after its list.
     async fn watch(&self, token: &str, server_uid: &str) -> Body {
-        self.gateways.add(token, server_uid);
+        self.gateways.add(token, NS, server_uid);
         let from = self.store.current_version().await.expect("head");
         let response = self
             .sync

@@ -8,22 +8,19 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::auth::{
-    AllowAuthenticated, Freshness, GatewayAuthenticator, GatewayIdentity, GatewayRefusal, TokenFile,
-};
+use apiserver::auth::{AllowAuthenticated, TokenFile};
 use apiserver::http::{AppState, HttpConfig, HttpMetrics, SyncState};
 use apiserver::store::PgStore;
 use apiserver::tokens::{SessionTokens, SigningKey, TokenMetrics};
-use async_trait::async_trait;
 use axum::body::Body;
 use http::{header, Method, Request};
 use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
+use support::gateways::Gateways;
 use support::{mk_session, StoreExt, TestDb};
 
 const A_TOKEN: &str = "gateway-a-token";
@@ -41,49 +38,6 @@ const OPENID_CONFIGURATION: &str = "/.well-known/openid-configuration";
 
 fn ns_sessions(ns: &str) -> String {
     format!("/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/accesssessions")
-}
-
-/// Gateways by token; a test may take one's chain away.
-#[derive(Default)]
-struct Gateways(Mutex<HashMap<String, GatewayIdentity>>);
-
-impl Gateways {
-    fn with(gateways: &[(&str, &str, &str)]) -> Arc<Self> {
-        let me = Self::default();
-        for (token, ns, server_uid) in gateways {
-            me.0.lock().unwrap().insert(
-                token.to_string(),
-                GatewayIdentity {
-                    user: format!("system:serviceaccount:{ns}:gw"),
-                    namespace: ns.to_string(),
-                    pod_uid: format!("pod-of-{token}"),
-                    server_name: "github".into(),
-                    server_uid: server_uid.to_string(),
-                },
-            );
-        }
-        Arc::new(me)
-    }
-
-    fn break_chain(&self, token: &str) {
-        self.0.lock().unwrap().remove(token);
-    }
-}
-
-#[async_trait]
-impl GatewayAuthenticator for Gateways {
-    async fn authenticate(
-        &self,
-        token: &str,
-        _freshness: Freshness,
-    ) -> Result<GatewayIdentity, GatewayRefusal> {
-        self.0
-            .lock()
-            .unwrap()
-            .get(token)
-            .cloned()
-            .ok_or(GatewayRefusal::ChainBroken)
-    }
 }
 
 /// A response as a client reads it: status, content type, body.

@@ -106,6 +106,7 @@ pub fn mk_agent_session(
     s
 }
 
+pub mod gateways;
 pub mod kubectl;
 pub mod replica;
 pub mod server;
