@@ -269,7 +269,12 @@ async fn serve_connection<A: Application>(
             service_state.served.store(true, Ordering::Relaxed);
             service_state.touch();
             let guard = InFlight(service_state.clone());
-            async move {
+            // Boxed: hyper keeps the service future's slot for as long as the stream (an h2
+            // stream's task) or the connection (HTTP/1's in-flight slot) lives, sized for the
+            // largest state of the whole handler. A watch outlives its handler by hours: boxed,
+            // that state is freed once the response head is out (docs/gateways.md, "Measured:
+            // idle watches").
+            Box::pin(async move {
                 let response = app.call(request.map(Body::new)).await;
                 // The request stays in flight until its body (a watch stream too) is dropped.
                 let response = response.map(|body| {
@@ -279,7 +284,7 @@ async fn serve_connection<A: Application>(
                     }))
                 });
                 Ok::<_, std::convert::Infallible>(response)
-            }
+            })
         });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
