@@ -26,6 +26,17 @@ use support::server::{Output, TestServer, ADMIN_TOKEN, USER_TOKEN};
 use support::StoreExt;
 use support::*;
 
+/// The columns `kubectl get revocations` prints.
+const REVOCATION_COLUMNS: [&str; 7] = [
+    "NAME",
+    "TARGET",
+    "CAUSE",
+    "REVOKED",
+    "DELIVERED",
+    "DELIVERED-IN",
+    "AGE",
+];
+
 const SERVER_UID: &str = "srv-uid-1";
 /// Rounds of each race.
 const ROUNDS: usize = 120;
@@ -616,20 +627,7 @@ async fn single_session_revocation_and_withdrawal() {
     let out = server.kubectl(&["get", "rvk"]).await;
     ok(&out);
     let t = Table::parse(&out.stdout);
-    assert_eq!(
-        t.header,
-        [
-            "NAME",
-            "TARGET",
-            "CAUSE",
-            "REVOKED",
-            "DELIVERED",
-            "DELIVERED-IN",
-            "AGE"
-        ],
-        "{}",
-        out.stdout
-    );
+    assert_eq!(t.header, REVOCATION_COLUMNS, "{}", out.stdout);
     // No gateway watch is connected (this server has no sync listener): delivered to 0 of 0.
     assert_eq!(
         t.row("r1")[..6],
@@ -1232,18 +1230,7 @@ async fn clamp_warning_tables_and_explain() {
         ["github", "billing-bot", "alice", "Pending"]
     );
     let rvk = Table::parse(sections[1]);
-    assert_eq!(
-        rvk.header,
-        [
-            "NAME",
-            "TARGET",
-            "CAUSE",
-            "REVOKED",
-            "DELIVERED",
-            "DELIVERED-IN",
-            "AGE"
-        ]
-    );
+    assert_eq!(rvk.header, REVOCATION_COLUMNS);
     assert_eq!(
         rvk.row("revocation.access.mcp-runtime.dev/r1")[1..4],
         ["session/s1", "manual", "1"]
