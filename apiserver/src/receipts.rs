@@ -50,9 +50,10 @@ pub const MAX_PENDING: usize = 1024;
 const REPORTER: &str = "system:mcp-access:revocation-receipts";
 
 /// The gateway watches this replica serves, by server, and how far each has been delivered.
+/// Indexed by server: counting a revocation reads only its servers' watches.
 #[derive(Default)]
 pub struct Deliveries {
-    watches: Mutex<HashMap<u64, Arc<Progress>>>,
+    watches: Mutex<HashMap<String, HashMap<u64, Arc<Progress>>>>,
     next: AtomicU64,
 }
 
@@ -66,7 +67,10 @@ impl Deliveries {
             marks: Mutex::new(Marks::default()),
         });
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.watches).insert(id, progress.clone());
+        lock(&self.watches)
+            .entry(server_uid.to_string())
+            .or_default()
+            .insert(id, progress.clone());
         Tracked {
             ledger: self.clone(),
             id,
@@ -76,7 +80,7 @@ impl Deliveries {
 
     /// Watches registered now.
     pub fn len(&self) -> usize {
-        lock(&self.watches).len()
+        lock(&self.watches).values().map(HashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -87,20 +91,22 @@ impl Deliveries {
     /// one watch here, how many there are, how many are past it and when the last got there.
     pub fn count(&self, servers: &[String], threshold: ResourceVersion) -> Vec<ServerDelivery> {
         let mut counts: BTreeMap<&str, ServerDelivery> = BTreeMap::new();
-        let watches: Vec<Arc<Progress>> = lock(&self.watches).values().cloned().collect();
-        for progress in &watches {
-            let Some(uid) = servers.iter().find(|s| **s == progress.server_uid) else {
-                continue;
+        for uid in servers {
+            let watches: Vec<Arc<Progress>> = match lock(&self.watches).get(uid) {
+                Some(watches) => watches.values().cloned().collect(),
+                None => continue,
             };
             let entry = counts.entry(uid).or_insert_with(|| ServerDelivery {
                 uid: uid.clone(),
                 ..ServerDelivery::default()
             });
-            entry.gateways += 1;
-            if let Some(at) = progress.passed(threshold) {
-                entry.delivered += 1;
-                if entry.last_delivered_at.as_ref().is_none_or(|t| t.0 < at) {
-                    entry.last_delivered_at = Some(MicroTime(at));
+            for progress in &watches {
+                entry.gateways += 1;
+                if let Some(at) = progress.passed(threshold) {
+                    entry.delivered += 1;
+                    if entry.last_delivered_at.as_ref().is_none_or(|t| t.0 < at) {
+                        entry.last_delivered_at = Some(MicroTime(at));
+                    }
                 }
             }
         }
@@ -124,7 +130,14 @@ impl Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        lock(&self.ledger.watches).remove(&self.id);
+        let mut watches = lock(&self.ledger.watches);
+        let server = &self.progress.server_uid;
+        if let Some(of_server) = watches.get_mut(server) {
+            of_server.remove(&self.id);
+            if of_server.is_empty() {
+                watches.remove(server);
+            }
+        }
     }
 }
 
@@ -288,7 +301,7 @@ impl Pending {
         })
     }
 
-    /// Whether every delivery counted here is final (nothing left to report).
+    /// This replica's report now, if it has anything to say.
     fn report(&self, ledger: &Deliveries, replica: &str) -> Option<ReplicaDelivery> {
         let servers = ledger.count(&self.servers, self.threshold);
         // A replica that serves none of these servers has nothing to say, unless it said
@@ -350,6 +363,15 @@ async fn follow<S: Store>(
             .as_deref()
             .and_then(|v| ResourceVersion::parse(v).ok())
             .unwrap_or(listed.resource_version);
+        // What this replica already reported final needs no second write after a relist.
+        let reported_final = revocation
+            .status
+            .as_ref()
+            .and_then(|s| s.delivery.as_ref())
+            .is_some_and(|d| d.replicas.iter().any(|r| r.name == replica && r.r#final));
+        if reported_final {
+            continue;
+        }
         if let Some(p) = Pending::of(revocation, rv, created.unwrap_or(now)) {
             pending.push(p);
         }
