@@ -662,7 +662,9 @@ async fn slowloris_and_idle_connections_are_closed() {
     .unwrap();
     let (read, took) = read_to_close(&mut idle, Duration::from_secs(10)).await;
     assert!(String::from_utf8_lossy(&read).starts_with("HTTP/1.1 200"));
-    assert!(took >= Duration::from_secs(1), "closed after {took:?}");
+    // Not before the idle timeout (1 s), within the granularity of the two clocks: the server
+    // counts idleness in whole milliseconds (`ConnState`), and a CI run measured 999.4 ms here.
+    assert!(took >= Duration::from_millis(950), "closed after {took:?}");
 
     // The server still answers.
     let (code, _, _) = send(
