@@ -37,6 +37,9 @@ export MCP_ACCESS_NGINX_BIN
 # Patroni for the PostgreSQL HA test (Debian's package, installed when missing).
 MCP_ACCESS_PATRONI_BIN=$(hack/ensure-patroni.sh)
 export MCP_ACCESS_PATRONI_BIN
+# PgBouncer for the store-behind-a-pooler test (Debian's package, installed when missing).
+MCP_ACCESS_PGBOUNCER_BIN=$(hack/ensure-pgbouncer.sh)
+export MCP_ACCESS_PGBOUNCER_BIN
 # The binaries the tests start. Without arguments the whole suite's compile builds them, with
 # the same features as the tests (dependencies compile once: a `cargo build -p ...` first
 # would resolve features differently and compile many of them twice); with arguments, only

@@ -238,6 +238,7 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
     let store = PgStore::start(store_config).await.context("storage")?;
     let metrics = HttpMetrics::register(&mut registry);
     store.change_feed_metrics().register(&mut registry);
+    store.list_metrics().register(&mut registry);
     let expiry_metrics = ExpiryMetrics::register(&mut registry);
     let event_metrics = events::EventMetrics::register(&mut registry);
     let receipts_metrics = ReceiptsMetrics::register(&mut registry);

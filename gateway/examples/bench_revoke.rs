@@ -12,11 +12,16 @@
 //! 2. opens the sidecar's long-poll on it,
 //! 3. creates a Revocation of it through kube-apiserver; the clock starts when that write
 //!    returns,
-//! 4. polls the sidecar's check until it answers 401 `session_revoked` (deny latency), notes
-//!    when the long-poll completed (subscription latency; it can complete before the write's
-//!    response arrives, then it counts as 0), and collects from each worker when its last
-//!    cache denied (by the wall clock, which every process on this machine shares) and how
-//!    many caches still allowed past the lag bound.
+//! 4. notes when the long-poll completed (subscription latency; it can complete before the
+//!    write's response arrives, then it counts as 0), then asks the sidecar's check until it
+//!    answers 401 `session_revoked` (deny latency; asked only once the long-poll completed, 1 ms
+//!    apart: a tight loop of checks during the fan-out would take a core from the caches
+//!    measured), and collects from each worker when its last cache denied (by the wall clock,
+//!    which every process on this machine shares) and how many caches still allowed past the
+//!    lag bound,
+//! 5. reads the CPU time the apiserver, the sidecar and the workers spent from the write until
+//!    the last cache denied (`/proc/PID/stat`), printed per cache per revocation with the floor
+//!    it puts under the time until every cache denies on two cores.
 //!
 //! Prints p50/p99/max per gateway count, and last one line per count:
 //! `revoke-to-deny gateways=N p50_ms=… p99_ms=… max_ms=… late=K`, from the completed write until
@@ -166,15 +171,87 @@ fn bench(cluster: &LocalCluster, args: &Args) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let sidecar_pid = Some(sidecar.0.id());
     let result = rt.block_on(run(
         cluster,
         args,
         &chain.server_uid,
         &token_file,
         (port, admin_port),
+        sidecar_pid,
     ));
     drop(sidecar);
     result
+}
+
+/// The cores of the machine the bench was written for (and its figures are read against).
+const CORES: usize = 2;
+
+/// Clock ticks per second of `/proc/PID/stat`'s CPU times.
+fn ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// User plus system CPU time of a process so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces), from the 3rd on.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are the 14th and 15th fields: 12th and 13th after the command.
+    field(11) + field(12)
+}
+
+/// The processes whose CPU a revocation costs: the apiserver that fans it out, and the
+/// sidecar and the workers whose caches apply it.
+struct Processes {
+    apiserver: Option<u32>,
+    sidecar: Option<u32>,
+    workers: Vec<u32>,
+}
+
+impl Processes {
+    fn cpu(&self) -> CpuTime {
+        CpuTime {
+            apiserver: self.apiserver.map_or(0, cpu_ticks),
+            caches: self.sidecar.map_or(0, cpu_ticks)
+                + self.workers.iter().map(|p| cpu_ticks(*p)).sum::<u64>(),
+        }
+    }
+}
+
+/// CPU time in clock ticks.
+#[derive(Default, Clone, Copy)]
+struct CpuTime {
+    apiserver: u64,
+    caches: u64,
+}
+
+impl CpuTime {
+    /// What `processes` spent since this reading.
+    fn since(&self, processes: &Processes) -> CpuTime {
+        let now = processes.cpu();
+        CpuTime {
+            apiserver: now.apiserver.saturating_sub(self.apiserver),
+            caches: now.caches.saturating_sub(self.caches),
+        }
+    }
+
+    fn add(&mut self, other: &CpuTime) {
+        self.apiserver += other.apiserver;
+        self.caches += other.caches;
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -201,6 +278,7 @@ async fn run(
     server_uid: &str,
     token_file: &std::path::Path,
     (port, admin_port): (u16, u16),
+    sidecar_pid: Option<u32>,
 ) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig)?;
@@ -254,6 +332,12 @@ async fn run(
         let mut subscription = Vec::with_capacity(args.trials);
         let mut all_deny = Vec::with_capacity(args.trials);
         let mut late = 0usize;
+        let processes = Processes {
+            apiserver: cluster.apiserver_pid(),
+            sidecar: sidecar_pid,
+            workers: workers.iter().filter_map(|w| w.pid()).collect(),
+        };
+        let mut cpu = CpuTime::default();
         for trial in 0..args.trials {
             let name = format!("s-{gateways}-{trial}");
             let session = AccessSession {
@@ -325,6 +409,7 @@ async fn run(
                 },
                 status: None,
             };
+            let cpu_before = processes.cpu();
             revocations
                 .create(&PostParams::default(), &revocation)
                 .await?;
@@ -333,6 +418,21 @@ async fn run(
             for w in &mut workers {
                 w.send(&format!("WRITTEN {name} {written_wall}")).await?;
             }
+            // The sidecar's long-poll completes when its cache applied the revocation; its
+            // check is asked only then, not in a loop while the fan-out runs (a tight loop of
+            // checks would take one of the two cores from the caches being measured).
+            let (done, reason) = tokio::time::timeout(Duration::from_secs(10), poll)
+                .await
+                .context("the long-poll did not complete")???;
+            if reason != "session_revoked" {
+                bail!("{name}: the long-poll answered {reason}");
+            }
+            subscription.push(
+                done.checked_duration_since(written)
+                    .unwrap_or_default()
+                    .as_secs_f64()
+                    * 1e3,
+            );
             let sidecar_denied;
             loop {
                 let resp = check().await?;
@@ -349,6 +449,7 @@ async fn run(
                 if written.elapsed() > Duration::from_secs(10) {
                     bail!("{name}: not denied within 10 s of the revocation");
                 }
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             if sidecar_denied > LAG_BOUND.as_secs_f64() * 1e3 {
                 late += 1;
@@ -366,20 +467,9 @@ async fn run(
                 }
             }
             all_deny.push(last_ms);
-            let (done, reason) = tokio::time::timeout(Duration::from_secs(10), poll)
-                .await
-                .context("the long-poll did not complete")???;
-            if reason != "session_revoked" {
-                bail!("{name}: the long-poll answered {reason}");
-            }
-            subscription.push(
-                done.checked_duration_since(written)
-                    .unwrap_or_default()
-                    .as_secs_f64()
-                    * 1e3,
-            );
+            cpu.add(&cpu_before.since(&processes));
         }
-        results.push((gateways, deny, subscription, all_deny, late));
+        results.push((gateways, deny, subscription, all_deny, late, cpu));
         for w in workers {
             w.stop().await;
         }
@@ -391,7 +481,7 @@ async fn run(
         args.trials
     );
     let mut last_lines = Vec::new();
-    for (gateways, deny, subscription, mut all_deny, late) in results {
+    for (gateways, deny, subscription, mut all_deny, late, cpu) in results {
         println!(
             "gateways {gateways:>5}  deny (sidecar 401 session_revoked): {}",
             summary(deny)
@@ -403,6 +493,17 @@ async fn run(
         println!(
             "                 every cache denies:                    {}",
             summary(all_deny.clone())
+        );
+        // CPU per cache and revocation, from the write until the last cache denied: what
+        // the two cores must spend on every cache, whatever the scheduling. Spent across
+        // `CORES` cores at best, it is a floor under the time until every cache denies.
+        let deliveries = (args.trials * gateways) as f64;
+        let per = |ticks: u64| ticks as f64 * 1e6 / ticks_per_second() / deliveries;
+        let (api_us, caches_us) = (per(cpu.apiserver), per(cpu.caches));
+        println!(
+            "                 CPU per cache per revocation:          apiserver {api_us:.1} µs, caches {caches_us:.1} µs; \
+             {gateways} caches on {CORES} cores: at least {:.1} ms",
+            (api_us + caches_us) * gateways as f64 / CORES as f64 / 1e3
         );
         all_deny.sort_by(f64::total_cmp);
         last_lines.push(format!(
@@ -461,6 +562,10 @@ mod worker {
             };
             worker.expect("READY").await?;
             Ok(worker)
+        }
+
+        pub fn pid(&self) -> Option<u32> {
+            self.child.id()
         }
 
         pub async fn send(&mut self, line: &str) -> Result<()> {

@@ -23,7 +23,7 @@ pub use memory::MemoryStore;
 pub use pg::connect::{parse_dsn, ConnectError, PgTls, SessionLimits, SslMode};
 pub use pg::migrate::apply_migrations;
 pub use pg::tail::FEED_APPLICATION_NAME;
-pub use pg::{PgStore, StoreConfig, NEXT_SESSION_EXPIRY_SQL};
+pub use pg::{ListMetrics, PgStore, StoreConfig, NEXT_SESSION_EXPIRY_SQL};
 pub use port::{now, Preconditions, SessionChanges, SessionEvent, SessionSignals, Store, Written};
 pub use query::{ListAt, ListQuery, ObjectList};
 pub use raw::{RawItems, RawList};

@@ -520,26 +520,19 @@ pub fn with_transport_limits(
     pg
 }
 
-/// `with_transport_limits` plus the server-side statement, lock and idle-transaction
-/// timeouts, added to whatever `options` the DSN sets.
-pub fn with_session_limits(
-    pg: &tokio_postgres::Config,
-    limits: &SessionLimits,
-) -> tokio_postgres::Config {
-    let mut pg = with_transport_limits(pg, limits);
+/// The statements that set a session's server-side statement, lock and idle-transaction
+/// timeouts, run on every connection before it is used (the pool's, the change feed's and
+/// its heartbeat's). They are sent as `SET`, not as the startup packet's `options`: PgBouncer
+/// refuses a startup `options` parameter (or, told to ignore it, drops the limits silently),
+/// while a `SET` holds for the whole client session in its session pooling mode.
+pub fn session_setup(limits: &SessionLimits) -> String {
     let ms = |d: Duration| d.as_millis().max(1);
-    let ours = format!(
-        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+    format!(
+        "SET statement_timeout = {}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
         ms(limits.statement_timeout),
         ms(limits.lock_timeout),
         ms(limits.idle_in_transaction_timeout),
-    );
-    let options = match pg.get_options() {
-        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs} {ours}"),
-        _ => ours,
-    };
-    pg.options(options);
-    pg
+    )
 }
 
 #[cfg(test)]
@@ -595,11 +588,11 @@ mod tests {
     }
 
     #[test]
-    fn session_limits_keep_the_dsn_options() {
-        let dsn = parse_dsn("host=h options='-c search_path=x'").unwrap();
-        let pg = with_session_limits(&dsn.pg, &SessionLimits::default());
-        let options = pg.get_options().unwrap();
-        assert!(options.starts_with("-c search_path=x "));
-        assert!(options.contains("lock_timeout=5000"));
+    fn session_limits_are_set_statements() {
+        let setup = session_setup(&SessionLimits::default());
+        assert_eq!(
+            setup,
+            "SET statement_timeout = 30000; SET lock_timeout = 5000; SET idle_in_transaction_session_timeout = 30000"
+        );
     }
 }

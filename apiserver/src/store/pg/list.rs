@@ -14,6 +14,7 @@ use serde_json::Value;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
+use super::coalesce::Coalescer;
 use super::error::{pg_err, pool_err};
 use super::history::{History, Mark};
 use super::tx::{fact_of, run_reads};
@@ -28,6 +29,8 @@ use crate::store::rv::{set_resource_version, ContinueToken, ResourceVersion};
 pub(super) struct Reader {
     pub pool: deadpool_postgres::Pool,
     pub history: Arc<History>,
+    /// Where lists of the current state gather to share a read.
+    pub lists: Arc<Coalescer<FirstRead>>,
 }
 
 impl Reader {
@@ -393,11 +396,60 @@ async fn fill<T, P>(
 /// is streamed: the first chunk is read with the snapshot's head, every later chunk in a
 /// short transaction of its own at that snapshot's resourceVersion (served from the change
 /// log's before-images, as continue pages are), so a slow reader holds neither a
-/// connection nor a snapshot, and memory does not grow with the list.
+/// connection nor a snapshot, and memory does not grow with the list. Lists of the current
+/// state that arrive together share the first read (`coalesce.rs`).
 pub(super) async fn list_raw<K: Strategy>(store: &Reader, query: &ListQuery) -> Result<RawList> {
     if K::COMPLETES_READS {
         return raw::from_typed(list::<K>(store, query).await?);
     }
+    let first = if query.at == ListAt::Latest {
+        let key = format!(
+            "{}\n{:?}\n{:?}\n{:?}\n{:?}",
+            K::PLURAL,
+            query.namespace,
+            query.labels,
+            query.fields,
+            query.limit
+        );
+        let (reader, query) = (store.clone(), query.clone());
+        store
+            .lists
+            .read(key, move || async move {
+                first_read::<K>(&reader, &query).await
+            })
+            .await?
+    } else {
+        first_read::<K>(store, query).await?
+    };
+    Ok(first.serve::<K>())
+}
+
+/// What the first read of a raw list holds: a whole page, or the first chunk of a whole
+/// list and where the rest is read from. Cheap to clone (the items are shared).
+#[derive(Clone)]
+pub(super) struct FirstRead {
+    resource_version: ResourceVersion,
+    continue_token: Option<String>,
+    items: Arc<[Bytes]>,
+    rest: Option<Chunks>,
+}
+
+impl FirstRead {
+    fn serve<K: Strategy>(self) -> RawList {
+        let items = self.items;
+        let first = stream::iter((0..items.len()).map(move |i| Ok(items[i].clone())));
+        RawList {
+            resource_version: self.resource_version,
+            continue_token: self.continue_token,
+            items: match self.rest {
+                None => Box::pin(first) as RawItems,
+                Some(rest) => Box::pin(first.chain(rest.stream::<K>())),
+            },
+        }
+    }
+}
+
+async fn first_read<K: Strategy>(store: &Reader, query: &ListQuery) -> Result<FirstRead> {
     let page = PageQuery::new::<K>(
         query,
         Columns::Text {
@@ -417,7 +469,7 @@ pub(super) async fn list_raw<K: Strategy>(store: &Reader, query: &ListQuery) -> 
     let epoch = head.epoch;
     let (at, mut after) = resolve(&query.at, &head)?;
     let rv = ResourceVersion::new(epoch, at);
-    let items = match query.limit.filter(|l| *l > 0) {
+    match query.limit.filter(|l| *l > 0) {
         Some(want) => {
             let keep = |row: &Row| raw_labels_match(row, &query.labels).then_some(());
             let filled = fill(&page, &tx, at, &mut after, Some(want), keep, |row, ()| {
@@ -425,11 +477,12 @@ pub(super) async fn list_raw<K: Strategy>(store: &Reader, query: &ListQuery) -> 
             })
             .await?;
             tx.commit().await.map_err(pg_err)?;
-            return Ok(RawList {
+            Ok(FirstRead {
                 resource_version: rv,
                 continue_token: filled.more.then(|| continue_token(rv, filled.last)),
-                items: Box::pin(stream::iter(filled.items.into_iter().map(Ok))),
-            });
+                items: filled.items.into(),
+                rest: None,
+            })
         }
         None => {
             let rows = page.rows(&tx, at, &after, LIST_CHUNK).await?;
@@ -437,26 +490,20 @@ pub(super) async fn list_raw<K: Strategy>(store: &Reader, query: &ListQuery) -> 
             drop(client);
             let exhausted = rows.len() < LIST_CHUNK;
             let items = raw_chunk::<K>(&rows, epoch, &query.labels, &mut after)?;
-            let first = stream::iter(items.into_iter().map(Ok));
-            if exhausted {
-                Box::pin(first) as RawItems
-            } else {
-                let rest = Chunks {
+            Ok(FirstRead {
+                resource_version: rv,
+                continue_token: None,
+                items: items.into(),
+                rest: (!exhausted).then(|| Chunks {
                     store: store.clone(),
                     page: Arc::new(page),
                     labels: Arc::new(query.labels.clone()),
                     rv,
                     after,
-                };
-                Box::pin(first.chain(rest.stream::<K>()))
-            }
+                }),
+            })
         }
-    };
-    Ok(RawList {
-        resource_version: rv,
-        continue_token: None,
-        items,
-    })
+    }
 }
 
 /// Whether a raw page row's labels (its fifth column, present when a label selector is)
@@ -493,6 +540,7 @@ fn raw_chunk<K: Strategy>(
 
 /// The chunks of a streamed list after its first: each read in a transaction of its own at
 /// the list's resourceVersion.
+#[derive(Clone)]
 struct Chunks {
     store: Reader,
     page: Arc<PageQuery>,

@@ -5,6 +5,7 @@
 //! tail that feeds the watch fan-out in `tail`, and how far the history went in `history`.
 //! Its modules import one another, never this file.
 
+mod coalesce;
 pub(super) mod connect;
 mod epoch;
 mod error;
@@ -18,6 +19,7 @@ mod sessions;
 pub(super) mod tail;
 mod tx;
 
+pub use coalesce::ListMetrics;
 pub use sessions::NEXT_SESSION_EXPIRY_SQL;
 
 use std::sync::Arc;
@@ -39,7 +41,7 @@ use super::raw::RawList;
 use super::rv::ResourceVersion;
 use super::transact;
 use crate::tasks::Background;
-use connect::{with_session_limits, with_transport_limits, PgTls, SessionLimits, SslMode};
+use connect::{session_setup, with_transport_limits, PgTls, SessionLimits, SslMode};
 use error::{pg_err, pool_err};
 use group::Writer;
 use history::History;
@@ -166,7 +168,8 @@ impl PgStore {
             ),
         }
 
-        let mut session = with_session_limits(&config.pg, &config.session);
+        let mut session = with_transport_limits(&config.pg, &config.session);
+        let setup: Arc<str> = session_setup(&config.session).into();
         if session.get_application_name().is_none() {
             session.application_name("mcp-access");
         }
@@ -183,6 +186,18 @@ impl PgStore {
             .wait_timeout(Some(config.pool_timeout))
             .create_timeout(Some(config.pool_timeout))
             .recycle_timeout(Some(config.pool_timeout))
+            .post_create(deadpool_postgres::Hook::async_fn({
+                let setup = setup.clone();
+                move |client, _| {
+                    let setup = setup.clone();
+                    Box::pin(async move {
+                        client
+                            .batch_execute(&setup)
+                            .await
+                            .map_err(deadpool_postgres::HookError::Backend)
+                    })
+                }
+            }))
             .build()
             .map_err(|e| StoreError::Internal(e.to_string()))?;
         let limits = TailLimits {
@@ -214,6 +229,7 @@ impl PgStore {
             history: history.clone(),
             limits,
             wake,
+            setup,
         });
         let mut tasks = Background::default();
         tasks.spawn("change feed", tail.run(session, tls));
@@ -237,6 +253,7 @@ impl PgStore {
                 reader: list::Reader {
                     pool: pool.clone(),
                     history,
+                    lists: coalesce::Coalescer::new(),
                 },
                 pool,
                 writer,
@@ -291,6 +308,12 @@ impl PgStore {
     /// The change feed's metrics (head, lag, cut-offs), to register before serving.
     pub fn change_feed_metrics(&self) -> FeedMetrics {
         self.inner.fanout.metrics()
+    }
+
+    /// How many lists of the current state were asked and how many snapshot reads served
+    /// them (to register before serving; `counts` for tests).
+    pub fn list_metrics(&self) -> ListMetrics {
+        self.inner.reader.lists.metrics()
     }
 
     /// Events and encoded bytes held in the change feed's in-memory ring.

@@ -233,6 +233,8 @@ pub(crate) struct Tail {
     /// Woken by the LISTEN connection, by a write or list that found the history went back,
     /// and by a subscription waiting for an epoch switch.
     pub wake: Arc<Notify>,
+    /// Sets a session's limits (`connect::session_setup`), run on each connection first.
+    pub setup: Arc<str>,
 }
 
 impl Tail {
@@ -341,7 +343,7 @@ impl Tail {
         }));
         timed(limit, async {
             client
-                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .batch_execute(&format!("{}; LISTEN {CHANNEL}", self.setup))
                 .await
                 .map_err(unavailable)
         })
@@ -581,6 +583,10 @@ impl Tail {
                     let driver = tokio::spawn(async move {
                         let _ = conn.await;
                     });
+                    if let Err(e) = client.batch_execute(&self.setup).await {
+                        driver.abort();
+                        return Err(unavailable(e));
+                    }
                     if let Some((_, old)) = connection.replace((client, driver)) {
                         old.abort();
                     }
