@@ -319,6 +319,14 @@ impl WatchTask {
         if *self.shutdown.borrow() {
             return false;
         }
+        // Room in the queue (the usual case): no timer armed per line. A fan-out to
+        // thousands of watches would otherwise register and cancel thousands of timers per
+        // event.
+        let line = match self.tx.try_send(line) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(line)) => line,
+        };
         tokio::select! {
             sent = self.tx.send(line) => sent.is_ok(),
             _ = tokio::time::sleep_until(self.deadline) => false,
