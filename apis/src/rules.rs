@@ -124,6 +124,9 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
         }
     }
     errors.extend(validate_teams(&spec.teams, "spec.teams"));
+    if let Some(tools) = &spec.tools {
+        errors.extend(validate_tools(tools, "spec.tools"));
+    }
     if let Some(grant) = &spec.grant {
         if grant.name.is_empty() {
             errors.push(FieldError::required("spec.grant.name", "Required value"));
@@ -133,6 +136,83 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
         errors.push(FieldError::required("spec.expiresAt", "Required value"));
     }
     errors
+}
+
+/// Entries of a tool allow-list.
+pub const MAX_TOOL_ENTRIES: usize = 256;
+/// Characters of a tool name or pattern.
+pub const MAX_TOOL_NAME_LENGTH: usize = 128;
+
+/// Checks a tool allow-list: unique entries of 1 to 128 characters, none blank or holding
+/// control characters, a `*` only as the last character (a prefix pattern).
+pub fn validate_tools(tools: &[String], field: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if tools.len() > MAX_TOOL_ENTRIES {
+        errors.push(FieldError::new(
+            crate::validation::FieldErrorKind::TooMany,
+            field,
+            format!(
+                "Too many: {}: must have at most {MAX_TOOL_ENTRIES} items",
+                tools.len()
+            ),
+        ));
+        return errors;
+    }
+    let mut seen = BTreeSet::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let stem = tool.strip_suffix('*').unwrap_or(tool);
+        if tool.trim().is_empty() {
+            errors.push(FieldError::required(&at, "Required value"));
+        } else if tool.chars().count() > MAX_TOOL_NAME_LENGTH {
+            errors.push(FieldError::new(
+                crate::validation::FieldErrorKind::TooLong,
+                &at,
+                format!("Too long: may not be more than {MAX_TOOL_NAME_LENGTH} characters"),
+            ));
+        } else if stem.contains('*') || tool.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            errors.push(FieldError::invalid(
+                &at,
+                format!("Invalid value: {tool:?}: a tool name, or a prefix ending in a single '*'"),
+            ));
+        } else if !seen.insert(tool.as_str()) {
+            errors.push(FieldError::new(
+                crate::validation::FieldErrorKind::Duplicate,
+                &at,
+                format!("Duplicate value: {tool:?}"),
+            ));
+        }
+    }
+    errors
+}
+
+/// Whether a tool allow-list lets `tool` be called (absent: every tool).
+pub fn tool_granted(tools: Option<&[String]>, tool: &str) -> bool {
+    match tools {
+        None => true,
+        Some(entries) => entries.iter().any(|e| entry_covers(e, tool)),
+    }
+}
+
+/// Whether the entry `wide` admits everything the entry `narrow` admits (a name or pattern).
+fn entry_covers(wide: &str, narrow: &str) -> bool {
+    match wide.strip_suffix('*') {
+        Some(prefix) => narrow.starts_with(prefix),
+        None => wide == narrow,
+    }
+}
+
+/// The first entry of `new` that `old` does not cover: what makes `new` wider than `old`
+/// (`Some("")` stands for "every tool", when `old` is a list and `new` is absent).
+pub fn tools_widened<'a>(old: Option<&[String]>, new: Option<&'a [String]>) -> Option<&'a str> {
+    match (old, new) {
+        (None, _) => None,
+        (Some(_), None) => Some(""),
+        (Some(old), Some(new)) => new
+            .iter()
+            .find(|n| !old.iter().any(|o| entry_covers(o, n)))
+            .map(String::as_str),
+    }
 }
 
 fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
@@ -332,7 +412,8 @@ fn format_duration(d: SignedDuration) -> String {
 
 /// Checks an update of a session through the main resource and returns the spec to store.
 ///
-/// Everything that carries authority is immutable: server, agent, subject, teams and grant.
+/// Everything that carries authority is immutable: server, agent, subject, teams and grant;
+/// `tools` may only be narrowed.
 /// `expiresAt` may be brought forward; a later value is kept at the current expiry with a
 /// warning (as issuance clamps), so re-applying a manifest whose expiry was clamped works.
 pub fn admit_session_update(
@@ -361,6 +442,17 @@ pub fn admit_session_update(
     }
     if new.grant != old.grant {
         errors.push(immutable("spec.grant"));
+    }
+    match tools_widened(old.tools.as_deref(), new.tools.as_deref()) {
+        None => {}
+        Some("") => errors.push(FieldError::invalid(
+            "spec.tools",
+            "may only be narrowed: removing it would grant every tool",
+        )),
+        Some(tool) => errors.push(FieldError::invalid(
+            "spec.tools",
+            format!("may only be narrowed: {tool:?} is not covered by the current list"),
+        )),
     }
     match (&old.expires_at, &new.expires_at) {
         (Some(o), Some(n)) if n.0 > o.0 => {
@@ -781,6 +873,7 @@ mod tests {
             }),
             subject: None,
             teams: teams.iter().map(|t| t.to_string()).collect(),
+            tools: None,
             grant: None,
             expires_at: Some(Time(now() + SignedDuration::from_hours(expires_in_h))),
         }
@@ -1133,5 +1226,104 @@ mod tests {
         let short = mk_spec(None, &["payments"], 1);
         let admitted = admit_session(&short, &ctx).unwrap();
         assert_eq!(ttl_clamped(&short, &admitted.spec), None);
+    }
+
+    use crate::validation::FieldErrorKind;
+
+    fn tools(list: &[&str]) -> Option<Vec<String>> {
+        Some(list.iter().map(|t| t.to_string()).collect())
+    }
+
+    #[test]
+    fn tool_lists_are_validated() {
+        let mut spec = mk_spec(None, &["payments"], 1);
+        spec.tools = tools(&["search", "issues_*", "*"]);
+        assert!(validate_session_spec(&spec).is_empty());
+        for (bad, kind) in [
+            ("", FieldErrorKind::Required),
+            ("a*b", FieldErrorKind::Invalid),
+            ("**", FieldErrorKind::Invalid),
+            ("has space", FieldErrorKind::Invalid),
+            ("tab\t", FieldErrorKind::Invalid),
+        ] {
+            spec.tools = tools(&["ok", bad]);
+            let errors = validate_session_spec(&spec);
+            assert_eq!(errors.len(), 1, "{bad:?}: {errors:?}");
+            assert_eq!(errors[0].kind, kind, "{bad:?}");
+            assert_eq!(errors[0].field, "spec.tools[1]");
+        }
+        spec.tools = tools(&["x", "x"]);
+        assert_eq!(
+            validate_session_spec(&spec)[0].kind,
+            FieldErrorKind::Duplicate
+        );
+        spec.tools = Some(vec!["t".repeat(129)]);
+        assert_eq!(
+            validate_session_spec(&spec)[0].kind,
+            FieldErrorKind::TooLong
+        );
+        spec.tools = Some((0..257).map(|i| format!("t{i}")).collect());
+        assert_eq!(
+            validate_session_spec(&spec)[0].kind,
+            FieldErrorKind::TooMany
+        );
+        // An empty list is valid: no tool at all.
+        spec.tools = Some(vec![]);
+        assert!(validate_session_spec(&spec).is_empty());
+    }
+
+    #[test]
+    fn tools_are_granted_by_name_or_prefix() {
+        let list = tools(&["search", "issues_*"]).unwrap();
+        assert!(tool_granted(None, "anything"));
+        assert!(tool_granted(Some(&list), "search"));
+        assert!(tool_granted(Some(&list), "issues_close"));
+        assert!(tool_granted(Some(&list), "issues_"));
+        assert!(!tool_granted(Some(&list), "search2"));
+        assert!(!tool_granted(Some(&list), "issue"));
+        assert!(!tool_granted(Some(&[]), "search"));
+        assert!(tool_granted(Some(&["*".to_string()]), "x"));
+    }
+
+    #[test]
+    fn tools_may_only_be_narrowed() {
+        let old = mk_spec(None, &["payments"], 1);
+        let with = |list: Option<Vec<String>>| {
+            let mut s = old.clone();
+            s.tools = list;
+            s
+        };
+        let ok = |from: Option<Vec<String>>, to: Option<Vec<String>>| {
+            admit_session_update(&with(from), &with(to)).is_ok()
+        };
+        // Narrowing: a list where there was none, fewer entries, names a pattern covered.
+        assert!(ok(None, tools(&["search"])));
+        assert!(ok(tools(&["a", "b"]), tools(&["a"])));
+        assert!(ok(
+            tools(&["issues_*"]),
+            tools(&["issues_close", "issues_open_*"])
+        ));
+        assert!(ok(tools(&["*"]), tools(&["x"])));
+        assert!(ok(tools(&["a"]), tools(&[])));
+        assert!(ok(tools(&["a"]), tools(&["a"])));
+        // Widening, each refused with the entry that widens it named.
+        for (from, to, named) in [
+            (tools(&["a"]), None, "removing it would grant every tool"),
+            (tools(&["a"]), tools(&["a", "b"]), "\"b\" is not covered"),
+            (
+                tools(&["issues_close"]),
+                tools(&["issues_*"]),
+                "\"issues_*\" is not covered",
+            ),
+            (tools(&[]), tools(&["a"]), "\"a\" is not covered"),
+        ] {
+            let Err(SessionRuleError::Invalid(errors)) =
+                admit_session_update(&with(from), &with(to))
+            else {
+                panic!("a widening was admitted");
+            };
+            assert_eq!(errors[0].field, "spec.tools");
+            assert!(errors[0].message.contains(named), "{}", errors[0].message);
+        }
     }
 }

@@ -105,6 +105,17 @@ pub struct AccessSessionSpec {
     /// ScopeEscalation otherwise). At least one of `agent`, `subject` or `teams` is required.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub teams: Vec<String>,
+    /// The tools this session may call.
+    ///
+    /// Optional: absent means every tool the server offers. Each entry is a tool name
+    /// (`search_issues`) or a prefix pattern ending in `*` (`issues_*`; `*` alone is every tool);
+    /// at most 256 unique entries of 1 to 128 characters, a pattern's `*` only at its end. The
+    /// gateway refuses a `tools/call` of any other tool with the JSON-RPC error
+    /// `tool_not_granted`, before it reaches the server. Updates may only narrow it (drop
+    /// entries, or replace a pattern by the names or longer patterns it covers); a narrowing
+    /// reaches every gateway as a revocation does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
     /// Grant linkage, opaque to MCP Access.
     ///
     /// Optional and immutable; stored and returned as given, never interpreted by MCP Access.

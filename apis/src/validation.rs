@@ -12,6 +12,8 @@ pub enum FieldErrorKind {
     Forbidden,
     NotSupported,
     TooLong,
+    TooMany,
+    Duplicate,
 }
 
 impl FieldErrorKind {
@@ -23,6 +25,8 @@ impl FieldErrorKind {
             Self::Forbidden => "FieldValueForbidden",
             Self::NotSupported => "FieldValueNotSupported",
             Self::TooLong => "FieldValueTooLong",
+            Self::TooMany => "FieldValueTooMany",
+            Self::Duplicate => "FieldValueDuplicate",
         }
     }
 }

@@ -267,11 +267,44 @@ async fn get_wide_shows_extra_columns() {
 
     let t = get_table(&server, &["acs", "-o", "wide"]).await;
     let mut wide_header: Vec<&str> = SESSION_HEADER.to_vec();
-    wide_header.extend(["SERVER UID", "TEAMS", "REVOCATION"]);
+    wide_header.extend(["SERVER UID", "TEAMS", "REVOCATION", "TOOLS"]);
     assert_eq!(t.header, wide_header);
-    assert_eq!(t.row("s1")[7..], [SERVER_UID, "payments", "<none>"]);
+    assert_eq!(t.row("s1")[7..], [SERVER_UID, "payments", "<none>", "*"]);
     assert_eq!(t.cell("s2", "PHASE"), "Revoked");
     assert_eq!(t.cell("s2", "REVOCATION"), "compromised");
+
+    // TOOLS: the grant, narrowed with kubectl patch (a widening is refused).
+    let out = server
+        .kubectl(&[
+            "patch",
+            "acs",
+            "s1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"tools":["search","issues_*"]}}"#,
+        ])
+        .await;
+    assert!(out.success, "{}", out.stderr);
+    let t = get_table(&server, &["acs", "-o", "wide"]).await;
+    assert_eq!(t.cell("s1", "TOOLS"), "search,issues_*");
+    let out = server
+        .kubectl(&[
+            "patch",
+            "acs",
+            "s1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"tools":["*"]}}"#,
+        ])
+        .await;
+    assert!(!out.success);
+    assert!(
+        out.stderr.contains("may only be narrowed"),
+        "{}",
+        out.stderr
+    );
 
     let t = get_table(&server, &["agents", "-o", "wide"]).await;
     let mut wide_header: Vec<&str> = AGENT_HEADER.to_vec();
@@ -1609,6 +1642,8 @@ async fn explain_shows_fields_and_descriptions() {
             "subject <Subject>",
             "teams <[]string>",
             "Authority teams.",
+            "tools <[]string>",
+            "The tools this session may call.",
             "expiresAt <string>",
             "When the session stops being valid; clamped by the server.",
         ],

@@ -491,6 +491,103 @@ async fn a_revoked_sessions_stream_ends_with_a_json_rpc_error() {
     );
 }
 
+/// `spec.tools` (issue 31): a `tools/call` of a tool the session is not granted is answered by
+/// the gateway with a JSON-RPC error and never forwarded (a batch holding one is held back
+/// whole); granted names and prefixes are forwarded; a narrowing written to the apiserver
+/// reaches the gateway through its watch; the apiserver refuses any widening.
+#[tokio::test]
+async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "gina", SERVER_UID, HOUR).await;
+    let gw = Gateway::start(&server, &format!("http://{up}"), &[]);
+    gw.ready().await;
+    let gina = server.mint_token(NS, "gina").await;
+    let call = |id: u64, name: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}});
+    // Forwarded: the upstream's echo is the answer.
+    let forwarded = |body: &Value| body["result"]["headers"].is_object();
+
+    // No list: every tool.
+    let resp = gw.post(Some(&gina), call(1, "delete_repo")).await;
+    assert_eq!(resp.status(), 200);
+    assert!(forwarded(&resp.json().await.unwrap()));
+
+    // Narrowed: the gateway learns it through its watch.
+    let (status, body) = server
+        .merge_patch_session(
+            NS,
+            "gina",
+            json!({"spec": {"tools": ["search", "issues_*"]}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let resp = gw.post(Some(&gina), call(2, "delete_repo")).await;
+        assert_eq!(resp.status(), 200, "a refusal is a JSON-RPC answer");
+        let body: Value = resp.json().await.unwrap();
+        if !forwarded(&body) {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the narrowing never reached the gateway"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused["id"], 2);
+    assert_eq!(refused["error"]["code"], -32030);
+    assert_eq!(refused["error"]["data"]["reason"], "tool_not_granted");
+    assert_eq!(refused["error"]["data"]["tool"], "delete_repo");
+    for (id, granted) in [(3, "search"), (4, "issues_close")] {
+        let body: Value = gw
+            .post(Some(&gina), call(id, granted))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert!(forwarded(&body), "{granted} is granted: {body}");
+    }
+    // Other methods pass.
+    assert!(forwarded(
+        &gw.post(Some(&gina), ping(5)).await.json().await.unwrap()
+    ));
+    // A batch with one refused call is answered whole by the gateway.
+    let batch = json!([call(6, "search"), call(7, "drop_table")]);
+    let answers: Value = gw.post(Some(&gina), batch).await.json().await.unwrap();
+    let answers = answers
+        .as_array()
+        .expect("a batch is answered with a batch");
+    assert_eq!(answers.len(), 2);
+    assert!(answers
+        .iter()
+        .all(|a| a["error"]["data"]["reason"] == "tool_not_granted"));
+    assert_eq!(answers[1]["error"]["data"]["tool"], "drop_table");
+
+    // Widening is refused by the apiserver, naming what widens it.
+    for (patch, named) in [
+        (
+            json!({"spec": {"tools": ["search", "issues_*", "drop_table"]}}),
+            "\"drop_table\"",
+        ),
+        (json!({"spec": {"tools": ["search", "i*"]}}), "\"i*\""),
+        (json!({"spec": {"tools": null}}), "every tool"),
+    ] {
+        let (status, body) = server.merge_patch_session(NS, "gina", patch).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["reason"], "Invalid");
+        assert!(body["message"].as_str().unwrap().contains(named), "{body}");
+    }
+    // And a tool that was never granted stays refused.
+    let body: Value = gw
+        .post(Some(&gina), call(8, "drop_table"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["error"]["data"]["reason"], "tool_not_granted");
+}
+
 #[tokio::test]
 async fn bounded_bodies_header_checks_and_upstream_failures() {
     let server = apiserver().await;

@@ -75,6 +75,13 @@ impl TableRow for AccessSession {
             "Why the session was revoked.",
             1,
         ),
+        Column::new(
+            "Tools",
+            "string",
+            "",
+            "The tools the session may call (* when not restricted).",
+            1,
+        ),
     ];
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
@@ -111,7 +118,20 @@ impl TableRow for AccessSession {
                     .and_then(|s| s.revocation.as_ref())
                     .map(|r| r.cause.as_str()),
             ),
+            Value::String(tools_cell(self.spec.tools.as_deref())),
         ]
+    }
+}
+
+/// The TOOLS cell: `*` when not restricted, `<none>` for an empty list, else the entries
+/// (the first few, with how many more).
+fn tools_cell(tools: Option<&[String]>) -> String {
+    const SHOWN: usize = 4;
+    match tools {
+        None => "*".into(),
+        Some([]) => "<none>".into(),
+        Some(tools) if tools.len() <= SHOWN => tools.join(","),
+        Some(tools) => format!("{},+{} more", tools[..SHOWN].join(","), tools.len() - SHOWN),
     }
 }
 

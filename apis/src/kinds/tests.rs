@@ -176,6 +176,7 @@ fn session(ns: &str, name: &str, server_uid: &str, agent: Option<(&str, &str)>) 
                 user: "alice".into(),
             }),
             teams: Vec::new(),
+            tools: None,
             grant: None,
             expires_at: Some(Time(now() + SignedDuration::from_hours(1))),
         },

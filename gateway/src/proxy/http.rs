@@ -26,7 +26,10 @@ use tokio::time::Instant;
 use super::auth::{bearer, BearerError};
 use super::cut::{BoxError, CutBody, CutContext, OnEndpoint};
 use super::legacy;
-use super::mcp::{check_routing_headers, Posted, SESSION_ID_HEADER};
+use super::mcp::{
+    check_routing_headers, refuse_ungranted_calls, Posted, SESSION_ID_HEADER,
+    TOOL_NOT_GRANTED_REASON,
+};
 use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
 use super::session::{Bindings, Check};
 use super::upstream::{upstream_headers, Upstream, UpstreamError};
@@ -247,8 +250,12 @@ impl Gateway {
         self.proxy(req, abort).await
     }
 
-    /// Steps 1–4 of the token contract: the claims of an admitted request, or the reason.
-    async fn authenticate(&self, req: &Request<Incoming>) -> Result<SessionClaims, Reason> {
+    /// Steps 1–4 of the token contract: the claims of an admitted request and the tools its
+    /// session may call (`None`: every tool), or the reason.
+    async fn authenticate(
+        &self,
+        req: &Request<Incoming>,
+    ) -> Result<(SessionClaims, Option<Vec<String>>), Reason> {
         let token = bearer(req.headers(), req.uri().query()).map_err(|e| match e {
             BearerError::Missing => Reason::TokenMissing,
             BearerError::Malformed => Reason::TokenInvalid,
@@ -264,7 +271,8 @@ impl Gateway {
             .authorize_session(claims.namespace(), claims.name(), now)
             .await;
         admit(&claims, decision, session.as_deref())?;
-        Ok(claims)
+        let tools = session.and_then(|s| s.spec.tools.clone());
+        Ok((claims, tools))
     }
 
     async fn proxy(
@@ -272,7 +280,7 @@ impl Gateway {
         req: Request<Incoming>,
         abort: Arc<Notify>,
     ) -> Response<ResponseBody> {
-        let claims = match self.authenticate(&req).await {
+        let (claims, tools) = match self.authenticate(&req).await {
             Ok(c) => c,
             Err(reason) => return self.deny(reason),
         };
@@ -348,6 +356,31 @@ impl Gateway {
             let posted = Posted::parse(&body);
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
                 return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
+            }
+            // The session's tool grant: a refused call never reaches the upstream. Streamable
+            // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
+            // legacy POST, whose answers travel on the SSE stream, gets them with a 403.
+            if let Some(refusal) = refuse_ungranted_calls(&posted, |tool| {
+                apis::rules::tool_granted(tools.as_deref(), tool)
+            }) {
+                self.metrics
+                    .calls_refused
+                    .get_or_create(&DenyLabels {
+                        reason: TOOL_NOT_GRANTED_REASON,
+                    })
+                    .inc();
+                tracing::info!(
+                    session = %claims.name(),
+                    namespace = %claims.namespace(),
+                    reason = TOOL_NOT_GRANTED_REASON,
+                    "tools/call refused"
+                );
+                let status = if legacy_session.is_some() {
+                    StatusCode::FORBIDDEN
+                } else {
+                    StatusCode::OK
+                };
+                return json_response(status, &refusal);
             }
             ids = posted.request_ids();
         }

@@ -24,6 +24,11 @@ pub const NAME_BEARING_METHODS: [(&str, &str); 3] = [
     ("resources/read", "uri"),
 ];
 
+/// JSON-RPC error code of a `tools/call` the session's `spec.tools` does not grant.
+pub const TOOL_NOT_GRANTED: i64 = -32030;
+/// Its reason, in the error's `data.reason` and the refusal metric.
+pub const TOOL_NOT_GRANTED_REASON: &str = "tool_not_granted";
+
 /// A JSON-RPC request id (a string, a number, or null when unknown).
 pub type RequestId = Value;
 
@@ -125,6 +130,58 @@ pub fn encode_header_value(value: &str) -> String {
     } else {
         format!("=?base64?{}?=", STANDARD.encode(value.as_bytes()))
     }
+}
+
+/// The `tools/call` requests of a POST that `granted` refuses, as JSON-RPC error responses for
+/// every request of the body (a refused body is answered whole, never forwarded in part:
+/// the other requests of a batch get an error saying so), or `None` when everything is
+/// granted. A `tools/call` without a string `params.name` is refused too (it cannot be shown
+/// to be granted).
+pub fn refuse_ungranted_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Option<Value> {
+    let refused_tool = |message: &Value| -> Option<String> {
+        if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+            return None;
+        }
+        match message.pointer("/params/name").and_then(Value::as_str) {
+            Some(name) if granted(name) => None,
+            Some(name) => Some(name.to_string()),
+            None => Some(String::new()),
+        }
+    };
+    let refusals: Vec<Option<String>> = posted.messages.iter().map(refused_tool).collect();
+    if refusals.iter().all(Option::is_none) {
+        return None;
+    }
+    let answers: Vec<Value> = posted
+        .messages
+        .iter()
+        .zip(&refusals)
+        .filter(|(m, _)| m.get("method").is_some() && m.get("id").is_some())
+        .map(|(m, refused)| {
+            let id = m.get("id").cloned().unwrap_or(Value::Null);
+            let error = match refused {
+                Some(tool) => serde_json::json!({
+                    "code": TOOL_NOT_GRANTED,
+                    "message": format!("{TOOL_NOT_GRANTED_REASON}: this session may not call tool {tool:?}"),
+                    "data": {"reason": TOOL_NOT_GRANTED_REASON, "tool": tool},
+                }),
+                None => serde_json::json!({
+                    "code": TOOL_NOT_GRANTED,
+                    "message": "not forwarded: the batch holds a tools/call this session may not make",
+                    "data": {"reason": TOOL_NOT_GRANTED_REASON},
+                }),
+            };
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error})
+        })
+        .collect();
+    Some(if posted.batch {
+        Value::Array(answers)
+    } else {
+        answers
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": TOOL_NOT_GRANTED, "message": TOOL_NOT_GRANTED_REASON}}))
+    })
 }
 
 /// The 2026-07-28 routing-header check of a POST: a routing header given twice, an
@@ -314,5 +371,39 @@ mod tests {
             "non-canonical"
         );
         assert_eq!(encode_header_value(" a"), "=?base64?IGE=?=");
+    }
+
+    #[test]
+    fn ungranted_calls_are_answered_and_the_whole_body_is_held_back() {
+        let granted = |t: &str| t == "search";
+        assert_eq!(refuse_ungranted_calls(&call("search"), granted), None);
+        let one = refuse_ungranted_calls(&call("delete"), granted).unwrap();
+        assert_eq!(one["id"], 7);
+        assert_eq!(one["error"]["code"], TOOL_NOT_GRANTED);
+        assert_eq!(one["error"]["data"]["reason"], "tool_not_granted");
+        assert_eq!(one["error"]["data"]["tool"], "delete");
+        // Other methods are not this check's business.
+        let list = Posted::parse(br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+        assert_eq!(refuse_ungranted_calls(&list, |_| false), None);
+        // A batch with one refused call: every request answered, the notification not.
+        let batch = Posted::parse(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search"}},
+                 {"jsonrpc":"2.0","method":"notifications/progress"},
+                 {"jsonrpc":"2.0","id":"b","method":"tools/call","params":{"name":"delete"}}]"#,
+        );
+        let answers = refuse_ungranted_calls(&batch, granted).unwrap();
+        let answers = answers.as_array().unwrap();
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0]["id"], 1);
+        assert!(answers[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch"));
+        assert_eq!(answers[1]["id"], "b");
+        assert_eq!(answers[1]["error"]["data"]["tool"], "delete");
+        // No name: refused, since it cannot be shown to be granted.
+        let nameless =
+            Posted::parse(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{}}"#);
+        assert!(refuse_ungranted_calls(&nameless, |_| true).is_some());
     }
 }

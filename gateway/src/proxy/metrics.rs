@@ -34,6 +34,8 @@ pub struct DenyLabels {
 pub struct ProxyMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub denials: Family<DenyLabels, Counter>,
+    /// JSON-RPC calls refused before the upstream, by reason (`tool_not_granted`).
+    pub calls_refused: Family<DenyLabels, Counter>,
     pub duration: Histogram,
     pub stream_cut: Histogram,
     pub open_streams: Gauge,
@@ -44,6 +46,7 @@ impl Default for ProxyMetrics {
         Self {
             requests: Family::default(),
             denials: Family::default(),
+            calls_refused: Family::default(),
             duration: Histogram::new(DURATION_BUCKETS),
             stream_cut: Histogram::new(CUT_BUCKETS),
             open_streams: Gauge::default(),
@@ -69,6 +72,14 @@ impl ProxyMetrics {
             "mcp_gateway_denials",
             "Requests refused with 401, by reason",
             m.denials.clone(),
+        );
+        let _ = m.calls_refused.get_or_create(&DenyLabels {
+            reason: super::mcp::TOOL_NOT_GRANTED_REASON,
+        });
+        registry.register(
+            "mcp_gateway_calls_refused",
+            "JSON-RPC calls answered with an error instead of being forwarded, by reason (never by session or tool)",
+            m.calls_refused.clone(),
         );
         registry.register(
             "mcp_gateway_request_duration_seconds",

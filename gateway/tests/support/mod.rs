@@ -332,6 +332,26 @@ impl Apiserver {
         .await
     }
 
+    /// A JSON merge patch of a session (as `kubectl patch --type merge` sends it): the status
+    /// code and the body (the object, or the Status of a refusal).
+    pub async fn merge_patch_session(&self, ns: &str, name: &str, patch: Value) -> (u16, Value) {
+        let url = format!(
+            "{}/apis/{API_VERSION}/namespaces/{ns}/accesssessions/{name}",
+            self.write_url
+        );
+        let resp = self
+            .http()
+            .patch(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await
+            .expect("request to the apiserver");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
     /// Revokes one session with a Revocation (as `kubectl create revocation` does).
     pub async fn revoke(&self, ns: &str, session: &str) {
         let body = json!({
