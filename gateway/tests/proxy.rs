@@ -48,6 +48,19 @@ async fn upstream() -> SocketAddr {
             )
                 .into_response();
         }
+        if msg["method"] == "tools/list" {
+            let answer = json!({"jsonrpc":"2.0","id":msg["id"],"result":{"tools":[
+                {"name":"search","inputSchema":{"type":"object"}},
+                {"name":"delete_repo","inputSchema":{"type":"object"}},
+                {"name":"issues_close","inputSchema":{"type":"object"}}
+            ]}});
+            if headers.contains_key("x-test-sse") {
+                let event = format!("event: message\r\nid: e1\r\ndata: {answer}\r\n\r\n");
+                return ([("content-type", "text/event-stream")], Body::from(event))
+                    .into_response();
+            }
+            return axum::Json(answer).into_response();
+        }
         if msg["method"] == "stream" {
             let first = format!(
                 "event: message\ndata: {}\n\n",
@@ -563,6 +576,47 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
         .iter()
         .all(|a| a["error"]["data"]["reason"] == "tool_not_granted"));
     assert_eq!(answers[1]["error"]["data"]["tool"], "drop_table");
+
+    // tools/list answers show only the granted tools, as JSON and as SSE.
+    let list = json!({"jsonrpc":"2.0","id":"l1","method":"tools/list"});
+    let names = |answer: &Value| -> Vec<String> {
+        answer["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let answer: Value = gw
+        .post(Some(&gina), list.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["id"], "l1");
+    assert_eq!(names(&answer), ["search", "issues_close"]);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&gina)
+        .header("accept", "application/json, text/event-stream")
+        .header("x-test-sse", "1")
+        .json(&list)
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    let data = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or_else(|| panic!("an SSE answer: {text:?}"));
+    assert!(
+        text.contains("id: e1"),
+        "the event keeps its other fields: {text:?}"
+    );
+    assert_eq!(
+        names(&serde_json::from_str(data).unwrap()),
+        ["search", "issues_close"]
+    );
 
     // Widening is refused by the apiserver, naming what widens it.
     for (patch, named) in [

@@ -21,9 +21,37 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::legacy::{EndpointScan, Owed};
+use super::mcp::filter_tools_list;
 use super::metrics::ProxyMetrics;
-use super::sse::SseFramer;
+use super::sse::{rewrite_events, SseFramer};
 use crate::credential::Reason;
+
+/// Filtering of `tools/list` answers to the tools a session may call.
+pub struct ToolsFilter {
+    /// The ids of the `tools/list` requests the response answers.
+    pub ids: Vec<Value>,
+    pub granted: Box<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl ToolsFilter {
+    fn events(&self, events: Bytes) -> Bytes {
+        rewrite_events(&events, &mut |m| {
+            filter_tools_list(m, &self.ids, &*self.granted)
+        })
+    }
+
+    /// A whole JSON body filtered (one that is not JSON passes as it is).
+    fn json(&self, body: Bytes) -> Bytes {
+        let Ok(mut message) = serde_json::from_slice::<Value>(&body) else {
+            return body;
+        };
+        if filter_tools_list(&mut message, &self.ids, &*self.granted) {
+            Bytes::from(message.to_string())
+        } else {
+            body
+        }
+    }
+}
 
 /// What a legacy `endpoint` event is reported to.
 pub type OnEndpoint = Arc<dyn Fn(&str) -> Arc<Owed> + Send + Sync>;
@@ -61,6 +89,10 @@ pub struct CutBody {
     /// The answers a legacy stream owes, once its endpoint event was seen.
     owed: Option<Arc<Owed>>,
     ids: Vec<Value>,
+    /// Filters `tools/list` answers (a JSON body is held whole, up to `max_held` bytes).
+    tools: Option<ToolsFilter>,
+    held: Option<bytes::BytesMut>,
+    max_held: usize,
     cut: oneshot::Receiver<(Reason, Instant)>,
     /// Set once the cut was seen: the closing bytes (if any) still to send.
     closing: Option<Bytes>,
@@ -74,12 +106,13 @@ pub struct CutBody {
 impl CutBody {
     /// Wraps `inner`. `sse` when the response is `text/event-stream`; `ids` are the JSON-RPC
     /// request ids the stream owes answers to; `until` resolves with the reason the session
-    /// stopped being usable.
+    /// stopped being usable; `tools` filters the answers to `tools/list` requests.
     pub fn new(
         inner: Incoming,
         sse: bool,
         max_event_bytes: usize,
         ids: Vec<Value>,
+        tools: Option<ToolsFilter>,
         until: impl std::future::Future<Output = Reason> + Send + 'static,
         ctx: CutContext,
     ) -> Self {
@@ -117,6 +150,12 @@ impl CutBody {
             endpoint,
             owed: None,
             ids,
+            held: tools
+                .as_ref()
+                .filter(|_| !sse)
+                .map(|_| bytes::BytesMut::new()),
+            tools,
+            max_held: max_event_bytes,
             cut: rx,
             closing: None,
             cut_at: None,
@@ -191,8 +230,23 @@ impl Body for CutBody {
         loop {
             return match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => Poll::Pending,
+                Poll::Ready(None) if this.held.is_some() => {
+                    // The whole JSON answer, filtered; the next poll ends the body.
+                    let body = this.held.take().unwrap_or_default().freeze();
+                    let body = match &this.tools {
+                        Some(tools) => tools.json(body),
+                        None => body,
+                    };
+                    Poll::Ready(Some(Ok(Frame::data(body))))
+                }
                 Poll::Ready(None) => match this.framer.as_mut().map(SseFramer::finish) {
-                    Some(rest) if !rest.is_empty() => Poll::Ready(Some(Ok(Frame::data(rest)))),
+                    Some(rest) if !rest.is_empty() => {
+                        let rest = match &this.tools {
+                            Some(tools) => tools.events(rest),
+                            None => rest,
+                        };
+                        Poll::Ready(Some(Ok(Frame::data(rest))))
+                    }
                     _ => {
                         this.end();
                         Poll::Ready(None)
@@ -204,12 +258,29 @@ impl Body for CutBody {
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => match this.framer.as_mut() {
-                        None => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        None => match this.held.as_mut() {
+                            None => Poll::Ready(Some(Ok(Frame::data(data)))),
+                            Some(held) if held.len() + data.len() > this.max_held => {
+                                // Too large to filter: fail closed, never pass it unfiltered.
+                                this.end();
+                                Poll::Ready(Some(Err(
+                                    "a tools/list answer too large to filter".into()
+                                )))
+                            }
+                            Some(held) => {
+                                held.extend_from_slice(&data);
+                                continue;
+                            }
+                        },
                         Some(f) => {
                             let ready = f.push(&data);
                             if ready.is_empty() {
                                 continue;
                             }
+                            let ready = match &this.tools {
+                                Some(tools) => tools.events(ready),
+                                None => ready,
+                            };
                             if let Some(owed) = &this.owed {
                                 owed.passed(&ready);
                             } else if let Some((scan, on_endpoint)) = this.endpoint.as_mut() {

@@ -24,10 +24,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::auth::{bearer, BearerError};
-use super::cut::{BoxError, CutBody, CutContext, OnEndpoint};
+use super::cut::{BoxError, CutBody, CutContext, OnEndpoint, ToolsFilter};
 use super::legacy;
 use super::mcp::{
-    check_routing_headers, refuse_ungranted_calls, Posted, SESSION_ID_HEADER,
+    check_routing_headers, refuse_ungranted_calls, tools_list_ids, Posted, SESSION_ID_HEADER,
     TOOL_NOT_GRANTED_REASON,
 };
 use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
@@ -352,6 +352,7 @@ impl Gateway {
             Ok(Ok(collected)) => collected.to_bytes(),
         };
         let mut ids = Vec::new();
+        let mut list_ids = Vec::new();
         if parts.method == http::Method::POST {
             let posted = Posted::parse(&body);
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
@@ -383,6 +384,7 @@ impl Gateway {
                 return json_response(status, &refusal);
             }
             ids = posted.request_ids();
+            list_ids = tools_list_ids(&posted);
         }
         let path_and_query = parts
             .uri
@@ -425,8 +427,17 @@ impl Gateway {
                     .to_ascii_lowercase()
                     .starts_with("text/event-stream")
             });
-        if sse {
-            // The cut may append an event: the length is no longer the upstream's.
+        // A session with a tool list sees only those tools in answers to tools/list.
+        let tools_filter = match tools {
+            Some(tools) if !list_ids.is_empty() => Some(ToolsFilter {
+                ids: list_ids,
+                granted: Box::new(move |tool: &str| apis::rules::tool_granted(Some(&tools), tool)),
+            }),
+            _ => None,
+        };
+        if sse || tools_filter.is_some() {
+            // The cut may append an event and the filter drops tools: the length is no
+            // longer the upstream's.
             head.headers.remove(http::header::CONTENT_LENGTH);
         }
         let gateway = Arc::clone(self);
@@ -454,7 +465,15 @@ impl Gateway {
             let (ns, name) = (claims.namespace().to_string(), claims.name().to_string());
             async move { Reason::from(cache.subscribe(&ns, &name).await) }
         };
-        let body = CutBody::new(upstream_body, sse, self.max_body_bytes, ids, until, ctx);
+        let body = CutBody::new(
+            upstream_body,
+            sse,
+            self.max_body_bytes,
+            ids,
+            tools_filter,
+            until,
+            ctx,
+        );
         Response::from_parts(head, body.boxed())
     }
 }

@@ -132,6 +132,46 @@ pub fn encode_header_value(value: &str) -> String {
     }
 }
 
+/// The ids of the `tools/list` requests of a POST: the answers whose tools are filtered.
+pub fn tools_list_ids(posted: &Posted) -> Vec<RequestId> {
+    posted
+        .messages
+        .iter()
+        .filter(|m| m.get("method").and_then(Value::as_str) == Some("tools/list"))
+        .filter_map(|m| m.get("id").cloned())
+        .collect()
+}
+
+/// Drops from a JSON-RPC answer (or a batch of them) to one of the `tools/list` requests
+/// `ids` every tool `granted` refuses. Returns whether anything was dropped.
+pub fn filter_tools_list(
+    message: &mut Value,
+    ids: &[RequestId],
+    granted: &dyn Fn(&str) -> bool,
+) -> bool {
+    if let Value::Array(items) = message {
+        let mut changed = false;
+        for item in items {
+            changed |= filter_tools_list(item, ids, granted);
+        }
+        return changed;
+    }
+    let answers_a_list = message.get("id").is_some_and(|id| ids.contains(id));
+    let Some(Value::Array(tools)) = message
+        .pointer_mut("/result/tools")
+        .filter(|_| answers_a_list)
+    else {
+        return false;
+    };
+    let before = tools.len();
+    tools.retain(|tool| {
+        tool.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(granted)
+    });
+    tools.len() != before
+}
+
 /// The `tools/call` requests of a POST that `granted` refuses, as JSON-RPC error responses for
 /// every request of the body (a refused body is answered whole, never forwarded in part:
 /// the other requests of a batch get an error saying so), or `None` when everything is
@@ -405,5 +445,33 @@ mod tests {
         let nameless =
             Posted::parse(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{}}"#);
         assert!(refuse_ungranted_calls(&nameless, |_| true).is_some());
+    }
+
+    #[test]
+    fn tools_list_answers_keep_only_granted_tools() {
+        let posted = Posted::parse(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#,
+        );
+        let ids = tools_list_ids(&posted);
+        assert_eq!(ids, vec![json!(1)]);
+        let granted = |t: &str| t == "search" || t.starts_with("issues_");
+        let mut answer = json!({"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"search"},{"name":"delete_repo"},{"name":"issues_close"},{"description":"nameless"}
+        ]}});
+        assert!(filter_tools_list(&mut answer, &ids, &granted));
+        let names: Vec<&str> = answer["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["search", "issues_close"]);
+        // Another request's answer, or one without tools, is left alone.
+        let mut other = json!({"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"x"}]}});
+        assert!(!filter_tools_list(&mut other, &ids, &granted));
+        assert_eq!(other["result"]["tools"][0]["name"], "x");
+        let mut batch = json!([{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"x"}]}}]);
+        assert!(filter_tools_list(&mut batch, &ids, &granted));
+        assert_eq!(batch[0]["result"]["tools"], json!([]));
     }
 }

@@ -99,6 +99,71 @@ impl SseFramer {
     }
 }
 
+/// Rewrites the whole events of `events` (as [`SseFramer::push`] passes them on) whose data is
+/// JSON that `rewrite` changes: such an event keeps its other fields and gets its new data on
+/// one line; every other byte passes unchanged.
+pub fn rewrite_events(events: &[u8], rewrite: &mut dyn FnMut(&mut Value) -> bool) -> Bytes {
+    let mut out = Vec::with_capacity(events.len());
+    let mut start = 0;
+    let mut line_start = 0;
+    let mut i = 0;
+    let mut emit = |event: &[u8], out: &mut Vec<u8>| match rewritten(event, rewrite) {
+        Some(new) => out.extend_from_slice(&new),
+        None => out.extend_from_slice(event),
+    };
+    while i < events.len() {
+        let b = events[i];
+        if b == b'\r' || b == b'\n' {
+            let mut end = i + 1;
+            if b == b'\r' && events.get(i + 1) == Some(&b'\n') {
+                end += 1;
+            }
+            if line_start == i {
+                // A blank line ends the event.
+                emit(&events[start..end], &mut out);
+                start = end;
+            }
+            line_start = end;
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    if start < events.len() {
+        out.extend_from_slice(&events[start..]);
+    }
+    Bytes::from(out)
+}
+
+/// One event rewritten, or `None` when it stays as it is.
+fn rewritten(event: &[u8], rewrite: &mut dyn FnMut(&mut Value) -> bool) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(event).ok()?;
+    let mut data = Vec::new();
+    let mut others = Vec::new();
+    for line in text.split(['\n', '\r']).filter(|l| !l.is_empty()) {
+        match line.strip_prefix("data:") {
+            Some(value) => data.push(value.strip_prefix(' ').unwrap_or(value)),
+            None => others.push(line),
+        }
+    }
+    if data.is_empty() {
+        return None;
+    }
+    let mut message: Value = serde_json::from_str(&data.join("\n")).ok()?;
+    if !rewrite(&mut message) {
+        return None;
+    }
+    let mut out = String::new();
+    for line in others {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str("data: ");
+    out.push_str(&message.to_string());
+    out.push_str("\n\n");
+    Some(out.into_bytes())
+}
+
 /// The JSON-RPC error that ends a stream whose session stopped being usable.
 pub fn error_message(reason: &str, id: &Value) -> Value {
     serde_json::json!({
@@ -168,6 +233,24 @@ mod tests {
         assert!(
             out.starts_with(b"\n\nevent: message\n"),
             "the overflowed event is ended first"
+        );
+    }
+
+    #[test]
+    fn events_whose_json_changes_are_rewritten_and_the_rest_pass() {
+        let input = b"event: message\r\nid: 4\r\ndata: {\"a\":1,\r\ndata: \"b\":2}\r\n\r\n: comment\n\nevent: message\ndata: {\"a\":3}\n\n";
+        let out = rewrite_events(input, &mut |v: &mut Value| {
+            if v["a"] == 1 {
+                v["a"] = serde_json::json!(9);
+                true
+            } else {
+                false
+            }
+        });
+        let out = std::str::from_utf8(&out).unwrap();
+        assert_eq!(
+            out,
+            "event: message\nid: 4\ndata: {\"a\":9,\"b\":2}\n\n: comment\n\nevent: message\ndata: {\"a\":3}\n\n"
         );
     }
 }
