@@ -38,6 +38,8 @@ pub enum SessionRuleError {
     },
     #[error("teams {0:?} are not teams of the agent")]
     ScopeEscalation(Vec<String>),
+    #[error("tool {tool:?} is outside the tools agent {agent:?} may be granted (its spec.tools)")]
+    ToolEscalation { agent: String, tool: String },
     #[error("agent {name:?} already holds {active} active sessions (maxActiveSessions {max})")]
     QuotaExceeded { name: String, active: u32, max: u32 },
     #[error("server uid {0:?} was retired; no session may be issued or restored for it")]
@@ -280,6 +282,9 @@ pub fn agent_max_ttl(spec: &AgentSpec) -> Option<SignedDuration> {
 /// Validates an Agent spec.
 pub fn validate_agent_spec(spec: &AgentSpec) -> Vec<FieldError> {
     let mut errors = validate_teams(&spec.teams, "spec.teams");
+    if let Some(tools) = &spec.tools {
+        errors.extend(validate_tools(tools, "spec.tools"));
+    }
     for (i, owner) in spec.owners.iter().enumerate() {
         if owner.trim().is_empty() {
             errors.push(FieldError::required(
@@ -333,6 +338,7 @@ pub fn admit_session(
     }
 
     let mut admitted = spec.clone();
+    let mut ceiling_warning = None;
     let mut limit = ctx.server_max_ttl;
     let mut limit_source = "the server maximum";
     if let Some(agent_ref) = &spec.agent {
@@ -361,6 +367,25 @@ pub fn admit_session(
         if !outside.is_empty() {
             return Err(SessionRuleError::ScopeEscalation(outside));
         }
+        if let Some(ceiling) = &agent.spec.tools {
+            match tools_widened(Some(ceiling), spec.tools.as_deref()) {
+                None => {}
+                // No list asked for: the ceiling is the grant.
+                Some("") => {
+                    admitted.tools = Some(ceiling.clone());
+                    ceiling_warning = Some(format!(
+                        "spec.tools set to the tools agent {:?} may be granted",
+                        agent_ref.name
+                    ));
+                }
+                Some(tool) => {
+                    return Err(SessionRuleError::ToolEscalation {
+                        agent: agent_ref.name.clone(),
+                        tool: tool.to_string(),
+                    })
+                }
+            }
+        }
         if let Some(max) = agent.spec.max_active_sessions {
             if ctx.agent_active_sessions >= max {
                 return Err(SessionRuleError::QuotaExceeded {
@@ -381,7 +406,7 @@ pub fn admit_session(
         }
     }
 
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = ceiling_warning.into_iter().collect();
     let latest = ctx.now.checked_add(limit).unwrap_or(requested);
     if requested > latest {
         // Kubernetes times have second precision; round down so the clamp is never exceeded.
@@ -1325,5 +1350,44 @@ mod tests {
             assert_eq!(errors[0].field, "spec.tools");
             assert!(errors[0].message.contains(named), "{}", errors[0].message);
         }
+    }
+
+    #[test]
+    fn an_agents_tool_ceiling_bounds_issuance() {
+        let mut agent = crate::Agent::default();
+        agent.metadata.name = Some("bot".into());
+        agent.metadata.uid = Some("agent-uid".into());
+        agent.spec.teams = vec!["payments".into()];
+        agent.spec.tools = tools(&["search", "issues_*"]);
+        let ctx = IssuanceContext {
+            agent: Some(&agent),
+            agent_active_sessions: 0,
+            server_max_ttl: SignedDuration::from_hours(24),
+            server_fenced: false,
+            standing_revocation: None,
+            now: now(),
+        };
+        let mut spec = mk_spec(Some("bot"), &["payments"], 1);
+        // No list: the ceiling is granted, with a warning.
+        let admitted = admit_session(&spec, &ctx).unwrap();
+        assert_eq!(admitted.spec.tools, tools(&["search", "issues_*"]));
+        assert!(admitted.warnings.iter().any(|w| w.contains("spec.tools")));
+        // Inside it: as asked.
+        spec.tools = tools(&["issues_close"]);
+        assert_eq!(
+            admit_session(&spec, &ctx).unwrap().spec.tools,
+            tools(&["issues_close"])
+        );
+        // Outside it: refused, naming the tool.
+        spec.tools = tools(&["search", "delete_repo"]);
+        let err = admit_session(&spec, &ctx).unwrap_err();
+        assert_eq!(
+            err,
+            SessionRuleError::ToolEscalation {
+                agent: "bot".into(),
+                tool: "delete_repo".into()
+            }
+        );
+        assert!(err.to_string().contains("\"delete_repo\""));
     }
 }

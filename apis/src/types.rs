@@ -384,6 +384,15 @@ pub struct AgentSpec {
     /// not expired count; issuing one more is refused (403 QuotaExceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_sessions: Option<u32>,
+    /// The most tools a session of this agent may be granted (tool names and `prefix*`
+    /// patterns, as a session's `spec.tools`).
+    ///
+    /// Optional; without it any tool may be granted. A new session of this agent that names a
+    /// tool outside it is refused (403 ScopeEscalation, naming the tool); one that names no tools
+    /// is granted exactly this list, with a Warning. Changing it applies to sessions issued
+    /// afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 impl Default for AgentSpec {
@@ -392,6 +401,7 @@ impl Default for AgentSpec {
             display_name: None,
             owners: Vec::new(),
             teams: Vec::new(),
+            tools: None,
             active: true,
             max_session_ttl: None,
             max_active_sessions: None,

@@ -1827,6 +1827,51 @@ async fn unknown_fields_rejected_under_strict_validation() {
 // Session rules through kubectl
 // ---------------------------------------------------------------------------------------------
 
+/// An agent's tool ceiling (`spec.tools`): a session naming a tool outside it is refused
+/// (403 ScopeEscalation, the tool named); one naming none is granted the ceiling, with a
+/// Warning kubectl prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_tool_ceiling_bounds_the_tools_a_session_is_granted() {
+    let server = TestServer::start().await;
+    let mut agent = mk_agent("tool-bot", &["payments"]);
+    agent.spec.tools = Some(vec!["search".into(), "issues_*".into()]);
+    server.store.create_agent(agent, false).await.unwrap();
+    let manifest = |name: &str, tools: &str| {
+        format!(
+            "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: AccessSession\nmetadata:\n  name: {name}\nspec:\n  server: {{name: github, uid: {SERVER_UID}}}\n  agent: {{name: tool-bot}}\n  teams: [payments]\n{tools}  expiresAt: \"{}\"\n",
+            in_secs(1800)
+        )
+    };
+    let create = |m: String| {
+        let server = &server;
+        async move {
+            server
+                .kubectl_with(&server.kubeconfig, &["create", "-f", "-"], Some(&m))
+                .await
+        }
+    };
+    let out = create(manifest("outside", "  tools: [search, delete_repo]\n")).await;
+    failed(&out);
+    assert!(
+        out.stderr.contains("Error from server (ScopeEscalation)"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains(r#"tool "delete_repo""#), "{out:?}");
+
+    let out = create(manifest("inside", "  tools: [issues_close]\n")).await;
+    ok(&out);
+    let out = create(manifest("unasked", "")).await;
+    ok(&out);
+    assert!(
+        out.stderr
+            .contains("Warning: spec.tools set to the tools agent"),
+        "{out:?}"
+    );
+    let t = get_table(&server, &["acs", "-o", "wide"]).await;
+    assert_eq!(t.cell("inside", "TOOLS"), "issues_close");
+    assert_eq!(t.cell("unasked", "TOOLS"), "search,issues_*");
+}
+
 /// A session whose teams are not all the agent's is refused (403 ScopeEscalation).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scope_escalation_is_refused() {

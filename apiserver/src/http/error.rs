@@ -294,9 +294,10 @@ impl ApiError {
                     Refusal::Session(SessionRuleError::AgentInactive(_)) => {
                         forbidden("Forbidden", message)
                     }
-                    Refusal::Session(SessionRuleError::ScopeEscalation(_)) => {
-                        forbidden("ScopeEscalation", message)
-                    }
+                    Refusal::Session(
+                        SessionRuleError::ScopeEscalation(_)
+                        | SessionRuleError::ToolEscalation { .. },
+                    ) => forbidden("ScopeEscalation", message),
                     Refusal::Session(SessionRuleError::QuotaExceeded { .. }) => {
                         forbidden("QuotaExceeded", message)
                     }
