@@ -513,7 +513,13 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
     let server = apiserver().await;
     let up = upstream().await;
     server.create_session(NS, "gina", SERVER_UID, HOUR).await;
-    let gw = Gateway::start(&server, &format!("http://{up}"), &[]);
+    let audit = scratch_dir().join("audit.jsonl");
+    let audit_flag = audit.to_string_lossy().into_owned();
+    let gw = Gateway::start(
+        &server,
+        &format!("http://{up}"),
+        &["--audit-log", &audit_flag],
+    );
     gw.ready().await;
     let gina = server.mint_token(NS, "gina").await;
     let call = |id: u64, name: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}});
@@ -640,6 +646,40 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
         .await
         .unwrap();
     assert_eq!(body["error"]["data"]["reason"], "tool_not_granted");
+
+    // The audit trail: one JSON line per tools/call decision, the session named, no token.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    assert!(!text.contains(&gina), "a token in the audit log");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let decided = |tool: &str, decision: &str| {
+        lines
+            .iter()
+            .filter(|l| l["tool"] == tool && l["decision"] == decision)
+            .count()
+    };
+    assert!(decided("delete_repo", "allow") >= 1, "{text}");
+    assert!(decided("delete_repo", "refuse") >= 1, "{text}");
+    assert_eq!(decided("search", "allow"), 1, "{text}");
+    assert_eq!(decided("issues_close", "allow"), 1, "{text}");
+    assert_eq!(decided("drop_table", "refuse"), 2, "{text}");
+    let batch_line = lines
+        .iter()
+        .find(|l| l["tool"] == "search" && l["decision"] == "refuse")
+        .expect("the granted call of the refused batch is recorded as refused");
+    assert_eq!(batch_line["reason"], "batch_refused");
+    let line = lines.iter().find(|l| l["tool"] == "drop_table").unwrap();
+    assert_eq!(line["session"]["namespace"], NS);
+    assert_eq!(line["session"]["name"], "gina");
+    assert!(line["session"]["uid"]
+        .as_str()
+        .is_some_and(|u| !u.is_empty()));
+    assert_eq!(line["server_uid"], SERVER_UID);
+    assert_eq!(line["reason"], "tool_not_granted");
+    assert!(line["latency_us"].is_u64());
+    assert!(line["time"].is_string());
 }
 
 #[tokio::test]

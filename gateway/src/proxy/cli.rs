@@ -60,6 +60,10 @@ pub struct Cli {
     /// Time to connect to the upstream (502 after it).
     #[arg(long, env = "MCP_ACCESS_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
     pub upstream_connect_timeout: Duration,
+    /// Writes one JSON line per tools/call decision to this file (appended to; created if
+    /// missing) or, with `-`, to standard output. Off when not given.
+    #[arg(long, env = "MCP_ACCESS_GATEWAY_AUDIT_LOG", value_parser = super::audit::AuditTarget::parse)]
+    pub audit_log: Option<super::audit::AuditTarget>,
     /// Serve `/readyz`, `/metrics` and `/config/status` here instead of on `--listen`.
     #[arg(long, env = "MCP_ACCESS_GATEWAY_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,

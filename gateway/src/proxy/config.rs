@@ -41,6 +41,8 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// Time to connect to the upstream.
     pub upstream_connect_timeout: Duration,
+    /// `--audit-log`: where tools/call decisions are written, one JSON line each.
+    pub audit_log: Option<super::audit::AuditTarget>,
 }
 
 impl process::Flags for Cli {
@@ -87,6 +89,7 @@ impl TryFrom<Cli> for Config {
             },
             upstream_timeout: cli.upstream_timeout,
             upstream_connect_timeout: cli.upstream_connect_timeout,
+            audit_log: cli.audit_log,
         })
     }
 }

@@ -44,6 +44,8 @@ pub type ResponseBody = BoxBody<Bytes, BoxError>;
 
 /// Everything a request needs; shared by every connection.
 pub struct Gateway {
+    /// `--audit-log`: one JSON line per tools/call decision.
+    pub audit: Option<Arc<super::audit::Audit>>,
     pub cache: SessionCache,
     pub verifier: Verifier,
     pub upstream: Upstream,
@@ -280,6 +282,7 @@ impl Gateway {
         req: Request<Incoming>,
         abort: Arc<Notify>,
     ) -> Response<ResponseBody> {
+        let started = Instant::now();
         let (claims, tools) = match self.authenticate(&req).await {
             Ok(c) => c,
             Err(reason) => return self.deny(reason),
@@ -357,6 +360,9 @@ impl Gateway {
             let posted = Posted::parse(&body);
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
                 return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
+            }
+            if let Some(audit) = &self.audit {
+                audit_calls(audit, &claims, &posted, tools.as_deref(), started.elapsed());
             }
             // The session's tool grant: a refused call never reaches the upstream. Streamable
             // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
@@ -475,6 +481,36 @@ impl Gateway {
             ctx,
         );
         Response::from_parts(head, body.boxed())
+    }
+}
+
+/// One audit line per `tools/call` of a body: allowed when `tools` grants it (and, in a batch,
+/// when no other call of the batch is refused, since a batch is held back whole).
+fn audit_calls(
+    audit: &super::audit::Audit,
+    claims: &SessionClaims,
+    posted: &Posted,
+    tools: Option<&[String]>,
+    latency: std::time::Duration,
+) {
+    let calls: Vec<(String, bool)> = posted
+        .messages
+        .iter()
+        .filter(|m| m.get("method").and_then(Value::as_str) == Some("tools/call"))
+        .map(|m| {
+            let name = m.pointer("/params/name").and_then(Value::as_str);
+            let granted = name.is_some_and(|n| apis::rules::tool_granted(tools, n));
+            (name.unwrap_or_default().to_string(), granted)
+        })
+        .collect();
+    let whole_body_refused = calls.iter().any(|(_, granted)| !granted);
+    for (tool, granted) in &calls {
+        let refused = whole_body_refused.then_some(if *granted {
+            "batch_refused"
+        } else {
+            TOOL_NOT_GRANTED_REASON
+        });
+        audit.decision(claims, tool, refused, latency);
     }
 }
 

@@ -3,6 +3,7 @@
 //! ([`crate::credential::verify`], [`crate::credential::admit`], [`mcp::check_routing_headers`],
 //! [`session::Bindings`]) and the transport framing ([`mcp`], [`sse`]) stays apart from policy.
 
+pub mod audit;
 pub mod auth;
 pub mod cli;
 pub mod config;

@@ -40,7 +40,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .context("invalid --sync-url, --ca-file, --token-file or stale window")?;
     let key_task = tokio::spawn(keys.clone().run());
     let limits = config.limits;
+    // An audit trail asked for and not writable stops startup: it is never silently missing.
+    let audit = match &config.audit_log {
+        Some(target) => Some(Arc::new(
+            super::audit::Audit::open(target)
+                .with_context(|| format!("cannot open --audit-log {target:?}"))?,
+        )),
+        None => None,
+    };
     let gateway = Arc::new(Gateway {
+        audit,
         cache,
         verifier: Verifier::new(keys, config.public_url.clone()),
         upstream: Upstream::new(
