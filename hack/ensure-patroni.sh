@@ -6,24 +6,5 @@
 #
 #   MCP_ACCESS_PATRONI_BIN=$(hack/ensure-patroni.sh)
 set -euo pipefail
-
-if command -v patroni 2>/dev/null; then
-  exit 0
-fi
-if [ "$(id -u)" != 0 ]; then
-  echo "ensure-patroni.sh: patroni is not installed and this is not root; install it with" >&2
-  echo "  apt-get install -y --no-install-recommends patroni" >&2
-  exit 1
-fi
-if ! command -v apt-get >/dev/null; then
-  echo "ensure-patroni.sh: patroni is not installed and there is no apt-get; put patroni on PATH" >&2
-  exit 1
-fi
-
 . "$(dirname "$0")/lib/debian.sh"
-echo "ensure-patroni.sh: patroni not found; installing Debian's patroni" >&2
-debian_install patroni
-if ! command -v patroni; then
-  echo "ensure-patroni.sh: the package installed, but no patroni executable was found" >&2
-  exit 1
-fi
+debian_ensure ensure-patroni.sh patroni patroni
