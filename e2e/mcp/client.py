@@ -8,6 +8,9 @@ Scenarios (`--scenario`):
   basic   initialize (legacy) / adopt (2026-07-28), tools/list, tools/call echo and whoami
   count   tools/call count with a progress callback: one `progress` line per notification,
           as it arrives; with a large `--count` this is the open stream a revocation must cut
+  tools   tools/list, then tools/call echo and tools/call count: on a session whose spec.tools
+          grants echo only, the list shows only what is granted and count fails with the
+          gateway's JSON-RPC error (its code, message and data reported)
   prm     the RFC 9728 document, discovered the way the SDK's OAuth client does
           (`build_protected_resource_metadata_discovery_urls`) and parsed by the SDK's
           `ProtectedResourceMetadata` model (`handle_protected_resource_response`)
@@ -114,6 +117,18 @@ async def run_basic(client: Client, out: dict[str, Any]) -> None:
     out["whoami"] = json.loads(tool_text(who))
 
 
+async def run_tools(client: Client, out: dict[str, Any]) -> None:
+    tools = await client.list_tools()
+    out["tools"] = sorted(t.name for t in tools.tools)
+    echoed = await client.call_tool("echo", {"text": "granted"})
+    out["echo"] = tool_text(echoed)
+    try:
+        counted = await client.call_tool("count", {"n": 1, "delay_ms": 1})
+        out["count"] = {"result": tool_text(counted), "is_error": bool(counted.is_error)}
+    except MCPError as e:
+        out["count"] = {"error": {"code": e.code, "message": e.message, "data": e.data}}
+
+
 async def run_count(client: Client, out: dict[str, Any], n: int, delay_ms: int) -> None:
     out["protocol_version"] = client.protocol_version
     started = time.monotonic()
@@ -168,7 +183,7 @@ async def main() -> int:
     parser.add_argument("--token-file", help="file holding the bearer token (none: no Authorization header)")
     parser.add_argument("--mode", default="legacy", help='"legacy" or a modern version such as "2026-07-28"')
     parser.add_argument("--transport", default="streamable-http", choices=["streamable-http", "sse"])
-    parser.add_argument("--scenario", default="basic", choices=["basic", "count", "prm"])
+    parser.add_argument("--scenario", default="basic", choices=["basic", "count", "tools", "prm"])
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--delay-ms", type=int, default=50)
     args = parser.parse_args()
@@ -200,6 +215,8 @@ async def main() -> int:
             async with Client(transport, mode=args.mode, read_timeout_seconds=120) as client:
                 if args.scenario == "basic":
                     await run_basic(client, out)
+                elif args.scenario == "tools":
+                    await run_tools(client, out)
                 else:
                     await run_count(client, out, args.count, args.delay_ms)
         out["ok"] = True

@@ -386,6 +386,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         mcp_gateway::denies_with_each_reason,
     ),
     (
+        "mcp_gateway_sdk_clients_see_and_call_only_granted_tools",
+        mcp_gateway::sdk_clients_see_and_call_only_granted_tools,
+    ),
+    (
         "mcp_gateway_open_stream_cut_on_revocation",
         mcp_gateway::open_stream_cut_on_revocation,
     ),

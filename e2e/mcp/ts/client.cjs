@@ -1,6 +1,6 @@
 // An MCP client built only with the official TypeScript SDK (@modelcontextprotocol/sdk, pinned
 // in package-lock.json beside this file): `Client` over `StreamableHTTPClientTransport` with a
-// bearer token. The same scenarios and output as e2e/mcp/client.py (`basic`, `count`; one JSON
+// bearer token. The same scenarios and output as e2e/mcp/client.py (`basic`, `count`, `tools`; one JSON
 // object per stdout line, `progress` lines as they arrive, then one `result`), so
 // e2e/tests/cluster/mcp_gateway.rs reads both alike. The SDK's node_modules live outside the
 // repository: MCP_ACCESS_MCP_NODE_DIR (set by hack/test.sh through hack/lib/mcp-sdk.sh).
@@ -84,6 +84,16 @@ async function main() {
       out.echo = text(echoed);
       out.echo_is_error = Boolean(echoed.isError);
       out.whoami = JSON.parse(text(await client.callTool({ name: "whoami", arguments: {} })));
+    } else if (scenario === "tools") {
+      const tools = await client.listTools();
+      out.tools = tools.tools.map((t) => t.name).sort();
+      out.echo = text(await client.callTool({ name: "echo", arguments: { text: "granted" } }));
+      try {
+        const counted = await client.callTool({ name: "count", arguments: { n: 1, delay_ms: 1 } });
+        out.count = { result: text(counted), is_error: Boolean(counted.isError) };
+      } catch (e) {
+        out.count = { error: { code: e.code ?? null, message: String(e.message ?? e), data: e.data ?? null } };
+      }
     } else {
       const started = performance.now();
       const progress = [];

@@ -184,8 +184,20 @@ impl Served {
         server: Option<(&str, &str)>,
         expires: &str,
     ) -> Result<(), String> {
+        self.issue_with_tools(c, name, server, expires, None)
+    }
+
+    /// [`Served::issue`] with `spec.tools` when given.
+    fn issue_with_tools(
+        &self,
+        c: &LocalCluster,
+        name: &str,
+        server: Option<(&str, &str)>,
+        expires: &str,
+        tools: Option<&[&str]>,
+    ) -> Result<(), String> {
         let (server_name, uid) = server.unwrap_or((&self.server, &self.server_uid));
-        let manifest = json!({
+        let mut manifest = json!({
             "apiVersion": "access.mcp-runtime.dev/v1alpha1",
             "kind": "AccessSession",
             "metadata": {"name": name, "namespace": self.ns},
@@ -196,6 +208,9 @@ impl Served {
                 "expiresAt": expires,
             },
         });
+        if let Some(tools) = tools {
+            manifest["spec"]["tools"] = json!(tools);
+        }
         ok(
             &c.kubectl_as(
                 &c.kubeconfig,
@@ -452,6 +467,47 @@ pub fn sdk_clients_initialize_list_and_call(c: &mut LocalCluster) -> Result<(), 
         "bearer_methods_supported: {}",
         r["metadata"]
     );
+    Ok(())
+}
+
+/// Tool grants through the official SDKs (issue 31): a session granted `echo` only is shown
+/// only `echo` by tools/list, calls it, and its call of `count` fails in the SDK with the
+/// gateway's JSON-RPC error (-32030, `tool_not_granted`, the tool named) — the upstream, which
+/// would have counted, never saw it.
+pub fn sdk_clients_see_and_call_only_granted_tools(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-granted", "tools")?;
+    s.issue_with_tools(c, "narrow", None, &far_future(), Some(&["echo"]))?;
+    let token = s.token(c, "narrow", 600)?;
+    for sdk in Sdk::available() {
+        let r = run(c, &s, sdk, Some(&token), "tools", &[])?.result;
+        ensure!(
+            r["ok"] == true,
+            "{} through the gateway: {r}\n{}",
+            sdk.name(),
+            s.context()
+        );
+        ensure!(
+            r["tools"] == json!(["echo"]),
+            "{}: tools/list gave {}, want only the granted echo",
+            sdk.name(),
+            r["tools"]
+        );
+        ensure!(
+            r["echo"] == "granted",
+            "{}: the granted call gave {}",
+            sdk.name(),
+            r["echo"]
+        );
+        let error = &r["count"]["error"];
+        ensure!(
+            error["code"] == -32030
+                && error["data"]["reason"] == "tool_not_granted"
+                && error["data"]["tool"] == "count",
+            "{}: the call of a tool not granted gave {}, want the gateway's -32030 tool_not_granted",
+            sdk.name(),
+            r["count"]
+        );
+    }
     Ok(())
 }
 

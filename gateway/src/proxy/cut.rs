@@ -28,16 +28,28 @@ use crate::credential::Reason;
 
 /// Filtering of `tools/list` answers to the tools a session may call.
 pub struct ToolsFilter {
-    /// The ids of the `tools/list` requests the response answers.
+    /// The ids of the `tools/list` requests the response answers (none for a GET stream: a
+    /// legacy stream learns them from the POSTs of its transport session).
     pub ids: Vec<Value>,
     pub granted: Box<dyn Fn(&str) -> bool + Send + Sync>,
 }
 
 impl ToolsFilter {
-    fn events(&self, events: Bytes) -> Bytes {
-        rewrite_events(&events, &mut |m| {
-            filter_tools_list(m, &self.ids, &*self.granted)
-        })
+    /// Whole SSE events filtered; `owed`, on a legacy stream, adds the ids of the `tools/list`
+    /// requests posted on its transport session.
+    fn events(&self, events: Bytes, owed: Option<&Owed>) -> Bytes {
+        let listed;
+        let ids = match owed {
+            Some(owed) => {
+                listed = [self.ids.clone(), owed.list_ids()].concat();
+                &listed
+            }
+            None => &self.ids,
+        };
+        if ids.is_empty() {
+            return events;
+        }
+        rewrite_events(&events, &mut |m| filter_tools_list(m, ids, &*self.granted))
     }
 
     /// A whole JSON body filtered (one that is not JSON passes as it is).
@@ -227,6 +239,10 @@ impl Body for CutBody {
                 }
             };
         }
+        // A legacy stream passes what the gateway answered itself between two events.
+        if let Some(injected) = this.owed.as_ref().and_then(|o| o.take_injected(cx.waker())) {
+            return Poll::Ready(Some(Ok(Frame::data(injected))));
+        }
         loop {
             return match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => Poll::Pending,
@@ -242,7 +258,7 @@ impl Body for CutBody {
                 Poll::Ready(None) => match this.framer.as_mut().map(SseFramer::finish) {
                     Some(rest) if !rest.is_empty() => {
                         let rest = match &this.tools {
-                            Some(tools) => tools.events(rest),
+                            Some(tools) => tools.events(rest, this.owed.as_deref()),
                             None => rest,
                         };
                         Poll::Ready(Some(Ok(Frame::data(rest))))
@@ -278,7 +294,7 @@ impl Body for CutBody {
                                 continue;
                             }
                             let ready = match &this.tools {
-                                Some(tools) => tools.events(ready),
+                                Some(tools) => tools.events(ready, this.owed.as_deref()),
                                 None => ready,
                             };
                             if let Some(owed) = &this.owed {

@@ -366,7 +366,8 @@ impl Gateway {
             }
             // The session's tool grant: a refused call never reaches the upstream. Streamable
             // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
-            // legacy POST, whose answers travel on the SSE stream, gets them with a 403.
+            // legacy POST gets 202 and its errors on its SSE stream (403 with them when that
+            // stream is not open here).
             if let Some(refusal) = refuse_ungranted_calls(&posted, |tool| {
                 apis::rules::tool_granted(tools.as_deref(), tool)
             }) {
@@ -382,15 +383,27 @@ impl Gateway {
                     reason = TOOL_NOT_GRANTED_REASON,
                     "tools/call refused"
                 );
-                let status = if legacy_session.is_some() {
-                    StatusCode::FORBIDDEN
-                } else {
-                    StatusCode::OK
-                };
-                return json_response(status, &refusal);
+                // Legacy HTTP+SSE: answers travel on the GET stream, so the errors go there and
+                // the POST is accepted, as the server would have done.
+                if let Some(key) = &legacy_session {
+                    let messages = match &refusal {
+                        Value::Array(batch) => batch.clone(),
+                        one => vec![one.clone()],
+                    };
+                    if self.legacy_streams.inject(key, &messages) {
+                        return status_only(StatusCode::ACCEPTED);
+                    }
+                    return json_response(StatusCode::FORBIDDEN, &refusal);
+                }
+                return json_response(StatusCode::OK, &refusal);
             }
             ids = posted.request_ids();
             list_ids = tools_list_ids(&posted);
+        }
+        // A legacy stream learns which of its answers are to tools/list before the request
+        // is forwarded (the answer may travel before the POST's own response).
+        if let (Some(key), Some(_)) = (&legacy_session, &tools) {
+            self.legacy_streams.owe_lists(key, &list_ids);
         }
         let path_and_query = parts
             .uri
@@ -434,8 +447,9 @@ impl Gateway {
                     .starts_with("text/event-stream")
             });
         // A session with a tool list sees only those tools in answers to tools/list.
+        let is_get = parts.method == http::Method::GET;
         let tools_filter = match tools {
-            Some(tools) if !list_ids.is_empty() => Some(ToolsFilter {
+            Some(tools) if !list_ids.is_empty() || (is_get && sse) => Some(ToolsFilter {
                 ids: list_ids,
                 granted: Box::new(move |tool: &str| apis::rules::tool_granted(Some(&tools), tool)),
             }),

@@ -119,6 +119,12 @@ const MAX_OWED: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Owed {
     ids: Mutex<Vec<Value>>,
+    /// Events the gateway itself answers on the stream (a refused call's error), not yet
+    /// passed on, and the stream's waker.
+    injected: Mutex<(Vec<u8>, Option<std::task::Waker>)>,
+    /// Ids of the `tools/list` requests posted on this transport session (their answers on
+    /// the stream are filtered to the session's granted tools).
+    lists: Mutex<Vec<Value>>,
 }
 
 impl Owed {
@@ -160,6 +166,40 @@ impl Owed {
         }
     }
 
+    /// `tools/list` requests `ids` are about to be posted on this transport session.
+    pub fn owe_lists(&self, ids: &[Value]) {
+        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        lists.extend(ids.iter().cloned());
+        let excess = lists.len().saturating_sub(MAX_OWED);
+        lists.drain(..excess);
+    }
+
+    /// The `tools/list` requests whose answers the stream may still carry.
+    pub fn list_ids(&self) -> Vec<Value> {
+        self.lists.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Queues JSON-RPC `messages` the gateway answers itself, to be passed on the stream
+    /// between two of the upstream's events, and wakes the stream.
+    pub fn inject(&self, messages: &[Value]) {
+        let mut injected = self.injected.lock().unwrap_or_else(|e| e.into_inner());
+        for message in messages {
+            injected.0.extend_from_slice(b"event: message\ndata: ");
+            injected.0.extend_from_slice(message.to_string().as_bytes());
+            injected.0.extend_from_slice(b"\n\n");
+        }
+        if let Some(waker) = injected.1.take() {
+            waker.wake();
+        }
+    }
+
+    /// What was injected since the last call, if anything; `waker` is woken by the next.
+    pub fn take_injected(&self, waker: &std::task::Waker) -> Option<bytes::Bytes> {
+        let mut injected = self.injected.lock().unwrap_or_else(|e| e.into_inner());
+        injected.1 = Some(waker.clone());
+        (!injected.0.is_empty()).then(|| bytes::Bytes::from(std::mem::take(&mut injected.0)))
+    }
+
     /// The ids still owed, handed over to the cut.
     pub fn take(&self) -> Vec<Value> {
         std::mem::take(&mut *self.lock())
@@ -198,6 +238,30 @@ impl Streams {
         let owed = self.lock().get(key).and_then(Weak::upgrade);
         if let Some(owed) = owed {
             owed.owe(ids);
+        }
+    }
+
+    /// `tools/list` requests `ids` are about to be posted to `key` (see [`Owed::owe_lists`]).
+    pub fn owe_lists(&self, key: &str, ids: &[Value]) {
+        if ids.is_empty() {
+            return;
+        }
+        let owed = self.lock().get(key).and_then(Weak::upgrade);
+        if let Some(owed) = owed {
+            owed.owe_lists(ids);
+        }
+    }
+
+    /// Answers `messages` on `key`'s open stream (see [`Owed::inject`]); false when no stream
+    /// of `key` is open.
+    pub fn inject(&self, key: &str, messages: &[Value]) -> bool {
+        let owed = self.lock().get(key).and_then(Weak::upgrade);
+        match owed {
+            Some(owed) => {
+                owed.inject(messages);
+                true
+            }
+            None => false,
         }
     }
 
