@@ -196,6 +196,39 @@ pub fn tool_granted(tools: Option<&[String]>, tool: &str) -> bool {
     }
 }
 
+/// A tool allow-list indexed for many lookups (filtering a `tools/list` answer of hundreds
+/// of tools): exact names hashed, patterns scanned. For one or two lookups [`tool_granted`]
+/// is cheaper than building it.
+pub struct ToolGrant<'a> {
+    all: bool,
+    exact: std::collections::HashSet<&'a str>,
+    prefixes: Vec<&'a str>,
+}
+
+impl<'a> ToolGrant<'a> {
+    pub fn new(tools: Option<&'a [String]>) -> Self {
+        let mut grant = Self {
+            all: tools.is_none(),
+            exact: Default::default(),
+            prefixes: Vec::new(),
+        };
+        for entry in tools.unwrap_or_default() {
+            match entry.strip_suffix('*') {
+                Some(prefix) => grant.prefixes.push(prefix),
+                None => {
+                    grant.exact.insert(entry.as_str());
+                }
+            }
+        }
+        grant
+    }
+
+    /// Whether `tool` is granted (as [`tool_granted`] answers).
+    pub fn allows(&self, tool: &str) -> bool {
+        self.all || self.exact.contains(tool) || self.prefixes.iter().any(|p| tool.starts_with(p))
+    }
+}
+
 /// Whether the entry `wide` admits everything the entry `narrow` admits (a name or pattern).
 fn entry_covers(wide: &str, narrow: &str) -> bool {
     match wide.strip_suffix('*') {
@@ -1300,6 +1333,12 @@ mod tests {
     #[test]
     fn tools_are_granted_by_name_or_prefix() {
         let list = tools(&["search", "issues_*"]).unwrap();
+        let indexed = ToolGrant::new(Some(&list));
+        for t in ["search", "issues_close", "issues_", "search2", "issue", ""] {
+            assert_eq!(indexed.allows(t), tool_granted(Some(&list), t), "{t}");
+        }
+        assert!(ToolGrant::new(None).allows("anything"));
+        assert!(!ToolGrant::new(Some(&[])).allows("search"));
         assert!(tool_granted(None, "anything"));
         assert!(tool_granted(Some(&list), "search"));
         assert!(tool_granted(Some(&list), "issues_close"));

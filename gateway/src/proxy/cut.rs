@@ -25,13 +25,15 @@ use super::mcp::filter_tools_list;
 use super::metrics::ProxyMetrics;
 use super::sse::{rewrite_events, SseFramer};
 use crate::credential::Reason;
+use apis::rules::ToolGrant;
 
 /// Filtering of `tools/list` answers to the tools a session may call.
 pub struct ToolsFilter {
     /// The ids of the `tools/list` requests the response answers (none for a GET stream: a
     /// legacy stream learns them from the POSTs of its transport session).
     pub ids: Vec<Value>,
-    pub granted: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// The session's `spec.tools`.
+    pub tools: Vec<String>,
 }
 
 impl ToolsFilter {
@@ -49,7 +51,10 @@ impl ToolsFilter {
         if ids.is_empty() {
             return events;
         }
-        rewrite_events(&events, &mut |m| filter_tools_list(m, ids, &*self.granted))
+        let grant = ToolGrant::new(Some(&self.tools));
+        rewrite_events(&events, &mut |m| {
+            filter_tools_list(m, ids, &|t| grant.allows(t))
+        })
     }
 
     /// A whole JSON body filtered (one that is not JSON passes as it is).
@@ -57,7 +62,8 @@ impl ToolsFilter {
         let Ok(mut message) = serde_json::from_slice::<Value>(&body) else {
             return body;
         };
-        if filter_tools_list(&mut message, &self.ids, &*self.granted) {
+        let grant = ToolGrant::new(Some(&self.tools));
+        if filter_tools_list(&mut message, &self.ids, &|t| grant.allows(t)) {
             Bytes::from(message.to_string())
         } else {
             body

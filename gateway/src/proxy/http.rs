@@ -451,7 +451,7 @@ impl Gateway {
         let tools_filter = match tools {
             Some(tools) if !list_ids.is_empty() || (is_get && sse) => Some(ToolsFilter {
                 ids: list_ids,
-                granted: Box::new(move |tool: &str| apis::rules::tool_granted(Some(&tools), tool)),
+                tools,
             }),
             _ => None,
         };
