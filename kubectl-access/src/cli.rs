@@ -86,6 +86,9 @@ pub struct StatusArgs {
 pub struct WhoCanArgs {
     /// The MCPServer's name (sessions' `spec.server.name`).
     pub server: String,
+    /// Only the sessions whose `spec.tools` grants this tool (absent `spec.tools`: every tool).
+    #[arg(long, value_name = "NAME")]
+    pub tool: Option<String>,
     /// Look in every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
@@ -236,6 +239,13 @@ mod tests {
         assert!(args.all_namespaces);
         assert_eq!(args.output, Some(ListOutput::Wide));
         assert!(parse(&["who-can", "github", "-o", "table"]).is_err());
+        let Command::WhoCan(args) = parse(&["who-can", "github", "--tool", "search"])
+            .unwrap()
+            .command
+        else {
+            panic!("not who-can")
+        };
+        assert_eq!(args.tool.as_deref(), Some("search"));
         assert!(parse(&["who-can"]).is_err(), "the server is required");
     }
 

@@ -36,7 +36,7 @@ pub fn session_table(
     }
     headers.extend(["NAME", "SUBJECT", "AGENT", "TEAMS", "EXPIRES", "EXPIRES IN"]);
     if wide {
-        headers.extend(["SERVER", "SERVER UID", "GRANT", "PHASE", "AGE"]);
+        headers.extend(["SERVER", "SERVER UID", "GRANT", "TOOLS", "PHASE", "AGE"]);
     }
     let mut table = Table::new(&headers);
     for s in sessions {
@@ -79,6 +79,10 @@ pub fn session_table(
                         .map(|g| g.name.clone())
                         .unwrap_or_default(),
                 ),
+                match &s.spec.tools {
+                    None => "*".to_string(),
+                    Some(tools) => or_none(tools.join(",")),
+                },
                 s.phase().as_str().to_string(),
                 created
                     .map(|c| render::human_duration(now.duration_since(c)))
@@ -115,6 +119,11 @@ pub async fn who_can(ctx: &Context, args: &WhoCanArgs) -> Result<String> {
         .items
         .into_iter()
         .filter(|s| grants_now(s, now))
+        .filter(|s| {
+            args.tool
+                .as_deref()
+                .is_none_or(|tool| apis::rules::tool_granted(s.spec.tools.as_deref(), tool))
+        })
         .collect();
     granting.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -135,7 +144,15 @@ pub async fn who_can(ctx: &Context, args: &WhoCanArgs) -> Result<String> {
             } else {
                 format!("namespace {}", ctx.namespace)
             };
-            eprintln!("No sessions grant access to {} in {scope}.", args.server);
+            let tool = args
+                .tool
+                .as_deref()
+                .map(|t| format!(" tool {t}"))
+                .unwrap_or_default();
+            eprintln!(
+                "No sessions grant access to {}{tool} in {scope}.",
+                args.server
+            );
             Ok(String::new())
         }
         output => Ok(session_table(
@@ -283,6 +300,7 @@ mod tests {
                 "SERVER",
                 "SERVER UID",
                 "GRANT",
+                "TOOLS",
                 "PHASE",
                 "AGE"
             ]
@@ -290,7 +308,7 @@ mod tests {
         assert_eq!(table.rows[0][0], "team-a");
         assert_eq!(
             &table.rows[0][7..],
-            ["github", "uid-1", "<none>", "Active", "10m"]
+            ["github", "uid-1", "<none>", "*", "Active", "10m"]
         );
     }
 

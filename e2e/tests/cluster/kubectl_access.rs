@@ -415,6 +415,47 @@ pub fn who_can_lists_the_sessions_that_grant_now(c: &mut LocalCluster) -> Result
                 .contains("srv-kx-gh"),
         "-o wide: {wide:?}"
     );
+    // Per tool: alice is narrowed to search; the team session grants every tool.
+    let narrowed = c.kubectl(&[
+        "patch",
+        "acs",
+        "alice",
+        "-n",
+        NS_WHO,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"tools":["search"]}}"#,
+    ]);
+    ensure!(
+        narrowed.success,
+        "narrowing alice's tools: {}",
+        narrowed.stderr
+    );
+    let names = |out: &str| -> Vec<String> {
+        out.lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let search = access(
+        &admin,
+        &["who-can", "github", "-n", NS_WHO, "--tool", "search"],
+        None,
+    )?;
+    ensure!(
+        search.code == 0 && names(&search.stdout) == ["alice", "team"],
+        "who-can --tool search: {search:?}"
+    );
+    let delete = access(
+        &admin,
+        &["who-can", "github", "-n", NS_WHO, "--tool", "delete_repo"],
+        None,
+    )?;
+    ensure!(
+        delete.code == 0 && names(&delete.stdout) == ["team"],
+        "who-can --tool delete_repo: {delete:?}"
+    );
     let none = access(&admin, &["who-can", "nothing", "-n", NS_WHO], None)?;
     ensure!(
         none.code == 0
