@@ -199,14 +199,14 @@ pub fn tool_granted(tools: Option<&[String]>, tool: &str) -> bool {
 /// A tool allow-list indexed for many lookups (filtering a `tools/list` answer of hundreds
 /// of tools): exact names hashed, patterns scanned. For one or two lookups [`tool_granted`]
 /// is cheaper than building it.
-pub struct ToolGrant<'a> {
+pub struct ToolGrant {
     all: bool,
-    exact: std::collections::HashSet<&'a str>,
-    prefixes: Vec<&'a str>,
+    exact: std::collections::HashSet<String>,
+    prefixes: Vec<String>,
 }
 
-impl<'a> ToolGrant<'a> {
-    pub fn new(tools: Option<&'a [String]>) -> Self {
+impl ToolGrant {
+    pub fn new(tools: Option<&[String]>) -> Self {
         let mut grant = Self {
             all: tools.is_none(),
             exact: Default::default(),
@@ -214,9 +214,9 @@ impl<'a> ToolGrant<'a> {
         };
         for entry in tools.unwrap_or_default() {
             match entry.strip_suffix('*') {
-                Some(prefix) => grant.prefixes.push(prefix),
+                Some(prefix) => grant.prefixes.push(prefix.to_string()),
                 None => {
-                    grant.exact.insert(entry.as_str());
+                    grant.exact.insert(entry.clone());
                 }
             }
         }

@@ -31,29 +31,34 @@ use apis::rules::ToolGrant;
 pub struct ToolsFilter {
     /// The ids of the `tools/list` requests the response answers (none for a GET stream: a
     /// legacy stream learns them from the POSTs of its transport session).
-    pub ids: Vec<Value>,
-    /// The session's `spec.tools`.
-    pub tools: Vec<String>,
+    ids: Vec<Value>,
+    /// The session's `spec.tools`, indexed once for the whole response.
+    grant: ToolGrant,
 }
 
 impl ToolsFilter {
+    /// Filters the answers to `ids` (requests of this response) to what `tools` grants.
+    pub fn new(ids: Vec<Value>, tools: &[String]) -> Self {
+        Self {
+            ids,
+            grant: ToolGrant::new(Some(tools)),
+        }
+    }
+
     /// Whole SSE events filtered; `owed`, on a legacy stream, adds the ids of the `tools/list`
     /// requests posted on its transport session.
     fn events(&self, events: Bytes, owed: Option<&Owed>) -> Bytes {
-        let listed;
-        let ids = match owed {
-            Some(owed) => {
-                listed = [self.ids.clone(), owed.list_ids()].concat();
-                &listed
-            }
-            None => &self.ids,
-        };
-        if ids.is_empty() {
+        let listed = owed.map(Owed::list_ids).unwrap_or_default();
+        if self.ids.is_empty() && listed.is_empty() {
             return events;
         }
-        let grant = ToolGrant::new(Some(&self.tools));
+        let ids = if listed.is_empty() {
+            &self.ids
+        } else {
+            &[self.ids.as_slice(), &listed].concat()
+        };
         rewrite_events(&events, &mut |m| {
-            filter_tools_list(m, ids, &|t| grant.allows(t))
+            filter_tools_list(m, ids, &|t| self.grant.allows(t))
         })
     }
 
@@ -62,8 +67,7 @@ impl ToolsFilter {
         let Ok(mut message) = serde_json::from_slice::<Value>(&body) else {
             return body;
         };
-        let grant = ToolGrant::new(Some(&self.tools));
-        if filter_tools_list(&mut message, &self.ids, &|t| grant.allows(t)) {
+        if filter_tools_list(&mut message, &self.ids, &|t| self.grant.allows(t)) {
             Bytes::from(message.to_string())
         } else {
             body

@@ -27,8 +27,8 @@ use super::auth::{bearer, BearerError};
 use super::cut::{BoxError, CutBody, CutContext, OnEndpoint, ToolsFilter};
 use super::legacy;
 use super::mcp::{
-    check_routing_headers, refuse_ungranted_calls, tools_list_ids, Posted, SESSION_ID_HEADER,
-    TOOL_NOT_GRANTED_REASON,
+    check_routing_headers, decide_calls, refusal, tools_list_ids, CallDecision, Posted,
+    SESSION_ID_HEADER, TOOL_NOT_GRANTED_REASON,
 };
 use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
 use super::session::{Bindings, Check};
@@ -361,16 +361,18 @@ impl Gateway {
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
                 return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
             }
+            // Decided once: the refusal and the audit lines read the same decisions.
+            let calls = decide_calls(&posted, |tool| {
+                apis::rules::tool_granted(tools.as_deref(), tool)
+            });
             if let Some(audit) = &self.audit {
-                audit_calls(audit, &claims, &posted, tools.as_deref(), started.elapsed());
+                audit_calls(audit, &claims, &calls, started.elapsed());
             }
             // The session's tool grant: a refused call never reaches the upstream. Streamable
             // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
             // legacy POST gets 202 and its errors on its SSE stream (403 with them when that
             // stream is not open here).
-            if let Some(refusal) = refuse_ungranted_calls(&posted, |tool| {
-                apis::rules::tool_granted(tools.as_deref(), tool)
-            }) {
+            if let Some(refusal) = refusal(&posted, &calls) {
                 self.metrics
                     .calls_refused
                     .get_or_create(&DenyLabels {
@@ -449,10 +451,9 @@ impl Gateway {
         // A session with a tool list sees only those tools in answers to tools/list.
         let is_get = parts.method == http::Method::GET;
         let tools_filter = match tools {
-            Some(tools) if !list_ids.is_empty() || (is_get && sse) => Some(ToolsFilter {
-                ids: list_ids,
-                tools,
-            }),
+            Some(tools) if !list_ids.is_empty() || (is_get && sse) => {
+                Some(ToolsFilter::new(list_ids, &tools))
+            }
             _ => None,
         };
         if sse || tools_filter.is_some() {
@@ -503,28 +504,17 @@ impl Gateway {
 fn audit_calls(
     audit: &super::audit::Audit,
     claims: &SessionClaims,
-    posted: &Posted,
-    tools: Option<&[String]>,
+    calls: &[CallDecision],
     latency: std::time::Duration,
 ) {
-    let calls: Vec<(String, bool)> = posted
-        .messages
-        .iter()
-        .filter(|m| m.get("method").and_then(Value::as_str) == Some("tools/call"))
-        .map(|m| {
-            let name = m.pointer("/params/name").and_then(Value::as_str);
-            let granted = name.is_some_and(|n| apis::rules::tool_granted(tools, n));
-            (name.unwrap_or_default().to_string(), granted)
-        })
-        .collect();
-    let whole_body_refused = calls.iter().any(|(_, granted)| !granted);
-    for (tool, granted) in &calls {
-        let refused = whole_body_refused.then_some(if *granted {
+    let whole_body_refused = calls.iter().any(|c| !c.granted);
+    for call in calls {
+        let refused = whole_body_refused.then_some(if call.granted {
             "batch_refused"
         } else {
             TOOL_NOT_GRANTED_REASON
         });
-        audit.decision(claims, tool, refused, latency);
+        audit.decision(claims, &call.tool, refused, latency);
     }
 }
 

@@ -230,24 +230,21 @@ impl Streams {
         owed
     }
 
+    /// The open stream of `key`, if any.
+    fn stream(&self, key: &str) -> Option<Arc<Owed>> {
+        self.lock().get(key).and_then(Weak::upgrade)
+    }
+
     /// Requests `ids` posted to `key` were accepted: its stream owes their answers.
     pub fn owe(&self, key: &str, ids: &[Value]) {
-        if ids.is_empty() {
-            return;
-        }
-        let owed = self.lock().get(key).and_then(Weak::upgrade);
-        if let Some(owed) = owed {
+        if let Some(owed) = self.stream(key).filter(|_| !ids.is_empty()) {
             owed.owe(ids);
         }
     }
 
     /// `tools/list` requests `ids` are about to be posted to `key` (see [`Owed::owe_lists`]).
     pub fn owe_lists(&self, key: &str, ids: &[Value]) {
-        if ids.is_empty() {
-            return;
-        }
-        let owed = self.lock().get(key).and_then(Weak::upgrade);
-        if let Some(owed) = owed {
+        if let Some(owed) = self.stream(key).filter(|_| !ids.is_empty()) {
             owed.owe_lists(ids);
         }
     }
@@ -255,14 +252,7 @@ impl Streams {
     /// Answers `messages` on `key`'s open stream (see [`Owed::inject`]); false when no stream
     /// of `key` is open.
     pub fn inject(&self, key: &str, messages: &[Value]) -> bool {
-        let owed = self.lock().get(key).and_then(Weak::upgrade);
-        match owed {
-            Some(owed) => {
-                owed.inject(messages);
-                true
-            }
-            None => false,
-        }
+        self.stream(key).map(|owed| owed.inject(messages)).is_some()
     }
 
     /// Open streams.

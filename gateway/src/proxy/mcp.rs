@@ -172,34 +172,61 @@ pub fn filter_tools_list(
     tools.len() != before
 }
 
-/// The `tools/call` requests of a POST that `granted` refuses, as JSON-RPC error responses for
-/// every request of the body (a refused body is answered whole, never forwarded in part:
-/// the other requests of a batch get an error saying so), or `None` when everything is
-/// granted. A `tools/call` without a string `params.name` is refused too (it cannot be shown
-/// to be granted).
+/// The decision on one `tools/call` of a POST body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallDecision {
+    /// Where the call stands in the body's messages.
+    pub index: usize,
+    /// Its `params.name` (empty when it has none).
+    pub tool: String,
+    pub granted: bool,
+}
+
+/// The `tools/call` requests of a POST and whether `granted` lets each through. A call
+/// without a string `params.name` is not granted (it cannot be shown to be).
+pub fn decide_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Vec<CallDecision> {
+    posted
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.get("method").and_then(Value::as_str) == Some("tools/call"))
+        .map(|(index, m)| {
+            let name = m.pointer("/params/name").and_then(Value::as_str);
+            CallDecision {
+                index,
+                tool: name.unwrap_or_default().to_string(),
+                granted: name.is_some_and(&granted),
+            }
+        })
+        .collect()
+}
+
+/// [`refusal`] of the calls `granted` decides.
 pub fn refuse_ungranted_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Option<Value> {
-    let refused_tool = |message: &Value| -> Option<String> {
-        if message.get("method").and_then(Value::as_str) != Some("tools/call") {
-            return None;
-        }
-        match message.pointer("/params/name").and_then(Value::as_str) {
-            Some(name) if granted(name) => None,
-            Some(name) => Some(name.to_string()),
-            None => Some(String::new()),
-        }
-    };
-    let refusals: Vec<Option<String>> = posted.messages.iter().map(refused_tool).collect();
-    if refusals.iter().all(Option::is_none) {
+    refusal(posted, &decide_calls(posted, granted))
+}
+
+/// When a call of `calls` is refused: JSON-RPC error responses for every request of the body
+/// (a refused body is answered whole, never forwarded in part: the other requests of a batch
+/// get an error saying so). `None` when every call is granted.
+pub fn refusal(posted: &Posted, calls: &[CallDecision]) -> Option<Value> {
+    if calls.iter().all(|c| c.granted) {
         return None;
     }
+    let refused_tool = |index: usize| {
+        calls
+            .iter()
+            .find(|c| c.index == index && !c.granted)
+            .map(|c| c.tool.as_str())
+    };
     let answers: Vec<Value> = posted
         .messages
         .iter()
-        .zip(&refusals)
-        .filter(|(m, _)| m.get("method").is_some() && m.get("id").is_some())
-        .map(|(m, refused)| {
+        .enumerate()
+        .filter(|(_, m)| m.get("method").is_some() && m.get("id").is_some())
+        .map(|(index, m)| {
             let id = m.get("id").cloned().unwrap_or(Value::Null);
-            let error = match refused {
+            let error = match refused_tool(index) {
                 Some(tool) => serde_json::json!({
                     "code": TOOL_NOT_GRANTED,
                     "message": format!("{TOOL_NOT_GRANTED_REASON}: this session may not call tool {tool:?}"),
