@@ -624,6 +624,23 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
         ["search", "issues_close"]
     );
 
+    // A body the gateway cannot read is not forwarded for a restricted session (a parser
+    // difference must not carry a call past the grant): a UTF-8 BOM before the JSON.
+    let mut smuggled = b"\xEF\xBB\xBF".to_vec();
+    smuggled.extend_from_slice(call(9, "drop_table").to_string().as_bytes());
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&gina)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(smuggled)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32700);
+
     // Widening is refused by the apiserver, naming what widens it.
     for (patch, named) in [
         (

@@ -361,6 +361,15 @@ impl Gateway {
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
                 return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
             }
+            // A session restricted to some tools may only post what the gateway can read: a
+            // body it cannot parse as JSON-RPC might still parse upstream (a parser
+            // difference) and carry a call the grant never saw.
+            if tools.is_some() && posted.messages.is_empty() && !body.is_empty() {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error: the body is not JSON-RPC the gateway can read"}}),
+                );
+            }
             // Decided once: the refusal and the audit lines read the same decisions.
             let calls = decide_calls(&posted, |tool| {
                 apis::rules::tool_granted(tools.as_deref(), tool)
