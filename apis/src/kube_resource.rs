@@ -1,4 +1,4 @@
-//! `kube::Resource` for the four served kinds, so kube-rs clients (`Api<AccessSession>`,
+//! `kube::Resource` for the served kinds, so kube-rs clients (`Api<AccessSession>`,
 //! `watcher`, reflectors) work with the typed objects instead of `DynamicObject`.
 //!
 //! Every fact comes from the kind's [`Kind`] constants: one source for the apiserver's routing
@@ -9,7 +9,9 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ClusterResourceScope, NamespaceResourceScope};
 
-use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation, GROUP, VERSION};
+use crate::types::{
+    AccessSession, Agent, Enrollment, Kind, Revocation, ToolPolicy, GROUP, VERSION,
+};
 
 macro_rules! kube_resource {
     ($ty:ty, $scope:ty) => {
@@ -43,6 +45,7 @@ kube_resource!(AccessSession, NamespaceResourceScope);
 kube_resource!(Agent, ClusterResourceScope);
 kube_resource!(Enrollment, NamespaceResourceScope);
 kube_resource!(Revocation, NamespaceResourceScope);
+kube_resource!(ToolPolicy, NamespaceResourceScope);
 
 #[cfg(test)]
 mod tests {

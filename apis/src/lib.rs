@@ -17,6 +17,7 @@ pub mod selector;
 pub mod session_token;
 pub mod strategy;
 pub mod table;
+pub mod tool_policy;
 pub mod types;
 pub mod validation;
 

@@ -1,7 +1,7 @@
 //! What the API serves: one descriptor per resource, the single source for discovery,
 //! OpenAPI paths, routing and RBAC verb lists.
 
-use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation};
+use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation, ToolPolicy};
 
 /// A served resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,12 +89,41 @@ pub const REVOCATIONS: ResourceInfo = ResourceInfo {
     subresources: &[],
 };
 
-/// Every served resource, in discovery order.
-pub const RESOURCES: &[ResourceInfo] = &[ACCESS_SESSIONS, AGENTS, ENROLLMENTS, REVOCATIONS];
-
-/// What the gateway sync listener serves: access sessions, read-only (DESIGN §4).
-pub const GATEWAY_SYNC_RESOURCES: &[ResourceInfo] = &[ResourceInfo {
-    verbs: &["get", "list", "watch"],
+pub const TOOL_POLICIES: ResourceInfo = ResourceInfo {
+    plural: ToolPolicy::PLURAL,
+    singular: "toolpolicy",
+    kind: ToolPolicy::KIND,
+    list_kind: "ToolPolicyList",
+    namespaced: true,
+    short_names: &["tp"],
+    categories: &[CATEGORY],
+    verbs: ALL_VERBS,
     subresources: &[],
-    ..ACCESS_SESSIONS
-}];
+};
+
+/// Every served resource, in discovery order.
+pub const RESOURCES: &[ResourceInfo] = &[
+    ACCESS_SESSIONS,
+    AGENTS,
+    ENROLLMENTS,
+    REVOCATIONS,
+    TOOL_POLICIES,
+];
+
+/// The verbs of the gateway sync listener: it only reads.
+const SYNC_VERBS: &[&str] = &["get", "list", "watch"];
+
+/// What the gateway sync listener serves, read-only and scoped to the caller's server
+/// (DESIGN §4): access sessions and tool policies.
+pub const GATEWAY_SYNC_RESOURCES: &[ResourceInfo] = &[
+    ResourceInfo {
+        verbs: SYNC_VERBS,
+        subresources: &[],
+        ..ACCESS_SESSIONS
+    },
+    ResourceInfo {
+        verbs: SYNC_VERBS,
+        subresources: &[],
+        ..TOOL_POLICIES
+    },
+];

@@ -163,20 +163,8 @@ pub fn validate_tools(tools: &[String], field: &str) -> Vec<FieldError> {
     let mut seen = BTreeSet::new();
     for (i, tool) in tools.iter().enumerate() {
         let at = format!("{field}[{i}]");
-        let stem = tool.strip_suffix('*').unwrap_or(tool);
-        if tool.trim().is_empty() {
-            errors.push(FieldError::required(&at, "Required value"));
-        } else if tool.chars().count() > MAX_TOOL_NAME_LENGTH {
-            errors.push(FieldError::new(
-                crate::validation::FieldErrorKind::TooLong,
-                &at,
-                format!("Too long: may not be more than {MAX_TOOL_NAME_LENGTH} characters"),
-            ));
-        } else if stem.contains('*') || tool.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            errors.push(FieldError::invalid(
-                &at,
-                format!("Invalid value: {tool:?}: a tool name, or a prefix ending in a single '*'"),
-            ));
+        if let Some(error) = validate_tool_entry(tool, &at) {
+            errors.push(error);
         } else if !seen.insert(tool.as_str()) {
             errors.push(FieldError::new(
                 crate::validation::FieldErrorKind::Duplicate,
@@ -186,6 +174,28 @@ pub fn validate_tools(tools: &[String], field: &str) -> Vec<FieldError> {
         }
     }
     errors
+}
+
+/// Checks one tool name or `prefix*` pattern at `at`: 1 to 128 characters, none blank,
+/// whitespace or control, a `*` only as the last character.
+pub fn validate_tool_entry(tool: &str, at: &str) -> Option<FieldError> {
+    let stem = tool.strip_suffix('*').unwrap_or(tool);
+    if tool.trim().is_empty() {
+        Some(FieldError::required(at, "Required value"))
+    } else if tool.chars().count() > MAX_TOOL_NAME_LENGTH {
+        Some(FieldError::new(
+            crate::validation::FieldErrorKind::TooLong,
+            at,
+            format!("Too long: may not be more than {MAX_TOOL_NAME_LENGTH} characters"),
+        ))
+    } else if stem.contains('*') || tool.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        Some(FieldError::invalid(
+            at,
+            format!("Invalid value: {tool:?}: a tool name, or a prefix ending in a single '*'"),
+        ))
+    } else {
+        None
+    }
 }
 
 /// Whether a tool allow-list lets `tool` be called (absent: every tool).
@@ -250,7 +260,7 @@ pub fn tools_widened<'a>(old: Option<&[String]>, new: Option<&'a [String]>) -> O
     }
 }
 
-fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
+pub(crate) fn validate_teams(teams: &[String], field: &str) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let mut seen = BTreeSet::new();
     for (i, team) in teams.iter().enumerate() {

@@ -757,3 +757,215 @@ impl Enrollment {
         self.status.as_ref().map(|s| s.phase).unwrap_or_default()
     }
 }
+
+/// How an MCP server's tools may be called: each tool's side effect, who may call the
+/// destructive ones, and the values some arguments may take (namespaced, one or more per
+/// MCPServer).
+///
+/// The server's gateways watch the policies of their MCPServer and check every `tools/call`
+/// against all of them, after the session's own tool grant.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolPolicy {
+    /// APIVersion defines the versioned schema of this representation of an object.
+    #[serde(default)]
+    pub api_version: String,
+    /// Kind is a string value representing the REST resource this object represents.
+    #[serde(default)]
+    pub kind: String,
+    /// Standard object's metadata.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The server it governs, its mode and its tool rules.
+    ///
+    /// Validated as a whole on every write: a policy with any invalid field is refused (422)
+    /// and the stored one stays in force, never part of it.
+    pub spec: ToolPolicySpec,
+    /// Observed state: the Ready condition.
+    ///
+    /// Written by the server only; a `status` sent on create or update is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ToolPolicyStatus>,
+}
+
+// What a tool policy governs and how.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolPolicySpec {
+    /// The MCPServer whose tools this policy governs, in the policy's namespace.
+    ///
+    /// Required and immutable; by name, so the policy holds for every generation of the server.
+    pub server: ServerName,
+    /// `enforce` refuses what the policy does not allow; `monitor` forwards it and counts it.
+    ///
+    /// Optional; defaults to `enforce`. In `monitor` mode the gateway forwards every call this
+    /// policy would refuse and records the refusal it would have made (metric and audit line).
+    #[serde(default)]
+    pub mode: PolicyMode,
+    /// Who may call the tools this policy marks `destructive`.
+    ///
+    /// Optional; without it no session may call them. A session may call a destructive tool
+    /// when one of its `teams` is listed here or its agent is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_callers: Option<Callers>,
+    /// Rules for tools, by name or `prefix*` pattern.
+    ///
+    /// Required, 1 to 4096 rules with unique names. A call matches every rule whose name is the
+    /// tool's or whose pattern covers it; every matching rule applies. Tools no rule matches are
+    /// governed by the session's grant alone.
+    pub tools: Vec<ToolRule>,
+}
+
+/// A reference to an MCPServer by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ServerName {
+    /// Name of the MCPServer.
+    ///
+    /// Required: a DNS-1123 subdomain.
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Whether a tool policy refuses or only records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyMode {
+    /// Calls the policy does not allow are refused before they reach the server.
+    #[default]
+    Enforce,
+    /// Calls the policy does not allow are forwarded, counted and audited as `monitored`.
+    Monitor,
+}
+
+impl PolicyMode {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Monitor => "monitor",
+        }
+    }
+}
+
+/// Sessions named by their teams or their agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Callers {
+    /// Teams: a session carrying any of them qualifies.
+    ///
+    /// Optional; entries non-empty and unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub teams: Vec<String>,
+    /// Agents by name: a session bound to any of them qualifies.
+    ///
+    /// Optional; entries are DNS-1123 subdomains, unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
+}
+
+/// What a tool does to the world it reaches.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SideEffect {
+    /// Reads only.
+    #[default]
+    Read,
+    /// Changes state that can be changed back.
+    Write,
+    /// Deletes or changes what cannot be restored: only `destructiveCallers` may call it.
+    Destructive,
+}
+
+impl SideEffect {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Destructive => "destructive",
+        }
+    }
+}
+
+/// The rule of one tool, or of the tools a pattern covers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRule {
+    /// A tool name (`delete_repo`) or a prefix pattern ending in `*` (`admin_*`).
+    ///
+    /// Required: 1 to 128 characters, no whitespace, a `*` only at the end; unique within the
+    /// policy.
+    #[serde(default)]
+    pub name: String,
+    /// `read`, `write` or `destructive`.
+    ///
+    /// Required. A `destructive` tool may be called only by the policy's `destructiveCallers`
+    /// (refused otherwise with `destructive_not_allowed`).
+    pub side_effect: SideEffect,
+    /// Allowed values of named arguments.
+    ///
+    /// Optional, at most 32 with unique names. A call must carry each named argument with one
+    /// of its values (refused otherwise with `argument_not_allowed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arguments: Vec<ArgumentRule>,
+}
+
+/// The values one argument of a tool call may take.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArgumentRule {
+    /// The argument's name, a top-level key of the call's `arguments`.
+    ///
+    /// Required: 1 to 128 characters.
+    #[serde(default)]
+    pub name: String,
+    /// The values it may take.
+    ///
+    /// Required, 1 to 256 unique entries. A string argument must equal an entry; a number or
+    /// boolean argument must equal an entry as JSON text (`3`, `true`). An argument that is
+    /// absent, null, an object or an array is refused.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+// Observed state of a tool policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolPolicyStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions.
+    ///
+    /// `Ready` is True (reason `Accepted`) once the generation is stored: gateways enforce it
+    /// from the next event of their watch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl Kind for ToolPolicy {
+    const KIND: &'static str = "ToolPolicy";
+    const PLURAL: &'static str = "toolpolicies";
+    const NAMESPACED: bool = true;
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        META_FIELDS[0],
+        META_FIELDS[1],
+        ("spec.server.name", &["spec", "server", "name"]),
+        ("spec.mode", &["spec", "mode"]),
+    ];
+
+    object_accessors!();
+}

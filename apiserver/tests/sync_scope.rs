@@ -4,7 +4,7 @@
 //! `e2e/tests/cluster/gateway_*.rs`): what is under test is that no request shape reaches
 //! outside the gateway's server — namespaces, names, label and field selectors, pages,
 //! streaming lists, watches from a resourceVersion, Table rendering — and that nothing but
-//! reads of sessions is served, besides the session-token keys and issuer.
+//! reads of sessions and tool policies is served, besides the session-token keys and issuer.
 
 mod support;
 
@@ -422,18 +422,132 @@ async fn only_reads_of_sessions_are_served() {
         let (code, body) = s.get(A_TOKEN, &path).await;
         assert_eq!(code, 404, "{path}: {body}");
     }
-    // Discovery names sessions, read-only, and nothing else.
+    // Discovery names sessions and tool policies, read-only, and nothing else.
     let (code, list) = s
         .get(A_TOKEN, "/apis/access.mcp-runtime.dev/v1alpha1")
         .await;
     assert_eq!(code, 200);
     let resources = list["resources"].as_array().unwrap();
-    assert_eq!(resources.len(), 1, "{list}");
+    assert_eq!(resources.len(), 2, "{list}");
     assert_eq!(resources[0]["name"], "accesssessions");
-    assert_eq!(
-        resources[0]["verbs"],
-        serde_json::json!(["get", "list", "watch"])
-    );
+    assert_eq!(resources[1]["name"], "toolpolicies");
+    for resource in resources {
+        assert_eq!(
+            resource["verbs"],
+            serde_json::json!(["get", "list", "watch"])
+        );
+    }
+}
+
+/// A tool policy for the server `server` in `ns`, created through the API listener.
+async fn create_policy(s: &Sync, ns: &str, name: &str, server: &str) {
+    let body = serde_json::json!({
+        "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+        "kind": "ToolPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "server": {"name": server},
+            "tools": [{"name": "delete_*", "sideEffect": "destructive"}],
+        },
+    });
+    let response = s
+        .api
+        .clone()
+        .handle(
+            Request::builder()
+                .method(Method::POST)
+                .uri(ns_policies(ns))
+                .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await;
+    let raw = Raw::of(response).await;
+    assert_eq!(raw.code, 201, "{}", String::from_utf8_lossy(&raw.body));
+}
+
+fn ns_policies(ns: &str) -> String {
+    format!("/apis/access.mcp-runtime.dev/v1alpha1/namespaces/{ns}/toolpolicies")
+}
+
+const POLICIES: &str = "/apis/access.mcp-runtime.dev/v1alpha1/toolpolicies";
+
+/// Tool policies are scoped by server name (they hold for every generation of the server):
+/// a gateway lists, gets and watches its server's policies in its namespace and nothing
+/// else, and cannot write them.
+#[tokio::test]
+async fn tool_policies_are_served_to_their_servers_gateways_only() {
+    const C_TOKEN: &str = "gateway-c-token";
+    let s = Sync::start(Duration::from_secs(30)).await;
+    s.gateways.add_named(C_TOKEN, NS, "gitlab", "uid-server-c");
+    for (ns, name, server) in [
+        (NS, "gh-1", "github"),
+        (NS, "gh-2", "github"),
+        (NS, "gl-1", "gitlab"),
+        (OTHER_NS, "gh-elsewhere", "github"),
+    ] {
+        create_policy(&s, ns, name, server).await;
+    }
+    let listed = |token: &'static str, path: String| {
+        let s = &s;
+        async move {
+            let (code, body) = s.get(token, &path).await;
+            assert_eq!(code, 200, "{path}: {body}");
+            assert_eq!(body["kind"], "ToolPolicyList", "{path}: {body}");
+            names(&body)
+        }
+    };
+    // A and B are both gateways of "github" (two generations): both see its policies.
+    assert_eq!(listed(A_TOKEN, POLICIES.into()).await, ["gh-1", "gh-2"]);
+    assert_eq!(listed(B_TOKEN, ns_policies(NS)).await, ["gh-1", "gh-2"]);
+    assert_eq!(listed(C_TOKEN, POLICIES.into()).await, ["gl-1"]);
+    assert!(listed(A_TOKEN, ns_policies(OTHER_NS)).await.is_empty());
+    for selector in [
+        "spec.server.name%3Dgitlab",
+        "metadata.namespace%3Delsewhere",
+    ] {
+        let path = format!("{POLICIES}?fieldSelector={selector}");
+        assert!(listed(A_TOKEN, path).await.is_empty(), "{selector}");
+    }
+    let (code, _) = s.get(A_TOKEN, &format!("{}/gh-1", ns_policies(NS))).await;
+    assert_eq!(code, 200);
+    for (token, path) in [
+        (A_TOKEN, format!("{}/gl-1", ns_policies(NS))),
+        (A_TOKEN, format!("{}/gh-elsewhere", ns_policies(OTHER_NS))),
+        (C_TOKEN, format!("{}/gh-1", ns_policies(NS))),
+    ] {
+        let (code, body) = s.get(token, &path).await;
+        assert_eq!(code, 404, "{path}: {body}");
+    }
+    // A watch carries the server's new policies and nothing else.
+    let (_, list) = s.get(A_TOKEN, POLICIES).await;
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut watch = s
+        .watch(A_TOKEN, &format!("{POLICIES}?watch=1&resourceVersion={rv}"))
+        .await;
+    create_policy(&s, NS, "gl-2", "gitlab").await;
+    create_policy(&s, OTHER_NS, "gh-elsewhere-2", "github").await;
+    create_policy(&s, NS, "gh-3", "github").await;
+    let (seen, _) = events(&mut watch, 1, Duration::from_secs(5)).await;
+    assert_eq!(event_names(&seen, "ADDED"), ["gh-3"], "{seen:?}");
+    let (more, _) = events(&mut watch, 1, Duration::from_millis(300)).await;
+    assert!(more.iter().all(|e| e["type"] == "BOOKMARK"), "{more:?}");
+    // Reads only.
+    for (method, path) in [
+        (Method::POST, ns_policies(NS)),
+        (Method::PUT, format!("{}/gh-1", ns_policies(NS))),
+        (Method::DELETE, format!("{}/gh-1", ns_policies(NS))),
+        (Method::DELETE, ns_policies(NS)),
+    ] {
+        let (code, body) = s
+            .send(method.clone(), A_TOKEN, &path, "application/json")
+            .await;
+        assert_eq!(code, 405, "{method} {path}: {body}");
+    }
 }
 
 #[tokio::test]

@@ -8,7 +8,8 @@ Scenarios (`--scenario`):
   basic   initialize (legacy) / adopt (2026-07-28), tools/list, tools/call echo and whoami
   count   tools/call count with a progress callback: one `progress` line per notification,
           as it arrives; with a large `--count` this is the open stream a revocation must cut
-  tools   tools/list, then tools/call echo and tools/call count: on a session whose spec.tools
+  tools   tools/list, then tools/call echo and tools/call count (either refusal recorded as
+          `echo_error` / `count.error`): on a session whose spec.tools
           grants echo only, the list shows only what is granted and count fails with the
           gateway's JSON-RPC error (its code, message and data reported)
   prm     the RFC 9728 document, discovered the way the SDK's OAuth client does
@@ -120,8 +121,11 @@ async def run_basic(client: Client, out: dict[str, Any]) -> None:
 async def run_tools(client: Client, out: dict[str, Any]) -> None:
     tools = await client.list_tools()
     out["tools"] = sorted(t.name for t in tools.tools)
-    echoed = await client.call_tool("echo", {"text": "granted"})
-    out["echo"] = tool_text(echoed)
+    try:
+        echoed = await client.call_tool("echo", {"text": "granted"})
+        out["echo"] = tool_text(echoed)
+    except MCPError as e:
+        out["echo_error"] = {"code": e.code, "message": e.message, "data": e.data}
     try:
         counted = await client.call_tool("count", {"n": 1, "delay_ms": 1})
         out["count"] = {"result": tool_text(counted), "is_error": bool(counted.is_error)}

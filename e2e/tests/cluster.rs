@@ -71,6 +71,8 @@ mod retire;
 mod roles;
 #[path = "cluster/server_side_apply.rs"]
 mod server_side_apply;
+#[path = "cluster/tool_policies.rs"]
+mod tool_policies;
 
 /// Every scenario, in the order they run: a plain array, so additions merge cleanly.
 const SCENARIOS: &[(&str, Scenario)] = &[
@@ -388,6 +390,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "mcp_gateway_sdk_clients_see_and_call_only_granted_tools",
         mcp_gateway::sdk_clients_see_and_call_only_granted_tools,
+    ),
+    (
+        "tool_policies_through_kubectl",
+        tool_policies::through_kubectl,
+    ),
+    (
+        "mcp_gateway_sdk_clients_under_tool_policies",
+        mcp_gateway::sdk_clients_under_tool_policies,
     ),
     (
         "mcp_gateway_open_stream_cut_on_revocation",

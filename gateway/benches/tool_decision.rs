@@ -6,12 +6,24 @@
 //!   and 10 prefix patterns), the granted tool last in the list (a full scan) and a refused one;
 //!   beside it the same body with no grant (what every request already paid);
 //! - `list`: a `tools/list` answer of 1,000 tools filtered against that grant, by the indexed
-//!   grant the gateway uses and by a scan per tool (the ratio is what the index saves).
+//!   grant the gateway uses and by a scan per tool (the ratio is what the index saves);
+//! - `policy`: the same call decided by the session's grant and then by a ToolPolicy of 1,000
+//!   rules (990 names, 10 patterns, every tenth rule with an argument constraint), as the
+//!   gateway decides it (`ToolAccess::decide`), and the policy's compilation, which the gateway
+//!   pays once per policy change, not per request.
 
 use std::time::Instant;
 
 use apis::rules::{tool_granted, ToolGrant};
-use gateway::proxy::mcp::{filter_tools_list, refuse_ungranted_calls, Posted};
+use apis::tool_policy::PolicyIndex;
+use apis::{
+    AccessSession, ArgumentRule, Callers, ServerName, SideEffect, ToolPolicy, ToolPolicySpec,
+    ToolRule,
+};
+use gateway::proxy::mcp::{
+    decide_calls, filter_tools_list, refusal, refuse_ungranted_calls, Posted,
+};
+use gateway::proxy::tools::ToolAccess;
 use serde_json::{json, Value};
 
 const ENTRIES: usize = 1_000;
@@ -102,9 +114,83 @@ fn main() {
         "  (the answer's copy alone:             p50 {:7.2} µs  p99 {:7.2} µs)",
         copy.0, copy.1
     );
+
+    // A ToolPolicy of 1,000 rules over the same tools: every tenth with an argument rule the
+    // benchmark's call satisfies, the patterns destructive.
+    let rules: Vec<ToolRule> = grant
+        .iter()
+        .enumerate()
+        .map(|(i, name)| ToolRule {
+            name: name.clone(),
+            side_effect: if name.ends_with('*') {
+                SideEffect::Destructive
+            } else {
+                SideEffect::Write
+            },
+            arguments: if i % 10 == 9 {
+                vec![ArgumentRule {
+                    name: "q".into(),
+                    values: vec!["x".repeat(200), "y".into()],
+                }]
+            } else {
+                vec![]
+            },
+        })
+        .collect();
+    let mut policy = ToolPolicy {
+        spec: ToolPolicySpec {
+            server: ServerName {
+                name: "bench".into(),
+            },
+            destructive_callers: Some(Callers {
+                teams: vec!["sre".into()],
+                agents: vec![],
+            }),
+            tools: rules,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    policy.metadata.name = Some("bench".into());
+    let compile = measure(ROUNDS / 10, || {
+        std::hint::black_box(PolicyIndex::new([&policy]));
+    });
+    let index = std::sync::Arc::new(PolicyIndex::new([&policy]));
+    let mut session = AccessSession::default();
+    session.spec.tools = Some(grant.clone());
+    session.spec.teams = vec!["payments".into()];
+    let grant_only = ToolAccess::new(&session, Some(std::sync::Arc::new(PolicyIndex::new([]))));
+    let with_policy = ToolAccess::new(&session, Some(index));
+    let access_decide = |body: &[u8], access: &ToolAccess| {
+        let posted = Posted::parse(body);
+        let calls = decide_calls(&posted, |tool, arguments| access.decide(tool, arguments));
+        std::hint::black_box(refusal(&posted, &calls));
+    };
+    let argued = call(&format!("tool_{:04}", 9));
+    let grant_only_t = measure(ROUNDS, || access_decide(&argued, &grant_only));
+    let policed = measure(ROUNDS, || access_decide(&argued, &with_policy));
+    let destructive = call("family_3_drop");
+    let policed_refused = measure(ROUNDS, || access_decide(&destructive, &with_policy));
     println!(
-        "tool-decision call_p99_added_us={:.2} list_p50_ratio_scan_over_index={:.1}",
+        "call, grant only (1,000 entries):       p50 {:7.2} µs  p99 {:7.2} µs",
+        grant_only_t.0, grant_only_t.1
+    );
+    println!(
+        "call, grant + policy of 1,000 rules:    p50 {:7.2} µs  p99 {:7.2} µs  (argument checked)",
+        policed.0, policed.1
+    );
+    println!(
+        "call, policy refuses (destructive):     p50 {:7.2} µs  p99 {:7.2} µs",
+        policed_refused.0, policed_refused.1
+    );
+    println!(
+        "policy of 1,000 rules compiled:         p50 {:7.2} µs  p99 {:7.2} µs  (per policy change)",
+        compile.0, compile.1
+    );
+    println!(
+        "tool-decision call_p99_added_us={:.2} policy_p99_added_us={:.2} list_p50_ratio_scan_over_index={:.1}",
         granted.1 - none.1,
+        policed.1 - none.1,
         scanned.0 / indexed.0
     );
 }

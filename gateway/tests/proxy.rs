@@ -699,6 +699,201 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
     assert!(line["time"].is_string());
 }
 
+/// ToolPolicy (issue 31): a destructive tool is refused (-32031) to a session outside the
+/// policy's callers and forwarded for one inside; a constrained argument must carry a listed
+/// value (-32032); tools/list hides what the session may not call; a refused batch is held
+/// back whole; monitor mode forwards and counts; every decision has its audit line; deleting
+/// the policy lifts it. Changes reach the gateway through its watch.
+#[tokio::test]
+async fn tool_policies_refuse_monitor_and_filter_before_the_upstream() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "paula", SERVER_UID, HOUR).await;
+    server
+        .create_team_session(NS, "sam", SERVER_UID, HOUR, &["sre"])
+        .await;
+    let created = server
+        .create_policy(
+            NS,
+            "guard",
+            json!({
+                "destructiveCallers": {"teams": ["sre"]},
+                "tools": [
+                    {"name": "delete_*", "sideEffect": "destructive"},
+                    {"name": "search", "sideEffect": "read",
+                     "arguments": [{"name": "q", "values": ["ok", "1"]}]},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(created["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(created["status"]["conditions"][0]["status"], "True");
+    let audit = scratch_dir().join("audit.jsonl");
+    let audit_flag = audit.to_string_lossy().into_owned();
+    let gw = Gateway::start(
+        &server,
+        &format!("http://{up}"),
+        &["--audit-log", &audit_flag],
+    );
+    gw.ready().await;
+    let (paula, sam) = (
+        server.mint_token(NS, "paula").await,
+        server.mint_token(NS, "sam").await,
+    );
+    let call = |id: u64, name: &str, arguments: Value| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":arguments}});
+    let forwarded = |body: &Value| body["result"]["headers"].is_object();
+    let answer = |token: &str, body: Value| {
+        let gw = &gw;
+        let token = token.to_string();
+        async move {
+            let resp = gw.post(Some(&token), body).await;
+            assert_eq!(resp.status(), 200, "a refusal is a JSON-RPC answer");
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+
+    let refused = answer(&paula, call(1, "delete_repo", json!({}))).await;
+    assert_eq!(refused["error"]["code"], -32031, "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["reason"],
+        "destructive_not_allowed"
+    );
+    assert_eq!(refused["error"]["data"]["tool"], "delete_repo");
+    assert_eq!(refused["error"]["data"]["policy"], "guard");
+    assert!(forwarded(
+        &answer(&sam, call(2, "delete_repo", json!({}))).await
+    ));
+    assert!(forwarded(
+        &answer(&paula, call(3, "search", json!({"q": "ok"}))).await
+    ));
+    assert!(forwarded(
+        &answer(&paula, call(4, "search", json!({"q": 1}))).await
+    ));
+    for (id, arguments) in [
+        (5, json!({"q": "everything"})),
+        (6, json!({})),
+        (7, json!({"q": ["ok"]})),
+        (8, json!({"q": null})),
+    ] {
+        let body = answer(&paula, call(id, "search", arguments.clone())).await;
+        assert_eq!(body["error"]["code"], -32032, "{arguments}: {body}");
+        assert_eq!(body["error"]["data"]["reason"], "argument_not_allowed");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("\"q\"") && !message.contains("everything"),
+            "{message}"
+        );
+    }
+    // A batch with one refused call is held back whole.
+    let batch = json!([
+        call(9, "search", json!({"q": "ok"})),
+        call(10, "delete_repo", json!({}))
+    ]);
+    let answers = answer(&paula, batch).await;
+    let answers = answers.as_array().expect("a batch answer");
+    assert!(answers
+        .iter()
+        .all(|a| a["error"]["data"]["reason"] == "destructive_not_allowed"));
+
+    // tools/list: a destructive tool is listed only to its callers.
+    let list = json!({"jsonrpc":"2.0","id":"l1","method":"tools/list"});
+    let names = |answer: &Value| -> Vec<String> {
+        answer["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(&answer(&paula, list.clone()).await),
+        ["search", "issues_close"]
+    );
+    assert_eq!(
+        names(&answer(&sam, list.clone()).await),
+        ["search", "delete_repo", "issues_close"]
+    );
+
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", gw.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let text = metrics().await;
+    for line in [
+        "mcp_gateway_calls_refused_total{reason=\"destructive_not_allowed\"} 2",
+        "mcp_gateway_calls_refused_total{reason=\"argument_not_allowed\"} 4",
+        "mcp_gateway_calls_monitored_total{reason=\"destructive_not_allowed\"} 0",
+        "mcp_gateway_tool_policies 1",
+        "mcp_gateway_tool_policy_sync_ready 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+
+    // Monitor mode: forwarded, counted, audited.
+    let patched = server
+        .merge_patch_policy(NS, "guard", json!({"spec": {"mode": "monitor"}}))
+        .await;
+    assert_eq!(patched["metadata"]["generation"], 2);
+    assert_eq!(patched["status"]["observedGeneration"], 2);
+    eventually(
+        Duration::from_secs(10),
+        "monitor mode reaches the gateway",
+        || async { forwarded(&answer(&paula, call(11, "delete_repo", json!({}))).await) },
+    )
+    .await;
+    assert_eq!(names(&answer(&paula, list.clone()).await).len(), 3);
+    let text = metrics().await;
+    let line = "mcp_gateway_calls_monitored_total{reason=\"destructive_not_allowed\"} 1";
+    assert!(text.contains(line), "{line} in\n{text}");
+
+    // Deleting the policy lifts it.
+    server.delete_policy(NS, "guard").await;
+    eventually(
+        Duration::from_secs(10),
+        "the deletion reaches the gateway",
+        || async { forwarded(&answer(&paula, call(12, "search", json!({"q": "anything"}))).await) },
+    )
+    .await;
+
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let first = &lines[0];
+    assert_eq!(
+        (
+            &first["tool"],
+            &first["decision"],
+            &first["reason"],
+            &first["policy"],
+            &first["side_effect"]
+        ),
+        (
+            &json!("delete_repo"),
+            &json!("refuse"),
+            &json!("destructive_not_allowed"),
+            &json!("guard"),
+            &json!("destructive")
+        ),
+        "{text}"
+    );
+    let monitored = lines
+        .iter()
+        .find(|l| l["decision"] == "monitor")
+        .expect("a monitor line");
+    assert_eq!(monitored["reason"], "destructive_not_allowed");
+    assert_eq!(monitored["session"]["name"], "paula");
+    assert!(
+        !text.contains("everything"),
+        "an argument's value in the audit log"
+    );
+}
+
 #[tokio::test]
 async fn bounded_bodies_header_checks_and_upstream_failures() {
     let server = apiserver().await;

@@ -86,7 +86,8 @@ pub struct StatusArgs {
 pub struct WhoCanArgs {
     /// The MCPServer's name (sessions' `spec.server.name`).
     pub server: String,
-    /// Only the sessions whose `spec.tools` grants this tool (absent `spec.tools`: every tool).
+    /// Only the sessions that may call this tool: their `spec.tools` grants it (absent: every
+    /// tool), and no enforcing ToolPolicy of the server keeps them from it as destructive.
     #[arg(long, value_name = "NAME")]
     pub tool: Option<String>,
     /// Look in every namespace.

@@ -1,7 +1,10 @@
 //! `who-can`: the sessions that grant access to a server now, and the session rows every
 //! command prints.
 
-use apis::types::{AccessSession, SessionPhase};
+use std::collections::BTreeMap;
+
+use apis::tool_policy::{Caller, PolicyIndex};
+use apis::types::{AccessSession, SessionPhase, ToolPolicy};
 use jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
@@ -94,6 +97,39 @@ pub fn session_table(
     table
 }
 
+/// The server's ToolPolicies, compiled per namespace: with `--tool`, a session that an
+/// enforcing policy keeps from a destructive tool does not grant it (argument rules depend on
+/// each call and are not judged here). A caller who may not read tool policies is told, and
+/// the answer is by grants alone.
+async fn policies_of(ctx: &Context, args: &WhoCanArgs) -> Result<BTreeMap<String, PolicyIndex>> {
+    let api: Api<ToolPolicy> = if args.all_namespaces {
+        Api::all(ctx.client.clone())
+    } else {
+        Api::namespaced(ctx.client.clone(), &ctx.namespace)
+    };
+    let params = ListParams::default().fields(&format!("spec.server.name={}", args.server));
+    let listed = match api.list(&params).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            eprintln!(
+                "Warning: cannot read toolpolicies ({}); answering by the sessions' grants alone.",
+                status.message
+            );
+            return Ok(BTreeMap::new());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut by_namespace: BTreeMap<String, Vec<ToolPolicy>> = BTreeMap::new();
+    for policy in listed {
+        let ns = policy.metadata.namespace.clone().unwrap_or_default();
+        by_namespace.entry(ns).or_default().push(policy);
+    }
+    Ok(by_namespace
+        .into_iter()
+        .map(|(ns, policies)| (ns, PolicyIndex::new(&policies)))
+        .collect())
+}
+
 /// Sessions listed from the API carry no apiVersion/kind; printed objects do, as kubectl's.
 pub fn with_type_meta(mut s: AccessSession) -> AccessSession {
     s.api_version = format!("{}/{}", apis::types::GROUP, apis::types::VERSION);
@@ -113,6 +149,10 @@ pub async fn who_can(ctx: &Context, args: &WhoCanArgs) -> Result<String> {
         args.server
     ));
     let now = Timestamp::now();
+    let policies = match &args.tool {
+        Some(_) => policies_of(ctx, args).await?,
+        None => BTreeMap::new(),
+    };
     let mut granting: Vec<AccessSession> = api
         .list(&params)
         .await?
@@ -123,6 +163,21 @@ pub async fn who_can(ctx: &Context, args: &WhoCanArgs) -> Result<String> {
             args.tool
                 .as_deref()
                 .is_none_or(|tool| apis::rules::tool_granted(s.spec.tools.as_deref(), tool))
+        })
+        .filter(|s| {
+            match (
+                &args.tool,
+                policies.get(s.metadata.namespace.as_deref().unwrap_or_default()),
+            ) {
+                (Some(tool), Some(index)) => index.listable(
+                    tool,
+                    &Caller {
+                        teams: &s.spec.teams,
+                        agent: s.spec.agent.as_ref().map(|a| a.name.as_str()),
+                    },
+                ),
+                _ => true,
+            }
         })
         .collect();
     granting.sort_by(|a, b| {

@@ -6,6 +6,7 @@ mod agent;
 mod enrollment;
 pub use enrollment::{due_for_collection, pending_session};
 mod revocation;
+mod tool_policy;
 pub use revocation::{
     delivery_cells, merge_report, DeliveryReport, MAX_REPLICA_REPORTS, STALE_REPORT,
     TRACKED_SERVERS,

@@ -19,7 +19,9 @@ use super::{
 };
 use crate::resources::{ResourceInfo, RESOURCES};
 use crate::session_token::{TOKEN_REQUEST_GROUP, TOKEN_REQUEST_KIND, TOKEN_REQUEST_VERSION};
-use crate::types::{AccessSession, Agent, Enrollment, Kind, Revocation, GROUP, VERSION};
+use crate::types::{
+    AccessSession, Agent, Enrollment, Kind, Revocation, ToolPolicy, GROUP, VERSION,
+};
 
 /// Adds the schema of one kind (and every schema it uses) to the generator's definitions and
 /// returns the schema to use for the kind, normally a `$ref` to it.
@@ -41,6 +43,10 @@ pub const KIND_SCHEMAS: &[(&str, SchemaFn)] = &[
     (
         Revocation::KIND,
         SchemaGenerator::subschema_for::<Revocation>,
+    ),
+    (
+        ToolPolicy::KIND,
+        SchemaGenerator::subschema_for::<ToolPolicy>,
     ),
 ];
 

@@ -17,7 +17,7 @@ mod watch;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apis::{AccessSession, Agent, Enrollment, Revocation};
+use apis::{AccessSession, Agent, Enrollment, Revocation, ToolPolicy};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
@@ -367,7 +367,7 @@ impl<S: Store + Clone> AppState<S> {
                 };
                 // Every served kind, by its strategy: adding a kind adds it here.
                 let result = serve_kinds!(self, route.resource.as_str(), req;
-                    AccessSession, Agent, Enrollment, Revocation);
+                    AccessSession, Agent, Enrollment, Revocation, ToolPolicy);
                 result.map_err(&fail)?
             }
             Route::Unknown => return Err(fail(ApiError::not_found_path())),

@@ -1,12 +1,14 @@
-//! The gateway sync listener (DESIGN §4): `get`, `list` and `watch` of access sessions at the
-//! API's own paths and in its wire format, so a stock informer or kube-rs watcher works
-//! against it — but only for the sessions of the caller's own MCPServer, established from
-//! its Pod-bound token ([`GatewayAuthenticator`]).
+//! The gateway sync listener (DESIGN §4): `get`, `list` and `watch` of access sessions and
+//! tool policies at the API's own paths and in its wire format, so a stock informer or
+//! kube-rs watcher works against it — but only for the objects of the caller's own
+//! MCPServer, established from its Pod-bound token ([`GatewayAuthenticator`]).
 //!
-//! The scope is a field selector (`metadata.namespace`, `spec.server.uid`) ANDed with
-//! whatever the request asks: in SQL for lists, in the change feed's filter for watches, and
-//! checked on every get. Another server's sessions do not exist here: a list or watch
-//! naming them is empty, a get is the 404 of a missing object.
+//! The scope is a field selector ANDed with whatever the request asks: the namespace and
+//! `spec.server.uid` for sessions (one generation of the server), the namespace and
+//! `spec.server.name` for tool policies (which hold for every generation). It applies in SQL
+//! for lists, in the change feed's filter for watches, and is checked on every get. Another
+//! server's objects do not exist here: a list or watch naming them is empty, a get is the
+//! 404 of a missing object.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use apis::selector::{FieldRequirement, FieldSelector};
 use apis::strategy::Strategy;
-use apis::{AccessSession, Kind};
+use apis::{AccessSession, Kind, ToolPolicy};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{Method, StatusCode};
@@ -33,9 +35,11 @@ use crate::auth::{
 };
 use crate::store::Store;
 
-/// Where a session's namespace and server UID live, for the scope's field requirements.
+/// Where the scope's fields live: the namespace, a session's server UID and a policy's
+/// server name.
 const NAMESPACE_PATH: &[&str] = &["metadata", "namespace"];
 const SERVER_UID_PATH: &[&str] = &["spec", "server", "uid"];
+const SERVER_NAME_PATH: &[&str] = &["spec", "server", "name"];
 
 /// The sync listener's application: the API's store, limits and metrics, its own
 /// authentication and documents.
@@ -58,8 +62,24 @@ impl<S: Clone> Clone for SyncState<S> {
     }
 }
 
-/// The sessions one gateway may see.
-fn scope(gateway: &GatewayIdentity) -> FieldSelector {
+/// The objects of `plural` one gateway may see: sessions of its server's generation,
+/// policies of its server's name, in its namespace.
+fn scope(gateway: &GatewayIdentity, plural: &str) -> FieldSelector {
+    let server = if plural == ToolPolicy::PLURAL {
+        FieldRequirement {
+            field: "spec.server.name".into(),
+            path: SERVER_NAME_PATH,
+            value: gateway.server_name.clone(),
+            negated: false,
+        }
+    } else {
+        FieldRequirement {
+            field: "spec.server.uid".into(),
+            path: SERVER_UID_PATH,
+            value: gateway.server_uid.clone(),
+            negated: false,
+        }
+    };
     FieldSelector(vec![
         FieldRequirement {
             field: "metadata.namespace".into(),
@@ -67,13 +87,13 @@ fn scope(gateway: &GatewayIdentity) -> FieldSelector {
             value: gateway.namespace.clone(),
             negated: false,
         },
-        FieldRequirement {
-            field: "spec.server.uid".into(),
-            path: SERVER_UID_PATH,
-            value: gateway.server_uid.clone(),
-            negated: false,
-        },
+        server,
     ])
+}
+
+/// Whether the listener serves `plural`.
+fn served(plural: &str) -> bool {
+    plural == AccessSession::PLURAL || plural == ToolPolicy::PLURAL
 }
 
 impl<S: Store + Clone> SyncState<S> {
@@ -117,17 +137,22 @@ impl<S: Store + Clone> SyncState<S> {
             Ok(permit) => permit,
             Err(response) => return *response,
         };
+        // The metric's resource label: policies when the path names them, else sessions.
+        let plural = if route::segments(request.uri().path())
+            .iter()
+            .any(|s| s == ToolPolicy::PLURAL)
+        {
+            ToolPolicy::PLURAL
+        } else {
+            AccessSession::PLURAL
+        };
         let (verb, response) = match self.route(request, &log).await {
             Ok((verb, response)) => (verb, response),
             Err((verb, e)) => (verb, e.into_response()),
         };
-        self.app.metrics.count(
-            (&verb, &method),
-            AccessSession::PLURAL,
-            &response,
-            started,
-            &log,
-        );
+        self.app
+            .metrics
+            .count((&verb, &method), plural, &response, started, &log);
         response
     }
 
@@ -159,7 +184,7 @@ impl<S: Store + Clone> SyncState<S> {
 
         let params = Params::parse(parts.uri.query()).map_err(fail(""))?;
         let target = Target::parse(&segs);
-        let (namespace, name) = match target {
+        let (namespace, plural, name) = match target {
             Target::NonResource(doc) => {
                 return match doc {
                     Doc::Api | Doc::Apis | Doc::Group | Doc::ResourceList | Doc::Version => self
@@ -190,7 +215,7 @@ impl<S: Store + Clone> SyncState<S> {
                 plural,
                 name,
                 subresource,
-            } if plural == AccessSession::PLURAL && subresource.is_none() => (namespace, name),
+            } if served(&plural) && subresource.is_none() => (namespace, plural, name),
             Target::Resource { .. } | Target::Unknown => {
                 return Err(fail("")(ApiError::not_found_path()))
             }
@@ -203,7 +228,7 @@ impl<S: Store + Clone> SyncState<S> {
             (&Method::GET | &Method::HEAD, false) => Verb::List,
             (method, _) => {
                 return Err(fail(&method.as_str().to_lowercase())(
-                    ApiError::method_not_allowed(method.as_str(), AccessSession::PLURAL),
+                    ApiError::method_not_allowed(method.as_str(), &plural),
                 ))
             }
         };
@@ -217,7 +242,7 @@ impl<S: Store + Clone> SyncState<S> {
             gateway = %gateway.user, server = %gateway.server_name, verb = verb.as_str(), path = %path,
             "sync request"
         );
-        let scope = scope(&gateway);
+        let scope = scope(&gateway, &plural);
         // Only who the caller is reaches the handlers: no bound object can appear in a
         // Status message.
         let user = UserInfo {
@@ -227,7 +252,7 @@ impl<S: Store + Clone> SyncState<S> {
         let route = ResourceRoute {
             verb,
             namespace,
-            resource: AccessSession::PLURAL.to_string(),
+            resource: plural.clone(),
             name,
             subresource: None,
         };
@@ -242,31 +267,42 @@ impl<S: Store + Clone> SyncState<S> {
             apply_create: None,
             scope: Some(&scope),
         };
-        let response = match verb {
-            Verb::Get => resource::get::<AccessSession, S>(&self.app.store, req).await,
-            Verb::List => {
-                let options = req
-                    .params
-                    .list_options(&AccessSession::INFO, AccessSession::FIELDS)
-                    .map_err(&fail)?;
-                resource::list::<AccessSession, S>(&self.app.store, req, options).await
-            }
-            _ => self.watch(req, &gateway, token).await,
+        let response = if plural == ToolPolicy::PLURAL {
+            self.serve::<ToolPolicy>(verb, req, &gateway, token).await
+        } else {
+            self.serve::<AccessSession>(verb, req, &gateway, token)
+                .await
         };
         response
             .map(|r| (verb.as_str().to_string(), r))
             .map_err(fail)
     }
 
-    async fn watch(
+    /// Serves a get, list or watch of `K` (the request carries the gateway's scope).
+    async fn serve<K: Strategy>(
+        &self,
+        verb: Verb,
+        req: ResourceRequest<'_>,
+        gateway: &GatewayIdentity,
+        token: &str,
+    ) -> ApiResult<Response> {
+        match verb {
+            Verb::Get => resource::get::<K, S>(&self.app.store, req).await,
+            Verb::List => {
+                let options = req.params.list_options(&K::INFO, K::FIELDS)?;
+                resource::list::<K, S>(&self.app.store, req, options).await
+            }
+            _ => self.watch::<K>(req, gateway, token).await,
+        }
+    }
+
+    async fn watch<K: Strategy>(
         &self,
         req: ResourceRequest<'_>,
         gateway: &GatewayIdentity,
         token: &str,
     ) -> ApiResult<Response> {
-        let mut options = req
-            .params
-            .list_options(&AccessSession::INFO, AccessSession::FIELDS)?;
+        let mut options = req.params.list_options(&K::INFO, K::FIELDS)?;
         if let Some(scope) = req.scope {
             options.fields.0.extend(scope.0.iter().cloned());
         }
@@ -317,14 +353,17 @@ impl<S: Store + Clone> SyncState<S> {
                 })
             },
         };
-        watch::watch::<AccessSession, S>(
+        // Revocation delivery is tracked on session watches only.
+        let deliveries = (K::PLURAL == AccessSession::PLURAL)
+            .then(|| self.app.deliveries.register(&gateway.server_uid));
+        watch::watch::<K, S>(
             &self.app,
             req.namespace().map(str::to_string),
             options,
             rendering,
             slot,
             Some(guard),
-            Some(self.app.deliveries.register(&gateway.server_uid)),
+            deliveries,
         )
         .await
     }

@@ -21,15 +21,20 @@ impl Gateways {
         me
     }
 
-    /// A gateway of `server_uid` in `ns`, known by `token`.
+    /// A gateway of `server_uid` (an MCPServer named `github`) in `ns`, known by `token`.
     pub fn add(&self, token: &str, ns: &str, server_uid: &str) {
+        self.add_named(token, ns, "github", server_uid);
+    }
+
+    /// A gateway of the MCPServer `server_name` of `server_uid` in `ns`, known by `token`.
+    pub fn add_named(&self, token: &str, ns: &str, server_name: &str, server_uid: &str) {
         self.table().insert(
             token.to_string(),
             GatewayIdentity {
                 user: format!("system:serviceaccount:{ns}:gw"),
                 namespace: ns.to_string(),
                 pod_uid: format!("pod-of-{token}"),
-                server_name: "github".into(),
+                server_name: server_name.to_string(),
                 server_uid: server_uid.to_string(),
             },
         );

@@ -87,7 +87,11 @@ async function main() {
     } else if (scenario === "tools") {
       const tools = await client.listTools();
       out.tools = tools.tools.map((t) => t.name).sort();
-      out.echo = text(await client.callTool({ name: "echo", arguments: { text: "granted" } }));
+      try {
+        out.echo = text(await client.callTool({ name: "echo", arguments: { text: "granted" } }));
+      } catch (e) {
+        out.echo_error = { code: e.code ?? null, message: String(e.message ?? e), data: e.data ?? null };
+      }
       try {
         const counted = await client.callTool({ name: "count", arguments: { n: 1, delay_ms: 1 } });
         out.count = { result: text(counted), is_error: Boolean(counted.isError) };

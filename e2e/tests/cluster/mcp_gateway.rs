@@ -196,6 +196,19 @@ impl Served {
         expires: &str,
         tools: Option<&[&str]>,
     ) -> Result<(), String> {
+        self.issue_for(c, name, server, expires, tools, &["payments"])
+    }
+
+    /// [`Served::issue_with_tools`] for `teams`.
+    fn issue_for(
+        &self,
+        c: &LocalCluster,
+        name: &str,
+        server: Option<(&str, &str)>,
+        expires: &str,
+        tools: Option<&[&str]>,
+        teams: &[&str],
+    ) -> Result<(), String> {
         let (server_name, uid) = server.unwrap_or((&self.server, &self.server_uid));
         let mut manifest = json!({
             "apiVersion": "access.mcp-runtime.dev/v1alpha1",
@@ -203,7 +216,7 @@ impl Served {
             "metadata": {"name": name, "namespace": self.ns},
             "spec": {
                 "server": {"name": server_name, "uid": uid},
-                "teams": ["payments"],
+                "teams": teams,
                 "subject": {"user": "alice@example.com"},
                 "expiresAt": expires,
             },
@@ -508,6 +521,179 @@ pub fn sdk_clients_see_and_call_only_granted_tools(c: &mut LocalCluster) -> Resu
             r["count"]
         );
     }
+    Ok(())
+}
+
+/// Applies ToolPolicy `guard` for the scenario's server with `kubectl apply` and waits until
+/// the gateway holds that version (its `/config/status` names the resourceVersion in force).
+fn apply_policy(
+    c: &LocalCluster,
+    s: &Served,
+    mode: &str,
+    echo_values: &[&str],
+) -> Result<(), String> {
+    let manifest = json!({
+        "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+        "kind": "ToolPolicy",
+        "metadata": {"name": "guard", "namespace": s.ns},
+        "spec": {
+            "server": {"name": s.server},
+            "mode": mode,
+            "destructiveCallers": {"teams": ["sre"]},
+            "tools": [
+                {"name": "count", "sideEffect": "destructive"},
+                {"name": "echo", "sideEffect": "read",
+                 "arguments": [{"name": "text", "values": echo_values}]},
+                {"name": "who*", "sideEffect": "read"},
+            ],
+        },
+    });
+    ok(
+        &c.kubectl_as(
+            &c.kubeconfig,
+            &["apply", "-f", "-"],
+            Some(&manifest.to_string()),
+        ),
+        "kubectl apply toolpolicy",
+    )?;
+    let rv = ok(
+        &c.kubectl_as(
+            &c.kubeconfig,
+            &[
+                "get",
+                "toolpolicy",
+                "guard",
+                "-n",
+                &s.ns,
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ],
+            None,
+        ),
+        "kubectl get toolpolicy",
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = s
+            .gateway
+            .get("/config/status")
+            .map_err(e("/config/status"))?
+            .json();
+        let held = status["tool_policies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["name"] == "guard" && p["resourceVersion"] == rv.trim());
+        if held {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the gateway does not hold toolpolicy guard at {rv} within 10 s: {status}\n{}",
+            s.context()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The error a `tools` run recorded for `call` (`echo_error` or `count.error`).
+fn call_error<'a>(r: &'a Value, call: &str) -> &'a Value {
+    match call {
+        "echo" => &r["echo_error"],
+        _ => &r["count"]["error"],
+    }
+}
+
+/// ToolPolicies through the official SDKs (issue 31): under an enforcing policy that marks
+/// `count` destructive (callable by team `sre`) and allows `echo` only with listed text, a
+/// `payments` session is not shown `count` and its call is refused with -32031
+/// `destructive_not_allowed`, while an `sre` session sees and calls it; an `echo` whose text is
+/// not listed is refused with -32032 `argument_not_allowed`; in monitor mode the `payments`
+/// session's call of `count` is forwarded and counted as monitored.
+pub fn sdk_clients_under_tool_policies(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-mcp-policies", "policed")?;
+    s.issue_for(c, "payments", None, &far_future(), None, &["payments"])?;
+    s.issue_for(c, "oncall", None, &far_future(), None, &["sre"])?;
+    let payments = s.token(c, "payments", 600)?;
+    let oncall = s.token(c, "oncall", 600)?;
+    apply_policy(c, &s, "enforce", &["granted"])?;
+    for sdk in Sdk::available() {
+        let r = run(c, &s, sdk, Some(&payments), "tools", &[])?.result;
+        ensure!(r["ok"] == true, "{}: {r}\n{}", sdk.name(), s.context());
+        ensure!(
+            r["tools"] == json!(["echo", "whoami"]),
+            "{}: payments was listed {}, want count left out (destructive)",
+            sdk.name(),
+            r["tools"]
+        );
+        ensure!(r["echo"] == "granted", "{}: echo gave {r}", sdk.name());
+        let error = call_error(&r, "count");
+        ensure!(
+            error["code"] == -32031
+                && error["data"]["reason"] == "destructive_not_allowed"
+                && error["data"]["policy"] == "guard",
+            "{}: payments' count gave {r}, want -32031 destructive_not_allowed from guard",
+            sdk.name()
+        );
+        let r = run(c, &s, sdk, Some(&oncall), "tools", &[])?.result;
+        ensure!(
+            r["ok"] == true && r["tools"] == json!(["count", "echo", "whoami"]),
+            "{}: oncall gave {r}",
+            sdk.name()
+        );
+        ensure!(
+            r["count"]["result"] == "counted 1",
+            "{}: oncall's count gave {r}, want it forwarded",
+            sdk.name()
+        );
+    }
+    // An argument outside the listed values.
+    apply_policy(c, &s, "enforce", &["something-else"])?;
+    for sdk in Sdk::available() {
+        let r = run(c, &s, sdk, Some(&oncall), "tools", &[])?.result;
+        let error = call_error(&r, "echo");
+        ensure!(
+            error["code"] == -32032 && error["data"]["reason"] == "argument_not_allowed",
+            "{}: echo with an unlisted text gave {r}, want -32032 argument_not_allowed",
+            sdk.name()
+        );
+        ensure!(
+            r["count"]["result"] == "counted 1",
+            "{}: the refused echo held back the next call: {r}",
+            sdk.name()
+        );
+    }
+    // Monitor mode forwards what it would refuse, and counts it.
+    apply_policy(c, &s, "monitor", &["something-else"])?;
+    let monitored = |s: &Served| -> Result<f64, String> {
+        let text = s.gateway.get("/metrics").map_err(e("/metrics"))?.body;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("mcp_gateway_calls_monitored_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    };
+    let before = monitored(&s)?;
+    let sdks = Sdk::available();
+    for sdk in &sdks {
+        let r = run(c, &s, *sdk, Some(&payments), "tools", &[])?.result;
+        ensure!(
+            r["ok"] == true
+                && r["tools"] == json!(["count", "echo", "whoami"])
+                && r["echo"] == "granted"
+                && r["count"]["result"] == "counted 1",
+            "{}: in monitor mode payments gave {r}, want everything forwarded",
+            sdk.name()
+        );
+    }
+    let after = monitored(&s)?;
+    // Each run: echo's text and count's destructiveness.
+    ensure!(
+        after - before == 2.0 * sdks.len() as f64,
+        "mcp_gateway_calls_monitored_total grew by {}, want {}",
+        after - before,
+        2 * sdks.len()
+    );
     Ok(())
 }
 

@@ -369,7 +369,7 @@ impl Sidecar {
 }
 
 /// promtool accepts the rules; every metric the rules and the dashboard query is served by
-/// a scrape of the three running processes, suffixes included; the revoke-to-deny histogram
+/// a scrape of the four running processes, suffixes included; the revoke-to-deny histogram
 /// records a real revocation.
 pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(), String> {
     // The checks below must be able to fail: first, their parts on known inputs.
@@ -446,6 +446,9 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
         "mcp_controllers_netpol_orphans_withheld",
         "mcp_controllers_reconcile_errors_total",
         "mcp_access_apiserver_request_duration_seconds_bucket",
+        "mcp_gateway_calls_refused_total",
+        "mcp_gateway_calls_monitored_total",
+        "mcp_runtime_gateway_policy_oversize_total",
     ] {
         ensure!(
             names.contains(wanted),
@@ -486,6 +489,22 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
     })?;
     let gateway_text = curl(&format!("{}/metrics", sidecar.admin))?;
     drop(sidecar);
+    // The enforcing gateway on the same Pod-bound token (its upstream is never asked): the
+    // tool-call panels and alerts query what it serves.
+    let enforcing = e2e::mcp::spawn_gateway(
+        c,
+        "monitoring",
+        &token,
+        "http://127.0.0.1:9",
+        &e2e::mcp::public_url(ns, "watched"),
+        &[],
+    )
+    .map_err(|e| format!("mcp-access-gateway: {e:#}"))?;
+    let enforcing_text = enforcing
+        .get("/metrics")
+        .map_err(|e| format!("mcp-access-gateway /metrics: {e:#}"))?
+        .body;
+    drop(enforcing);
     let applied = gateway_text
         .lines()
         .find_map(|l| l.strip_prefix("mcp_gateway_revoke_to_deny_seconds_count "))
@@ -535,6 +554,7 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
     let scrapes = [
         ("mcp-access-apiserver", Scrape::parse(&apiserver_text)),
         ("mcp-access-authz", Scrape::parse(&gateway_text)),
+        ("mcp-access-gateway", Scrape::parse(&enforcing_text)),
         ("mcp-access-controllers", Scrape::parse(&controllers_text)),
     ];
     // The check itself must be able to fail: bare family names of a histogram or a counter
@@ -562,7 +582,7 @@ pub fn rules_and_dashboard_match_the_scrapes(c: &mut LocalCluster) -> Result<(),
         "queried by deploy/monitoring but served by no process: {missing:?}"
     );
     ensure!(
-        served_by.len() == 3,
+        served_by.len() == scrapes.len(),
         "each process serves some of the queried metrics: {served_by:?}"
     );
     eprintln!(

@@ -49,6 +49,10 @@ const ROLES: &[Role] = &[
         cluster_role: "mcp-access-enroller",
         account: "enroller",
     },
+    Role {
+        cluster_role: "mcp-access-policy-author",
+        account: "policy-author",
+    },
 ];
 
 /// The requests of the matrix. Each works on objects of its own per role (seeded by the
@@ -65,6 +69,8 @@ enum Verb {
     CreateRevocation,
     DeleteRevocation,
     BindIssuerRole,
+    ListToolPolicies,
+    CreateToolPolicy,
 }
 
 const VERBS: &[Verb] = &[
@@ -78,6 +84,8 @@ const VERBS: &[Verb] = &[
     Verb::CreateRevocation,
     Verb::DeleteRevocation,
     Verb::BindIssuerRole,
+    Verb::ListToolPolicies,
+    Verb::CreateToolPolicy,
 ];
 
 /// Whether `account` may perform `verb` in its namespace: the contract of docs/rbac.md.
@@ -85,7 +93,7 @@ fn expected(account: &str, verb: Verb) -> bool {
     use Verb::*;
     match verb {
         // Every role reads sessions.
-        GetSession | ListSessions | WatchSessions => true,
+        GetSession | ListSessions | WatchSessions => account != "policy-author",
         CreateSession | PatchSession => account == "issuer",
         CreateEnrollment => matches!(account, "edit" | "admin" | "enroller"),
         CompleteEnrollment => account == "approver",
@@ -93,6 +101,9 @@ fn expected(account: &str, verb: Verb) -> bool {
         // Withdrawing a revocation restores access: cluster admins only.
         DeleteRevocation => false,
         BindIssuerRole => account == "admin",
+        ListToolPolicies => matches!(account, "view" | "edit" | "admin" | "policy-author"),
+        // Relaxing a policy widens access: its own role.
+        CreateToolPolicy => account == "policy-author",
     }
 }
 
@@ -187,6 +198,13 @@ fn perform(c: &LocalCluster, kubeconfig: &Path, who: &str, verb: Verb) -> Output
                 "delegate",
             )),
         ),
+        Verb::ListToolPolicies => run(&["get", "toolpolicies", "-n", NS, "-o", "name"], None),
+        Verb::CreateToolPolicy => run(
+            &["create", "-n", NS, "-f", "-"],
+            Some(&format!(
+                "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: ToolPolicy\nmetadata:\n  name: tp-{who}\nspec:\n  server: {{name: srv-roles}}\n  tools: [{{name: drop_table, sideEffect: destructive}}]\n"
+            )),
+        ),
     }
 }
 
@@ -272,8 +290,12 @@ fn check_effect(c: &LocalCluster, who: &str, verb: Verb, allowed: bool) -> Resul
 fn wait_bound(c: &LocalCluster, kubeconfig: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
+        // Every role reads sessions or tool policies.
         let out = c.kubectl_as(kubeconfig, &["get", "acs", "seed", "-n", NS], None);
-        if out.success {
+        if out.success
+            || c.kubectl_as(kubeconfig, &["get", "tp", "-n", NS], None)
+                .success
+        {
             return Ok(());
         }
         ensure!(

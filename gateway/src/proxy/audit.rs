@@ -1,7 +1,9 @@
 //! The tool-call audit trail: one JSON line per `tools/call` decision (`--audit-log`), for
 //! Loki, a SIEM or a file shipper. A line names the session (namespace, name, uid), its agent
-//! and subject, the server generation, the tool, the decision (`allow` or `refuse`), the
-//! reason of a refusal, and the time the gateway took to decide. Never a token.
+//! and subject, the server generation, the tool and the side effect policies declare for it,
+//! the decision (`allow`, `refuse`, or `monitor` for a call a monitor-mode ToolPolicy would
+//! have refused), its reason and policy, and the time the gateway took to decide. Never a
+//! token, never an argument's value.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
+use super::mcp::CallDecision;
 use crate::credential::SessionClaims;
 
 /// Where the audit lines go.
@@ -52,15 +55,16 @@ impl Audit {
         })
     }
 
-    /// Records the decision on `tool` for the session of `claims`.
+    /// Records the decision on `call` for the session of `claims`; `body_refused` when the
+    /// body it came in was held back (a batch with another call refused).
     pub fn decision(
         &self,
         claims: &SessionClaims,
-        tool: &str,
-        refused: Option<&str>,
+        call: &CallDecision,
+        body_refused: bool,
         latency: std::time::Duration,
     ) {
-        let line = line(claims, tool, refused, latency);
+        let line = line(claims, call, body_refused, latency);
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         // One write per line: concurrent decisions never interleave within a line.
         let mut bytes = line.to_string().into_bytes();
@@ -71,14 +75,24 @@ impl Audit {
     }
 }
 
+/// The line: `decision` is `refuse` (with the `reason` and, from a policy, the `policy`),
+/// `monitor` (forwarded, though a monitor-mode policy would have refused it: its `reason` and
+/// `policy`) or `allow`.
 fn line(
     claims: &SessionClaims,
-    tool: &str,
-    refused: Option<&str>,
+    call: &CallDecision,
+    body_refused: bool,
     latency: std::time::Duration,
 ) -> Value {
     let time = k8s_openapi::jiff::Timestamp::now();
     let access = &claims.access;
+    let outcome = &call.outcome;
+    let (decision, reason, policy) = match (&outcome.refused, outcome.monitored.first()) {
+        (Some(r), _) => ("refuse", Some(r.reason), r.policy.as_deref()),
+        (None, _) if body_refused => ("refuse", Some("batch_refused"), None),
+        (None, Some(f)) => ("monitor", Some(f.reason.as_str()), Some(f.policy.as_str())),
+        (None, None) => ("allow", None, None),
+    };
     json!({
         "time": time.to_string(),
         "kind": "tools/call",
@@ -90,9 +104,11 @@ fn line(
         "agent": access.agent,
         "subject": access.subject,
         "server_uid": access.server.uid,
-        "tool": tool,
-        "decision": if refused.is_some() { "refuse" } else { "allow" },
-        "reason": refused,
+        "tool": call.tool,
+        "side_effect": outcome.side_effect.map(|s| s.as_str()),
+        "decision": decision,
+        "reason": reason,
+        "policy": policy,
         "latency_us": latency.as_micros() as u64,
     })
 }

@@ -24,25 +24,23 @@ use super::legacy::{EndpointScan, Owed};
 use super::mcp::filter_tools_list;
 use super::metrics::ProxyMetrics;
 use super::sse::{rewrite_events, SseFramer};
+use super::tools::Lister;
 use crate::credential::Reason;
-use apis::rules::ToolGrant;
 
 /// Filtering of `tools/list` answers to the tools a session may call.
 pub struct ToolsFilter {
     /// The ids of the `tools/list` requests the response answers (none for a GET stream: a
     /// legacy stream learns them from the POSTs of its transport session).
     ids: Vec<Value>,
-    /// The session's `spec.tools`, indexed once for the whole response.
-    grant: ToolGrant,
+    /// The session's `spec.tools` and the server's policies, indexed once for the whole
+    /// response.
+    lister: Lister,
 }
 
 impl ToolsFilter {
-    /// Filters the answers to `ids` (requests of this response) to what `tools` grants.
-    pub fn new(ids: Vec<Value>, tools: &[String]) -> Self {
-        Self {
-            ids,
-            grant: ToolGrant::new(Some(tools)),
-        }
+    /// Filters the answers to `ids` (requests of this response) to what `lister` allows.
+    pub fn new(ids: Vec<Value>, lister: Lister) -> Self {
+        Self { ids, lister }
     }
 
     /// Whole SSE events filtered; `owed`, on a legacy stream, adds the ids of the `tools/list`
@@ -58,7 +56,7 @@ impl ToolsFilter {
             &[self.ids.as_slice(), &listed].concat()
         };
         rewrite_events(&events, &mut |m| {
-            filter_tools_list(m, ids, &|t| self.grant.allows(t))
+            filter_tools_list(m, ids, &|t| self.lister.allows(t))
         })
     }
 
@@ -67,7 +65,7 @@ impl ToolsFilter {
         let Ok(mut message) = serde_json::from_slice::<Value>(&body) else {
             return body;
         };
-        if filter_tools_list(&mut message, &self.ids, &|t| self.grant.allows(t)) {
+        if filter_tools_list(&mut message, &self.ids, &|t| self.lister.allows(t)) {
             Bytes::from(message.to_string())
         } else {
             body

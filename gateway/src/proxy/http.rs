@@ -28,12 +28,14 @@ use super::cut::{BoxError, CutBody, CutContext, OnEndpoint, ToolsFilter};
 use super::legacy;
 use super::mcp::{
     check_routing_headers, decide_calls, refusal, tools_list_ids, CallDecision, Posted,
-    SESSION_ID_HEADER, TOOL_NOT_GRANTED_REASON,
+    SESSION_ID_HEADER,
 };
 use super::metrics::{DenyLabels, ProxyMetrics, RequestLabels};
 use super::session::{Bindings, Check};
+use super::tools::ToolAccess;
 use super::upstream::{upstream_headers, Upstream, UpstreamError};
 use crate::credential::{admit, Reason, SessionClaims, Verifier};
+use crate::policies::PolicyCache;
 use crate::SessionCache;
 
 use crate::credential::resource;
@@ -47,6 +49,8 @@ pub struct Gateway {
     /// `--audit-log`: one JSON line per tools/call decision.
     pub audit: Option<Arc<super::audit::Audit>>,
     pub cache: SessionCache,
+    /// The server's ToolPolicies, compiled.
+    pub policies: PolicyCache,
     pub verifier: Verifier,
     pub upstream: Upstream,
     pub bindings: Bindings,
@@ -132,9 +136,12 @@ impl Gateway {
         )
     }
 
-    /// Whether the gateway can decide: the cache in sync and keys held.
+    /// Whether the gateway can decide: the cache in sync, keys held and the server's tool
+    /// policies listed.
     pub fn ready(&self) -> bool {
-        self.cache.is_ready() && self.verifier.source().current().is_some()
+        self.cache.is_ready()
+            && self.verifier.source().current().is_some()
+            && self.policies.index().is_some()
     }
 
     fn readyz(&self) -> Response<ResponseBody> {
@@ -144,7 +151,7 @@ impl Gateway {
             r
         } else {
             let mut r = Response::new(full(
-                "not ready: the session cache is not in sync or no session token keys are held\n",
+                "not ready: the session cache is not in sync, no session token keys are held, or the tool policies are not listed yet\n",
             ));
             *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             r
@@ -191,6 +198,13 @@ impl Gateway {
                 },
                 "public_url": self.public_url,
                 "upstream": self.upstream.base().to_string(),
+                // In force: what each policy's generation is, as its resourceVersion says.
+                "tool_policies": self.policies.index().map(|index| {
+                    index
+                        .policies()
+                        .map(|(name, rv, mode)| json!({"name": name, "resourceVersion": rv, "mode": mode.as_str()}))
+                        .collect::<Vec<_>>()
+                }),
                 "mcp_session_bindings": self.bindings.len(),
                 "legacy_sse_streams": self.legacy_streams.len(),
             }),
@@ -252,12 +266,13 @@ impl Gateway {
         self.proxy(req, abort).await
     }
 
-    /// Steps 1–4 of the token contract: the claims of an admitted request and the tools its
-    /// session may call (`None`: every tool), or the reason.
+    /// Steps 1–4 of the token contract: the claims of an admitted request and what its
+    /// session may do with tools (its grant, and the server's policies as they apply to it),
+    /// or the reason.
     async fn authenticate(
         &self,
         req: &Request<Incoming>,
-    ) -> Result<(SessionClaims, Option<Vec<String>>), Reason> {
+    ) -> Result<(SessionClaims, ToolAccess), Reason> {
         let token = bearer(req.headers(), req.uri().query()).map_err(|e| match e {
             BearerError::Missing => Reason::TokenMissing,
             BearerError::Malformed => Reason::TokenInvalid,
@@ -273,8 +288,8 @@ impl Gateway {
             .authorize_session(claims.namespace(), claims.name(), now)
             .await;
         admit(&claims, decision, session.as_deref())?;
-        let tools = session.and_then(|s| s.spec.tools.clone());
-        Ok((claims, tools))
+        let session = session.ok_or(Reason::SessionNotFound)?;
+        Ok((claims, ToolAccess::new(&session, self.policies.index())))
     }
 
     async fn proxy(
@@ -283,7 +298,7 @@ impl Gateway {
         abort: Arc<Notify>,
     ) -> Response<ResponseBody> {
         let started = Instant::now();
-        let (claims, tools) = match self.authenticate(&req).await {
+        let (claims, access) = match self.authenticate(&req).await {
             Ok(c) => c,
             Err(reason) => return self.deny(reason),
         };
@@ -364,34 +379,29 @@ impl Gateway {
             // A session restricted to some tools may only post what the gateway can read: a
             // body it cannot parse as JSON-RPC might still parse upstream (a parser
             // difference) and carry a call the grant never saw.
-            if tools.is_some() && posted.messages.is_empty() && !body.is_empty() {
+            if access.restricted() && posted.messages.is_empty() && !body.is_empty() {
                 return json_response(
                     StatusCode::BAD_REQUEST,
                     &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error: the body is not JSON-RPC the gateway can read"}}),
                 );
             }
             // Decided once: the refusal and the audit lines read the same decisions.
-            let calls = decide_calls(&posted, |tool| {
-                apis::rules::tool_granted(tools.as_deref(), tool)
-            });
+            let calls = decide_calls(&posted, |tool, arguments| access.decide(tool, arguments));
             if let Some(audit) = &self.audit {
                 audit_calls(audit, &claims, &calls, started.elapsed());
             }
+            self.metrics.count_calls(&calls);
             // The session's tool grant: a refused call never reaches the upstream. Streamable
             // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
             // legacy POST gets 202 and its errors on its SSE stream (403 with them when that
             // stream is not open here).
             if let Some(refusal) = refusal(&posted, &calls) {
-                self.metrics
-                    .calls_refused
-                    .get_or_create(&DenyLabels {
-                        reason: TOOL_NOT_GRANTED_REASON,
-                    })
-                    .inc();
+                let first = calls.iter().find_map(|c| c.outcome.refused.as_ref());
                 tracing::info!(
                     session = %claims.name(),
                     namespace = %claims.namespace(),
-                    reason = TOOL_NOT_GRANTED_REASON,
+                    reason = first.map_or("", |r| r.reason),
+                    policy = first.and_then(|r| r.policy.as_deref()).unwrap_or(""),
                     "tools/call refused"
                 );
                 // Legacy HTTP+SSE: answers travel on the GET stream, so the errors go there and
@@ -413,7 +423,7 @@ impl Gateway {
         }
         // A legacy stream learns which of its answers are to tools/list before the request
         // is forwarded (the answer may travel before the POST's own response).
-        if let (Some(key), Some(_)) = (&legacy_session, &tools) {
+        if let (Some(key), true) = (&legacy_session, access.filters_lists()) {
             self.legacy_streams.owe_lists(key, &list_ids);
         }
         let path_and_query = parts
@@ -457,14 +467,11 @@ impl Gateway {
                     .to_ascii_lowercase()
                     .starts_with("text/event-stream")
             });
-        // A session with a tool list sees only those tools in answers to tools/list.
+        // A session with a tool list, or under policies, sees only the tools it may call in
+        // answers to tools/list.
         let is_get = parts.method == http::Method::GET;
-        let tools_filter = match tools {
-            Some(tools) if !list_ids.is_empty() || (is_get && sse) => {
-                Some(ToolsFilter::new(list_ids, &tools))
-            }
-            _ => None,
-        };
+        let tools_filter = (access.filters_lists() && (!list_ids.is_empty() || (is_get && sse)))
+            .then(|| ToolsFilter::new(list_ids, access.lister()));
         if sse || tools_filter.is_some() {
             // The cut may append an event and the filter drops tools: the length is no
             // longer the upstream's.
@@ -508,22 +515,18 @@ impl Gateway {
     }
 }
 
-/// One audit line per `tools/call` of a body: allowed when `tools` grants it (and, in a batch,
-/// when no other call of the batch is refused, since a batch is held back whole).
+/// One audit line per `tools/call` of a body: allowed when the grant and the policies allow
+/// it (and, in a batch, when no other call of the batch is refused, since a batch is held back
+/// whole).
 fn audit_calls(
     audit: &super::audit::Audit,
     claims: &SessionClaims,
     calls: &[CallDecision],
     latency: std::time::Duration,
 ) {
-    let whole_body_refused = calls.iter().any(|c| !c.granted);
+    let whole_body_refused = calls.iter().any(|c| !c.granted());
     for call in calls {
-        let refused = whole_body_refused.then_some(if call.granted {
-            "batch_refused"
-        } else {
-            TOOL_NOT_GRANTED_REASON
-        });
-        audit.decision(claims, &call.tool, refused, latency);
+        audit.decision(claims, call, whole_body_refused, latency);
     }
 }
 

@@ -28,6 +28,20 @@ pub const NAME_BEARING_METHODS: [(&str, &str); 3] = [
 pub const TOOL_NOT_GRANTED: i64 = -32030;
 /// Its reason, in the error's `data.reason` and the refusal metric.
 pub const TOOL_NOT_GRANTED_REASON: &str = "tool_not_granted";
+/// JSON-RPC error codes of the ToolPolicy refusals (reasons from
+/// [`apis::tool_policy::PolicyReason`]), and of a call made before the gateway holds its
+/// server's policies (`policy_not_ready`).
+pub const DESTRUCTIVE_NOT_ALLOWED: i64 = -32031;
+pub const ARGUMENT_NOT_ALLOWED: i64 = -32032;
+pub const POLICY_NOT_READY: i64 = -32033;
+pub const POLICY_NOT_READY_REASON: &str = "policy_not_ready";
+/// Every reason a call may be refused or monitored for, as metrics label them.
+pub const CALL_REASONS: [&str; 4] = [
+    TOOL_NOT_GRANTED_REASON,
+    "destructive_not_allowed",
+    "argument_not_allowed",
+    POLICY_NOT_READY_REASON,
+];
 
 /// A JSON-RPC request id (a string, a number, or null when unknown).
 pub type RequestId = Value;
@@ -172,6 +186,42 @@ pub fn filter_tools_list(
     tools.len() != before
 }
 
+/// Why a `tools/call` is answered with an error instead of being forwarded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// `tool_not_granted`, `destructive_not_allowed`, `argument_not_allowed` or
+    /// `policy_not_ready`: the error's `data.reason`, the audit line's and the metric's.
+    pub reason: &'static str,
+    /// The JSON-RPC error code (one per reason).
+    pub code: i64,
+    /// For the caller: the tool and, from a policy, the policy and argument at fault.
+    pub message: String,
+    /// The ToolPolicy that refuses it, if one does.
+    pub policy: Option<String>,
+}
+
+impl Refused {
+    /// The session's `spec.tools` does not grant the tool.
+    pub fn not_granted(tool: &str) -> Self {
+        Self {
+            reason: TOOL_NOT_GRANTED_REASON,
+            code: TOOL_NOT_GRANTED,
+            message: format!("this session may not call tool {tool:?}"),
+            policy: None,
+        }
+    }
+}
+
+/// What the gateway decided for one call: refused or not, and what policies said of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallOutcome {
+    pub refused: Option<Refused>,
+    /// The strictest side effect a matching policy rule declares.
+    pub side_effect: Option<apis::SideEffect>,
+    /// What `monitor` policies would have refused: forwarded, counted and audited.
+    pub monitored: Vec<apis::tool_policy::Finding>,
+}
+
 /// The decision on one `tools/call` of a POST body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallDecision {
@@ -179,12 +229,22 @@ pub struct CallDecision {
     pub index: usize,
     /// Its `params.name` (empty when it has none).
     pub tool: String,
-    pub granted: bool,
+    pub outcome: CallOutcome,
 }
 
-/// The `tools/call` requests of a POST and whether `granted` lets each through. A call
-/// without a string `params.name` is not granted (it cannot be shown to be).
-pub fn decide_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Vec<CallDecision> {
+impl CallDecision {
+    pub fn granted(&self) -> bool {
+        self.outcome.refused.is_none()
+    }
+}
+
+/// The `tools/call` requests of a POST and what `decide` makes of each (given the tool and
+/// the call's `params.arguments` when it is an object). A call without a string
+/// `params.name` is refused as not granted (it cannot be shown to be).
+pub fn decide_calls(
+    posted: &Posted,
+    decide: impl Fn(&str, Option<&serde_json::Map<String, Value>>) -> CallOutcome,
+) -> Vec<CallDecision> {
     posted
         .messages
         .iter()
@@ -192,32 +252,43 @@ pub fn decide_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Vec<Call
         .filter(|(_, m)| m.get("method").and_then(Value::as_str) == Some("tools/call"))
         .map(|(index, m)| {
             let name = m.pointer("/params/name").and_then(Value::as_str);
+            let arguments = m.pointer("/params/arguments").and_then(Value::as_object);
+            let outcome = match name {
+                Some(tool) => decide(tool, arguments),
+                None => CallOutcome {
+                    refused: Some(Refused::not_granted("")),
+                    ..Default::default()
+                },
+            };
             CallDecision {
                 index,
                 tool: name.unwrap_or_default().to_string(),
-                granted: name.is_some_and(&granted),
+                outcome,
             }
         })
         .collect()
 }
 
-/// [`refusal`] of the calls `granted` decides.
+/// Decides the calls of a body by the session's tool grant alone and returns the refusal,
+/// if any (see [`refusal`]).
 pub fn refuse_ungranted_calls(posted: &Posted, granted: impl Fn(&str) -> bool) -> Option<Value> {
-    refusal(posted, &decide_calls(posted, granted))
+    let calls = decide_calls(posted, |tool, _| CallOutcome {
+        refused: (!granted(tool)).then(|| Refused::not_granted(tool)),
+        ..Default::default()
+    });
+    refusal(posted, &calls)
 }
 
-/// When a call of `calls` is refused: JSON-RPC error responses for every request of the body
-/// (a refused body is answered whole, never forwarded in part: the other requests of a batch
-/// get an error saying so). `None` when every call is granted.
+/// The answer to a body holding a refused `tools/call`: the whole body is held back (a batch
+/// is not split), each request answered with a JSON-RPC error — the refused calls with their
+/// reason, the others saying why they were not forwarded. `None` when every call passes.
 pub fn refusal(posted: &Posted, calls: &[CallDecision]) -> Option<Value> {
-    if calls.iter().all(|c| c.granted) {
-        return None;
-    }
-    let refused_tool = |index: usize| {
+    let first = calls.iter().find_map(|c| c.outcome.refused.as_ref())?;
+    let refused = |index: usize| {
         calls
             .iter()
-            .find(|c| c.index == index && !c.granted)
-            .map(|c| c.tool.as_str())
+            .find(|c| c.index == index)
+            .and_then(|c| c.outcome.refused.as_ref().map(|r| (c.tool.as_str(), r)))
     };
     let answers: Vec<Value> = posted
         .messages
@@ -226,16 +297,22 @@ pub fn refusal(posted: &Posted, calls: &[CallDecision]) -> Option<Value> {
         .filter(|(_, m)| m.get("method").is_some() && m.get("id").is_some())
         .map(|(index, m)| {
             let id = m.get("id").cloned().unwrap_or(Value::Null);
-            let error = match refused_tool(index) {
-                Some(tool) => serde_json::json!({
-                    "code": TOOL_NOT_GRANTED,
-                    "message": format!("{TOOL_NOT_GRANTED_REASON}: this session may not call tool {tool:?}"),
-                    "data": {"reason": TOOL_NOT_GRANTED_REASON, "tool": tool},
-                }),
+            let error = match refused(index) {
+                Some((tool, r)) => {
+                    let mut data = serde_json::json!({"reason": r.reason, "tool": tool});
+                    if let Some(policy) = &r.policy {
+                        data["policy"] = Value::String(policy.clone());
+                    }
+                    serde_json::json!({
+                        "code": r.code,
+                        "message": format!("{}: {}", r.reason, r.message),
+                        "data": data,
+                    })
+                }
                 None => serde_json::json!({
-                    "code": TOOL_NOT_GRANTED,
+                    "code": first.code,
                     "message": "not forwarded: the batch holds a tools/call this session may not make",
-                    "data": {"reason": TOOL_NOT_GRANTED_REASON},
+                    "data": {"reason": first.reason},
                 }),
             };
             serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error})
@@ -244,10 +321,9 @@ pub fn refusal(posted: &Posted, calls: &[CallDecision]) -> Option<Value> {
     Some(if posted.batch {
         Value::Array(answers)
     } else {
-        answers
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": TOOL_NOT_GRANTED, "message": TOOL_NOT_GRANTED_REASON}}))
+        answers.into_iter().next().unwrap_or_else(|| {
+            serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": first.code, "message": first.reason}})
+        })
     })
 }
 

@@ -34,8 +34,10 @@ pub struct DenyLabels {
 pub struct ProxyMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub denials: Family<DenyLabels, Counter>,
-    /// JSON-RPC calls refused before the upstream, by reason (`tool_not_granted`).
+    /// `tools/call`s refused before the upstream, by reason (`tool_not_granted`, ...).
     pub calls_refused: Family<DenyLabels, Counter>,
+    /// `tools/call`s a `monitor` ToolPolicy would have refused (forwarded), by reason.
+    pub calls_monitored: Family<DenyLabels, Counter>,
     pub duration: Histogram,
     pub stream_cut: Histogram,
     pub open_streams: Gauge,
@@ -47,6 +49,7 @@ impl Default for ProxyMetrics {
             requests: Family::default(),
             denials: Family::default(),
             calls_refused: Family::default(),
+            calls_monitored: Family::default(),
             duration: Histogram::new(DURATION_BUCKETS),
             stream_cut: Histogram::new(CUT_BUCKETS),
             open_streams: Gauge::default(),
@@ -73,13 +76,21 @@ impl ProxyMetrics {
             "Requests refused with 401, by reason",
             m.denials.clone(),
         );
-        let _ = m.calls_refused.get_or_create(&DenyLabels {
-            reason: super::mcp::TOOL_NOT_GRANTED_REASON,
-        });
+        for reason in super::mcp::CALL_REASONS {
+            let _ = m.calls_refused.get_or_create(&DenyLabels { reason });
+        }
+        for reason in &super::mcp::CALL_REASONS[1..3] {
+            let _ = m.calls_monitored.get_or_create(&DenyLabels { reason });
+        }
         registry.register(
             "mcp_gateway_calls_refused",
-            "JSON-RPC calls answered with an error instead of being forwarded, by reason (never by session or tool)",
+            "tools/call requests answered with an error instead of being forwarded, by reason (never by session or tool)",
             m.calls_refused.clone(),
+        );
+        registry.register(
+            "mcp_gateway_calls_monitored",
+            "tools/call requests a monitor-mode ToolPolicy would have refused, forwarded, by reason",
+            m.calls_monitored.clone(),
         );
         registry.register(
             "mcp_gateway_request_duration_seconds",
@@ -97,6 +108,26 @@ impl ProxyMetrics {
             m.open_streams.clone(),
         );
         m
+    }
+
+    /// Counts the refused and the monitored calls of a body.
+    pub fn count_calls(&self, calls: &[super::mcp::CallDecision]) {
+        for call in calls {
+            if let Some(refused) = &call.outcome.refused {
+                self.calls_refused
+                    .get_or_create(&DenyLabels {
+                        reason: refused.reason,
+                    })
+                    .inc();
+            }
+            for finding in &call.outcome.monitored {
+                self.calls_monitored
+                    .get_or_create(&DenyLabels {
+                        reason: finding.reason.as_str(),
+                    })
+                    .inc();
+            }
+        }
     }
 
     /// The label of an HTTP method.

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod serve;
 pub mod session;
 pub mod sse;
+pub mod tools;
 pub mod upstream;
 pub mod wiring;
 

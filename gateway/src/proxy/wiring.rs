@@ -16,6 +16,7 @@ use super::serve::serve;
 use super::session::Bindings;
 use super::upstream::Upstream;
 use crate::credential::{JwksSource, Verifier};
+use crate::policies::{PolicyCache, PolicyMetrics};
 use crate::{CacheMetrics, SessionCache};
 
 /// The binary's name, as its listening lines say it.
@@ -32,10 +33,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let cache_metrics = CacheMetrics::register(&mut registry);
     let metrics = ProxyMetrics::register(&mut registry);
+    let policy_metrics = PolicyMetrics::register(&mut registry);
     let (sync_url, stale_window) = (config.cache.sync_url.clone(), config.cache.stale_window);
     let keys = Arc::new(
         JwksSource::new(&config.cache).context("invalid --sync-url, --ca-file or --token-file")?,
     );
+    let (policies, policy_task) = PolicyCache::start(&config.cache, policy_metrics)
+        .context("invalid --sync-url, --ca-file or --token-file")?;
     let (cache, sync) = SessionCache::start_with_metrics(config.cache, cache_metrics)
         .context("invalid --sync-url, --ca-file, --token-file or stale window")?;
     let key_task = tokio::spawn(keys.clone().run());
@@ -51,6 +55,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let gateway = Arc::new(Gateway {
         audit,
         cache,
+        policies,
         verifier: Verifier::new(keys, config.public_url.clone()),
         upstream: Upstream::new(
             config.upstream.clone(),
@@ -113,6 +118,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::select! {
         ended = sync => anyhow::bail!("the session sync task ended: {ended:?}"),
         ended = key_task => anyhow::bail!("the session token key task ended: {ended:?}"),
+        ended = policy_task => anyhow::bail!("the tool policy task ended: {ended:?}"),
         _ = process::shutdown_signal() => {}
     }
     let _ = stopping.send(true);

@@ -304,13 +304,26 @@ impl Apiserver {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
-    /// Issues an Active team session for `server_uid`, expiring in `expires_in`.
+    /// Issues an Active session of team `payments` for `server_uid`, expiring in `expires_in`.
     pub async fn create_session(
         &self,
         ns: &str,
         name: &str,
         server_uid: &str,
         expires_in: Duration,
+    ) -> Value {
+        self.create_team_session(ns, name, server_uid, expires_in, &["payments"])
+            .await
+    }
+
+    /// [`Apiserver::create_session`] for `teams`.
+    pub async fn create_team_session(
+        &self,
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+        expires_in: Duration,
+        teams: &[&str],
     ) -> Value {
         let expires = k8s_openapi::jiff::Timestamp::now()
             + k8s_openapi::jiff::SignedDuration::try_from(expires_in).unwrap();
@@ -320,7 +333,7 @@ impl Apiserver {
             "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "server": {"name": "github", "uid": server_uid},
-                "teams": ["payments"],
+                "teams": teams,
                 "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
             }
         });
@@ -350,6 +363,55 @@ impl Apiserver {
             .expect("request to the apiserver");
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Creates ToolPolicy `name` for the server `github` with `spec` (its `server` filled in).
+    pub async fn create_policy(&self, ns: &str, name: &str, mut spec: Value) -> Value {
+        spec["server"] = json!({"name": "github"});
+        let body = json!({
+            "apiVersion": API_VERSION,
+            "kind": "ToolPolicy",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec,
+        });
+        self.send(
+            reqwest::Method::POST,
+            &format!("namespaces/{ns}/toolpolicies"),
+            Some(body),
+        )
+        .await
+    }
+
+    /// A JSON merge patch of a ToolPolicy; returns the stored object.
+    pub async fn merge_patch_policy(&self, ns: &str, name: &str, patch: Value) -> Value {
+        let url = format!(
+            "{}/apis/{API_VERSION}/namespaces/{ns}/toolpolicies/{name}",
+            self.write_url
+        );
+        let resp = self
+            .http()
+            .patch(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .header("content-type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await
+            .expect("request to the apiserver");
+        assert!(
+            resp.status().is_success(),
+            "patch toolpolicy: {}",
+            resp.status()
+        );
+        resp.json().await.unwrap()
+    }
+
+    pub async fn delete_policy(&self, ns: &str, name: &str) {
+        self.send(
+            reqwest::Method::DELETE,
+            &format!("namespaces/{ns}/toolpolicies/{name}"),
+            None,
+        )
+        .await;
     }
 
     /// Revokes one session with a Revocation (as `kubectl create revocation` does).

@@ -1,0 +1,117 @@
+//! What one session may do with tools at this gateway: its own grant (`spec.tools`), then the
+//! server's ToolPolicies as they apply to it (its teams and agent). The grant is checked first;
+//! a tool it grants is then checked against every matching policy rule.
+
+use std::sync::Arc;
+
+use apis::rules::{tool_granted, ToolGrant};
+use apis::tool_policy::{Caller, PolicyIndex, PolicyReason};
+use apis::AccessSession;
+use serde_json::{Map, Value};
+
+use super::mcp::{
+    CallOutcome, Refused, ARGUMENT_NOT_ALLOWED, DESTRUCTIVE_NOT_ALLOWED, POLICY_NOT_READY,
+    POLICY_NOT_READY_REASON,
+};
+
+/// A session's tool authority for one request.
+#[derive(Clone)]
+pub struct ToolAccess {
+    /// `spec.tools`: `None` grants every tool.
+    pub tools: Option<Vec<String>>,
+    teams: Vec<String>,
+    agent: Option<String>,
+    /// The server's policies; `None` until the gateway holds a complete list of them.
+    policies: Option<Arc<PolicyIndex>>,
+}
+
+impl ToolAccess {
+    pub fn new(session: &AccessSession, policies: Option<Arc<PolicyIndex>>) -> Self {
+        Self {
+            tools: session.spec.tools.clone(),
+            teams: session.spec.teams.clone(),
+            agent: session.spec.agent.as_ref().map(|a| a.name.clone()),
+            policies,
+        }
+    }
+
+    fn caller(&self) -> Caller<'_> {
+        Caller {
+            teams: &self.teams,
+            agent: self.agent.as_deref(),
+        }
+    }
+
+    /// Whether anything stands between this session and a tool: a grant, or policies (or
+    /// their absence before the first sync, which refuses every call). A restricted
+    /// session's bodies must be JSON-RPC the gateway can read.
+    pub fn restricted(&self) -> bool {
+        self.tools.is_some() || self.policies.as_ref().is_none_or(|p| !p.is_empty())
+    }
+
+    /// Whether `tools/list` answers are filtered for this session.
+    pub fn filters_lists(&self) -> bool {
+        self.tools.is_some() || self.policies.as_ref().is_some_and(|p| !p.is_empty())
+    }
+
+    /// The decision on a call of `tool` with `arguments`.
+    pub fn decide(&self, tool: &str, arguments: Option<&Map<String, Value>>) -> CallOutcome {
+        if !tool_granted(self.tools.as_deref(), tool) {
+            return CallOutcome {
+                refused: Some(Refused::not_granted(tool)),
+                ..Default::default()
+            };
+        }
+        let Some(policies) = &self.policies else {
+            return CallOutcome {
+                refused: Some(Refused {
+                    reason: POLICY_NOT_READY_REASON,
+                    code: POLICY_NOT_READY,
+                    message: "the gateway does not hold its server's tool policies yet; retry"
+                        .into(),
+                    policy: None,
+                }),
+                ..Default::default()
+            };
+        };
+        let verdict = policies.check(tool, arguments, &self.caller());
+        CallOutcome {
+            refused: verdict.refusal.map(|finding| Refused {
+                reason: finding.reason.as_str(),
+                code: match finding.reason {
+                    PolicyReason::DestructiveNotAllowed => DESTRUCTIVE_NOT_ALLOWED,
+                    PolicyReason::ArgumentNotAllowed => ARGUMENT_NOT_ALLOWED,
+                },
+                message: finding.message,
+                policy: Some(finding.policy),
+            }),
+            side_effect: verdict.side_effect,
+            monitored: verdict.monitored,
+        }
+    }
+
+    /// What a `tools/list` answer keeps, indexed once for the whole response.
+    pub fn lister(&self) -> Lister {
+        Lister {
+            grant: ToolGrant::new(self.tools.as_deref()),
+            access: self.clone(),
+        }
+    }
+}
+
+/// The tools a session sees listed: granted, and callable as far as side effects go.
+pub struct Lister {
+    grant: ToolGrant,
+    access: ToolAccess,
+}
+
+impl Lister {
+    pub fn allows(&self, tool: &str) -> bool {
+        self.grant.allows(tool)
+            && self
+                .access
+                .policies
+                .as_ref()
+                .is_none_or(|p| p.listable(tool, &self.access.caller()))
+    }
+}
