@@ -129,6 +129,10 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
     if let Some(tools) = &spec.tools {
         errors.extend(validate_tools(tools, "spec.tools"));
     }
+    errors.extend(validate_calls_per_minute(
+        spec.calls_per_minute,
+        "spec.callsPerMinute",
+    ));
     if let Some(grant) = &spec.grant {
         if grant.name.is_empty() {
             errors.push(FieldError::required("spec.grant.name", "Required value"));
@@ -144,6 +148,20 @@ pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
 pub const MAX_TOOL_ENTRIES: usize = 256;
 /// Characters of a tool name or pattern.
 pub const MAX_TOOL_NAME_LENGTH: usize = 128;
+
+/// The largest `callsPerMinute` of a session, an agent or a tool rule.
+pub const MAX_CALLS_PER_MINUTE: u32 = 1_000_000;
+
+/// Checks a `callsPerMinute`: absent, or 1 to [`MAX_CALLS_PER_MINUTE`].
+pub fn validate_calls_per_minute(value: Option<u32>, field: &str) -> Vec<FieldError> {
+    match value {
+        Some(n) if n == 0 || n > MAX_CALLS_PER_MINUTE => vec![FieldError::invalid(
+            field,
+            format!("Invalid value: {n}: must be between 1 and {MAX_CALLS_PER_MINUTE}"),
+        )],
+        _ => Vec::new(),
+    }
+}
 
 /// Checks a tool allow-list: unique entries of 1 to 128 characters, none blank or holding
 /// control characters, a `*` only as the last character (a prefix pattern).
@@ -328,6 +346,10 @@ pub fn validate_agent_spec(spec: &AgentSpec) -> Vec<FieldError> {
     if let Some(tools) = &spec.tools {
         errors.extend(validate_tools(tools, "spec.tools"));
     }
+    errors.extend(validate_calls_per_minute(
+        spec.calls_per_minute,
+        "spec.callsPerMinute",
+    ));
     for (i, owner) in spec.owners.iter().enumerate() {
         if owner.trim().is_empty() {
             errors.push(FieldError::required(
@@ -382,6 +404,7 @@ pub fn admit_session(
 
     let mut admitted = spec.clone();
     let mut ceiling_warning = None;
+    let mut rate_warning = None;
     let mut limit = ctx.server_max_ttl;
     let mut limit_source = "the server maximum";
     if let Some(agent_ref) = &spec.agent {
@@ -429,6 +452,24 @@ pub fn admit_session(
                 }
             }
         }
+        if let Some(ceiling) = agent.spec.calls_per_minute {
+            match spec.calls_per_minute {
+                Some(asked) if asked <= ceiling => {}
+                asked => {
+                    admitted.calls_per_minute = Some(ceiling);
+                    rate_warning = Some(match asked {
+                        Some(asked) => format!(
+                            "spec.callsPerMinute clamped from {asked} to {ceiling} by agent {:?}",
+                            agent_ref.name
+                        ),
+                        None => format!(
+                            "spec.callsPerMinute set to {ceiling}, the most agent {:?} may make",
+                            agent_ref.name
+                        ),
+                    });
+                }
+            }
+        }
         if let Some(max) = agent.spec.max_active_sessions {
             if ctx.agent_active_sessions >= max {
                 return Err(SessionRuleError::QuotaExceeded {
@@ -449,7 +490,7 @@ pub fn admit_session(
         }
     }
 
-    let mut warnings: Vec<String> = ceiling_warning.into_iter().collect();
+    let mut warnings: Vec<String> = ceiling_warning.into_iter().chain(rate_warning).collect();
     let latest = ctx.now.checked_add(limit).unwrap_or(requested);
     if requested > latest {
         // Kubernetes times have second precision; round down so the clamp is never exceeded.
@@ -481,7 +522,7 @@ fn format_duration(d: SignedDuration) -> String {
 /// Checks an update of a session through the main resource and returns the spec to store.
 ///
 /// Everything that carries authority is immutable: server, agent, subject, teams and grant;
-/// `tools` may only be narrowed.
+/// `tools` may only be narrowed and `callsPerMinute` only lowered (or set).
 /// `expiresAt` may be brought forward; a later value is kept at the current expiry with a
 /// warning (as issuance clamps), so re-applying a manifest whose expiry was clamped works.
 pub fn admit_session_update(
@@ -521,6 +562,17 @@ pub fn admit_session_update(
             "spec.tools",
             format!("may only be narrowed: {tool:?} is not covered by the current list"),
         )),
+    }
+    match (old.calls_per_minute, new.calls_per_minute) {
+        (Some(_), None) => errors.push(FieldError::invalid(
+            "spec.callsPerMinute",
+            "may only be lowered: removing it would lift the limit",
+        )),
+        (Some(o), Some(n)) if n > o => errors.push(FieldError::invalid(
+            "spec.callsPerMinute",
+            format!("may only be lowered: {n} is above the current {o}"),
+        )),
+        _ => {}
     }
     match (&old.expires_at, &new.expires_at) {
         (Some(o), Some(n)) if n.0 > o.0 => {
@@ -942,6 +994,7 @@ mod tests {
             subject: None,
             teams: teams.iter().map(|t| t.to_string()).collect(),
             tools: None,
+            calls_per_minute: None,
             grant: None,
             expires_at: Some(Time(now() + SignedDuration::from_hours(expires_in_h))),
         }
@@ -1438,5 +1491,58 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("\"delete_repo\""));
+    }
+
+    #[test]
+    fn calls_per_minute_is_bounded_by_the_agent_and_only_lowered() {
+        let agent = {
+            let mut a = mk_agent(true, &["payments"], None, None);
+            a.spec.calls_per_minute = Some(60);
+            a
+        };
+        let ctx = ctx(Some(&agent), 0);
+        let mut spec = mk_spec(Some("billing-bot"), &["payments"], 1);
+        let admitted = admit_session(&spec, &ctx).unwrap();
+        assert_eq!(admitted.spec.calls_per_minute, Some(60));
+        assert!(admitted.warnings.iter().any(|w| w.contains("set to 60")));
+        spec.calls_per_minute = Some(600);
+        let admitted = admit_session(&spec, &ctx).unwrap();
+        assert_eq!(admitted.spec.calls_per_minute, Some(60));
+        assert!(admitted
+            .warnings
+            .iter()
+            .any(|w| w.contains("clamped from 600 to 60")));
+        spec.calls_per_minute = Some(10);
+        let admitted = admit_session(&spec, &ctx).unwrap();
+        assert_eq!(admitted.spec.calls_per_minute, Some(10));
+        assert!(admitted.warnings.is_empty(), "{:?}", admitted.warnings);
+        spec.calls_per_minute = Some(0);
+        assert!(matches!(
+            admit_session(&spec, &ctx),
+            Err(SessionRuleError::Invalid(e)) if e[0].field == "spec.callsPerMinute"
+        ));
+
+        let old = AccessSessionSpec {
+            calls_per_minute: Some(10),
+            ..mk_spec(None, &["payments"], 1)
+        };
+        let lowered = AccessSessionSpec {
+            calls_per_minute: Some(5),
+            ..old.clone()
+        };
+        assert!(admit_session_update(&old, &lowered).is_ok());
+        for raised in [Some(11), None] {
+            let new = AccessSessionSpec {
+                calls_per_minute: raised,
+                ..old.clone()
+            };
+            assert!(admit_session_update(&old, &new).is_err(), "{raised:?}");
+        }
+        // A session without a limit may be given one.
+        let unlimited = AccessSessionSpec {
+            calls_per_minute: None,
+            ..old.clone()
+        };
+        assert!(admit_session_update(&unlimited, &old).is_ok());
     }
 }

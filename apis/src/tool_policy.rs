@@ -88,6 +88,10 @@ pub fn validate_tool_policy_spec(spec: &ToolPolicySpec) -> Vec<FieldError> {
         } else if !names.insert(rule.name.as_str()) {
             errors.push(duplicate(format!("{at}.name"), &rule.name));
         }
+        errors.extend(crate::rules::validate_calls_per_minute(
+            rule.calls_per_minute,
+            &format!("{at}.callsPerMinute"),
+        ));
         if rule.arguments.len() > MAX_ARGUMENTS {
             errors.push(too_many(
                 format!("{at}.arguments"),
@@ -185,6 +189,8 @@ pub enum PolicyReason {
     DestructiveNotAllowed,
     /// A constrained argument absent or outside its allowed values.
     ArgumentNotAllowed,
+    /// A rule's `callsPerMinute` spent (decided by the gateway's token buckets, not here).
+    RateLimited,
 }
 
 impl PolicyReason {
@@ -192,6 +198,7 @@ impl PolicyReason {
         match self {
             Self::DestructiveNotAllowed => "destructive_not_allowed",
             Self::ArgumentNotAllowed => "argument_not_allowed",
+            Self::RateLimited => "rate_limited",
         }
     }
 }
@@ -224,13 +231,27 @@ pub struct Verdict {
     pub refusal: Option<Finding>,
     /// Objections of `monitor` policies: the call is forwarded, and these are recorded.
     pub monitored: Vec<Finding>,
+    /// The rate limits of the matching rules that have one: each a token bucket per session.
+    pub limits: Vec<RuleLimit>,
+}
+
+/// A matching rule's `callsPerMinute`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleLimit {
+    pub policy: String,
+    /// The rule's `name` (a tool or a `prefix*`): calls of every tool it covers share it.
+    pub rule: String,
+    pub calls_per_minute: u32,
+    pub mode: PolicyMode,
 }
 
 /// The compiled rule of one tool name or pattern in one policy.
 struct Rule {
     policy: u32,
+    name: String,
     side_effect: SideEffect,
     arguments: Vec<ArgumentRule>,
+    calls_per_minute: Option<u32>,
 }
 
 struct Compiled {
@@ -271,8 +292,10 @@ impl PolicyIndex {
             for rule in &spec.tools {
                 let compiled = Rule {
                     policy: id,
+                    name: rule.name.clone(),
                     side_effect: rule.side_effect,
                     arguments: rule.arguments.clone(),
+                    calls_per_minute: rule.calls_per_minute,
                 };
                 match rule.name.strip_suffix('*') {
                     Some(prefix) => {
@@ -342,6 +365,14 @@ impl PolicyIndex {
         for rule in self.matching(tool) {
             verdict.side_effect = verdict.side_effect.max(Some(rule.side_effect));
             let policy = &self.policies[rule.policy as usize];
+            if let Some(calls_per_minute) = rule.calls_per_minute {
+                verdict.limits.push(RuleLimit {
+                    policy: policy.name.clone(),
+                    rule: rule.name.clone(),
+                    calls_per_minute,
+                    mode: policy.mode,
+                });
+            }
             let mut object = |reason: PolicyReason, message: String| {
                 let finding = Finding {
                     reason,
@@ -449,6 +480,7 @@ mod tests {
                     values: vs.iter().map(|v| v.to_string()).collect(),
                 })
                 .collect(),
+            calls_per_minute: None,
         }
     }
 

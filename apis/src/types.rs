@@ -116,6 +116,14 @@ pub struct AccessSessionSpec {
     /// reaches every gateway as a revocation does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// The most `tools/call` requests per minute this session may make at each gateway.
+    ///
+    /// Optional; 1 to 1000000. A token bucket of this size, refilled at this rate per minute:
+    /// past it the gateway answers 429 with `Retry-After`. With an agent that has
+    /// `callsPerMinute`, it is clamped to the agent's (with a Warning) and set to it when
+    /// absent. Updates may only lower it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
     /// Grant linkage, opaque to MCP Access.
     ///
     /// Optional and immutable; stored and returned as given, never interpreted by MCP Access.
@@ -393,6 +401,14 @@ pub struct AgentSpec {
     /// afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// The most `tools/call` requests per minute a session of this agent may make at each
+    /// gateway.
+    ///
+    /// Optional; 1 to 1000000. A new session of this agent gets at most this `callsPerMinute`
+    /// (clamped, or set when it names none, with a Warning). Changing it applies to sessions
+    /// issued afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
 }
 
 impl Default for AgentSpec {
@@ -402,6 +418,7 @@ impl Default for AgentSpec {
             owners: Vec::new(),
             teams: Vec::new(),
             tools: None,
+            calls_per_minute: None,
             active: true,
             max_session_ttl: None,
             max_active_sessions: None,
@@ -921,6 +938,12 @@ pub struct ToolRule {
     /// of its values (refused otherwise with `argument_not_allowed`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arguments: Vec<ArgumentRule>,
+    /// The most calls per minute each session may make of the tools this rule covers.
+    ///
+    /// Optional; 1 to 1000000. A token bucket per session and rule at each gateway: past it the
+    /// call is answered 429 with `Retry-After` (in `monitor` mode, forwarded and counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
 }
 
 /// The values one argument of a tool call may take.

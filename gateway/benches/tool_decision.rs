@@ -135,6 +135,7 @@ fn main() {
             } else {
                 vec![]
             },
+            calls_per_minute: None,
         })
         .collect();
     let mut policy = ToolPolicy {

@@ -257,6 +257,7 @@ mod tests {
                         name: format!("{i:0>width$}", width = tool_name_len),
                         side_effect: SideEffect::Destructive,
                         arguments: vec![],
+                        calls_per_minute: None,
                     })
                     .collect(),
                 ..Default::default()

@@ -894,6 +894,86 @@ async fn tool_policies_refuse_monitor_and_filter_before_the_upstream() {
     );
 }
 
+/// Rate limits (issue 31): a session's `callsPerMinute` and a policy rule's are token buckets
+/// at the gateway; a call past either is answered 429 with `Retry-After` and a JSON-RPC error
+/// (-32034 `rate_limited`), never forwarded and drawing on no bucket; other methods pass.
+#[tokio::test]
+async fn calls_past_a_rate_limit_are_429_with_retry_after() {
+    let server = apiserver().await;
+    let up = upstream().await;
+    server.create_session(NS, "rita", SERVER_UID, HOUR).await;
+    let (status, body) = server
+        .merge_patch_session(NS, "rita", json!({"spec": {"callsPerMinute": 3}}))
+        .await;
+    assert_eq!(
+        status, 200,
+        "a limit may be set on a session without one: {body}"
+    );
+    let (status, body) = server
+        .merge_patch_session(NS, "rita", json!({"spec": {"callsPerMinute": 30}}))
+        .await;
+    assert_eq!(status, 422, "and never raised: {body}");
+    server
+        .create_policy(
+            NS,
+            "limits",
+            json!({"tools": [{"name": "search", "sideEffect": "read", "callsPerMinute": 1}]}),
+        )
+        .await;
+    let gw = Gateway::start(&server, &format!("http://{up}"), &[]);
+    gw.ready().await;
+    let rita = server.mint_token(NS, "rita").await;
+    let call = |id: u64, name: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}});
+    let send = |body: Value| {
+        let gw = &gw;
+        let rita = rita.clone();
+        async move {
+            let resp = gw.post(Some(&rita), body).await;
+            let status = resp.status().as_u16();
+            let retry = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            (status, retry, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, _, body) = send(call(1, "search")).await;
+    assert_eq!(status, 200);
+    assert!(body["result"]["headers"].is_object(), "forwarded: {body}");
+    // The rule's bucket (1 a minute) is spent.
+    let (status, retry, body) = send(call(2, "search")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        retry.is_some_and(|s| (1..=60).contains(&s)),
+        "Retry-After {retry:?}"
+    );
+    assert_eq!(body["error"]["code"], -32034);
+    assert_eq!(body["error"]["data"]["reason"], "rate_limited");
+    // The session's bucket (3 a minute) still holds 2: the refused call took nothing.
+    for id in [3, 4] {
+        let (status, _, body) = send(call(id, "issues_close")).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["result"]["headers"].is_object(), "forwarded: {body}");
+    }
+    let (status, retry, body) = send(call(5, "issues_close")).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(retry, Some(20), "3 a minute: one every 20 s");
+    // A batch is refused whole; other methods are not limited.
+    let (status, _, body) = send(json!([call(6, "issues_close"), ping(7)])).await;
+    assert_eq!(status, 429);
+    assert_eq!(body.as_array().map(Vec::len), Some(2), "{body}");
+    let (status, _, body) = send(ping(8)).await;
+    assert_eq!(status, 200, "{body}");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = "mcp_gateway_calls_refused_total{reason=\"rate_limited\"} 3";
+    assert!(metrics.contains(line), "{line} in\n{metrics}");
+}
+
 #[tokio::test]
 async fn bounded_bodies_header_checks_and_upstream_failures() {
     let server = apiserver().await;

@@ -177,6 +177,7 @@ fn session(ns: &str, name: &str, server_uid: &str, agent: Option<(&str, &str)>) 
             }),
             teams: Vec::new(),
             tools: None,
+            calls_per_minute: None,
             grant: None,
             expires_at: Some(Time(now() + SignedDuration::from_hours(1))),
         },

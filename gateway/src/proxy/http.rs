@@ -51,6 +51,8 @@ pub struct Gateway {
     pub cache: SessionCache,
     /// The server's ToolPolicies, compiled.
     pub policies: PolicyCache,
+    /// Token buckets of `callsPerMinute` (sessions, policy rules).
+    pub rates: super::rate::RateLimiter,
     pub verifier: Verifier,
     pub upstream: Upstream,
     pub bindings: Bindings,
@@ -386,11 +388,31 @@ impl Gateway {
                 );
             }
             // Decided once: the refusal and the audit lines read the same decisions.
-            let calls = decide_calls(&posted, |tool, arguments| access.decide(tool, arguments));
+            let mut calls = decide_calls(&posted, |tool, arguments| access.decide(tool, arguments));
+            // Rate limits draw on what would be forwarded: a refused body spends nothing.
+            let limited = if calls.iter().all(CallDecision::granted) {
+                self.rate_limit(&session_uid, &access, &mut calls).err()
+            } else {
+                None
+            };
             if let Some(audit) = &self.audit {
                 audit_calls(audit, &claims, &calls, started.elapsed());
             }
             self.metrics.count_calls(&calls);
+            if let Some(wait) = limited {
+                let secs = super::rate::retry_after_secs(wait);
+                tracing::info!(
+                    session = %claims.name(),
+                    namespace = %claims.namespace(),
+                    retry_after = secs,
+                    "tools/call rate limited"
+                );
+                let body = refusal(&posted, &calls).unwrap_or(Value::Null);
+                let mut resp = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+                return resp;
+            }
             // The session's tool grant: a refused call never reaches the upstream. Streamable
             // HTTP gets the JSON-RPC errors as the POST's response (the session goes on); a
             // legacy POST gets 202 and its errors on its SSE stream (403 with them when that
@@ -512,6 +534,86 @@ impl Gateway {
             ctx,
         );
         Response::from_parts(head, body.boxed())
+    }
+}
+
+impl Gateway {
+    /// Takes the body's calls from their buckets: the session's `callsPerMinute` and the
+    /// `callsPerMinute` of each matching rule of an enforcing policy, all or none. Past one,
+    /// every call of the body is marked `rate_limited` and the wait is returned. The rules of
+    /// monitor-mode policies draw on buckets of their own and only record what they would
+    /// have refused.
+    fn rate_limit(
+        &self,
+        session_uid: &str,
+        access: &ToolAccess,
+        calls: &mut [CallDecision],
+    ) -> Result<(), std::time::Duration> {
+        use super::rate::BucketKey;
+        use apis::tool_policy::{Finding, PolicyReason};
+        use apis::PolicyMode;
+        let mut enforced: Vec<(BucketKey, u32, u32)> = Vec::new();
+        let mut monitored: Vec<(BucketKey, u32, u32)> = Vec::new();
+        let add = |wants: &mut Vec<(BucketKey, u32, u32)>, key: BucketKey, per_minute| match wants
+            .iter_mut()
+            .find(|(k, _, _)| *k == key)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => wants.push((key, per_minute, 1)),
+        };
+        for call in calls.iter() {
+            if let Some(per_minute) = access.calls_per_minute {
+                add(
+                    &mut enforced,
+                    BucketKey::Session(session_uid.to_string()),
+                    per_minute,
+                );
+            }
+            for limit in &call.outcome.limits {
+                let key = BucketKey::Rule {
+                    session: session_uid.to_string(),
+                    policy: limit.policy.clone(),
+                    rule: limit.rule.clone(),
+                };
+                match limit.mode {
+                    PolicyMode::Enforce => add(&mut enforced, key, limit.calls_per_minute),
+                    PolicyMode::Monitor => add(&mut monitored, key, limit.calls_per_minute),
+                }
+            }
+        }
+        let now = Instant::now();
+        if let Err(wait) = self.rates.take(&enforced, now) {
+            let secs = super::rate::retry_after_secs(wait);
+            for call in calls.iter_mut() {
+                call.outcome.refused = Some(super::mcp::Refused {
+                    reason: super::mcp::RATE_LIMITED_REASON,
+                    code: super::mcp::RATE_LIMITED,
+                    message: format!(
+                        "this session's calls per minute are spent; retry after {secs} s"
+                    ),
+                    policy: None,
+                });
+            }
+            return Err(wait);
+        }
+        if self.rates.take(&monitored, now).is_err() {
+            for call in calls.iter_mut() {
+                let over: Vec<Finding> = call
+                    .outcome
+                    .limits
+                    .iter()
+                    .filter(|l| l.mode == PolicyMode::Monitor)
+                    .map(|l| Finding {
+                        reason: PolicyReason::RateLimited,
+                        policy: l.policy.clone(),
+                        mode: PolicyMode::Monitor,
+                        message: format!("calls per minute of rule {:?} spent", l.rule),
+                    })
+                    .collect();
+                call.outcome.monitored.extend(over);
+            }
+        }
+        Ok(())
     }
 }
 

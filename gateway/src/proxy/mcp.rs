@@ -35,12 +35,22 @@ pub const DESTRUCTIVE_NOT_ALLOWED: i64 = -32031;
 pub const ARGUMENT_NOT_ALLOWED: i64 = -32032;
 pub const POLICY_NOT_READY: i64 = -32033;
 pub const POLICY_NOT_READY_REASON: &str = "policy_not_ready";
-/// Every reason a call may be refused or monitored for, as metrics label them.
-pub const CALL_REASONS: [&str; 4] = [
+/// JSON-RPC error code of a call past a rate limit (answered with HTTP 429 and `Retry-After`).
+pub const RATE_LIMITED: i64 = -32034;
+pub const RATE_LIMITED_REASON: &str = "rate_limited";
+/// Every reason a call may be refused for, as metrics label them.
+pub const CALL_REASONS: [&str; 5] = [
     TOOL_NOT_GRANTED_REASON,
     "destructive_not_allowed",
     "argument_not_allowed",
     POLICY_NOT_READY_REASON,
+    RATE_LIMITED_REASON,
+];
+/// Every reason a monitor-mode policy may record a call for.
+pub const MONITORED_REASONS: [&str; 3] = [
+    "destructive_not_allowed",
+    "argument_not_allowed",
+    RATE_LIMITED_REASON,
 ];
 
 /// A JSON-RPC request id (a string, a number, or null when unknown).
@@ -220,6 +230,8 @@ pub struct CallOutcome {
     pub side_effect: Option<apis::SideEffect>,
     /// What `monitor` policies would have refused: forwarded, counted and audited.
     pub monitored: Vec<apis::tool_policy::Finding>,
+    /// The rate limits of the policy rules it matches.
+    pub limits: Vec<apis::tool_policy::RuleLimit>,
 }
 
 /// The decision on one `tools/call` of a POST body.

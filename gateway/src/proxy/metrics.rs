@@ -79,7 +79,7 @@ impl ProxyMetrics {
         for reason in super::mcp::CALL_REASONS {
             let _ = m.calls_refused.get_or_create(&DenyLabels { reason });
         }
-        for reason in &super::mcp::CALL_REASONS[1..3] {
+        for reason in super::mcp::MONITORED_REASONS {
             let _ = m.calls_monitored.get_or_create(&DenyLabels { reason });
         }
         registry.register(

@@ -12,6 +12,7 @@ pub mod http;
 pub mod legacy;
 pub mod mcp;
 pub mod metrics;
+pub mod rate;
 pub mod serve;
 pub mod session;
 pub mod sse;

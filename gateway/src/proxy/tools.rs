@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::mcp::{
     CallOutcome, Refused, ARGUMENT_NOT_ALLOWED, DESTRUCTIVE_NOT_ALLOWED, POLICY_NOT_READY,
-    POLICY_NOT_READY_REASON,
+    POLICY_NOT_READY_REASON, RATE_LIMITED,
 };
 
 /// A session's tool authority for one request.
@@ -19,6 +19,8 @@ use super::mcp::{
 pub struct ToolAccess {
     /// `spec.tools`: `None` grants every tool.
     pub tools: Option<Vec<String>>,
+    /// `spec.callsPerMinute`: `None` is no limit of the session's own.
+    pub calls_per_minute: Option<u32>,
     teams: Vec<String>,
     agent: Option<String>,
     /// The server's policies; `None` until the gateway holds a complete list of them.
@@ -29,6 +31,7 @@ impl ToolAccess {
     pub fn new(session: &AccessSession, policies: Option<Arc<PolicyIndex>>) -> Self {
         Self {
             tools: session.spec.tools.clone(),
+            calls_per_minute: session.spec.calls_per_minute,
             teams: session.spec.teams.clone(),
             agent: session.spec.agent.as_ref().map(|a| a.name.clone()),
             policies,
@@ -81,12 +84,14 @@ impl ToolAccess {
                 code: match finding.reason {
                     PolicyReason::DestructiveNotAllowed => DESTRUCTIVE_NOT_ALLOWED,
                     PolicyReason::ArgumentNotAllowed => ARGUMENT_NOT_ALLOWED,
+                    PolicyReason::RateLimited => RATE_LIMITED,
                 },
                 message: finding.message,
                 policy: Some(finding.policy),
             }),
             side_effect: verdict.side_effect,
             monitored: verdict.monitored,
+            limits: verdict.limits,
         }
     }
 

@@ -56,6 +56,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         audit,
         cache,
         policies,
+        rates: Default::default(),
         verifier: Verifier::new(keys, config.public_url.clone()),
         upstream: Upstream::new(
             config.upstream.clone(),
