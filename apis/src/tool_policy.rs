@@ -88,6 +88,19 @@ pub fn validate_tool_policy_spec(spec: &ToolPolicySpec) -> Vec<FieldError> {
         } else if !names.insert(rule.name.as_str()) {
             errors.push(duplicate(format!("{at}.name"), &rule.name));
         }
+        if let Some(digest) = &rule.digest {
+            if rule.name.ends_with('*') {
+                errors.push(FieldError::invalid(
+                    format!("{at}.digest"),
+                    "Invalid value: a pin names one tool: the rule's name may not be a pattern",
+                ));
+            } else if !is_digest(digest) {
+                errors.push(FieldError::invalid(
+                    format!("{at}.digest"),
+                    format!("Invalid value: {digest:?}: \"sha256:\" and 64 lowercase hex digits"),
+                ));
+            }
+        }
         errors.extend(crate::rules::validate_calls_per_minute(
             rule.calls_per_minute,
             &format!("{at}.callsPerMinute"),
@@ -181,6 +194,60 @@ fn validate_argument(argument: &ArgumentRule, at: &str) -> Vec<FieldError> {
     errors
 }
 
+/// Whether `digest` is `sha256:` and 64 lowercase hex digits.
+pub fn is_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// The part of a `tools/list` entry a pin covers, as canonical JSON (keys sorted at every
+/// level, no whitespace): its `name`, `description` and `inputSchema`, each `null` when absent.
+/// The pin is the SHA-256 of these bytes.
+pub fn pinned_definition(tool: &Value) -> Vec<u8> {
+    let part = serde_json::json!({
+        "description": tool.get("description").cloned().unwrap_or(Value::Null),
+        "inputSchema": tool.get("inputSchema").cloned().unwrap_or(Value::Null),
+        "name": tool.get("name").cloned().unwrap_or(Value::Null),
+    });
+    let mut out = Vec::new();
+    canonical(&part, &mut out);
+    out
+}
+
+fn canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push(b'{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend(serde_json::to_vec(key).unwrap_or_default());
+                out.push(b':');
+                canonical(&map[key], out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => out.extend(serde_json::to_vec(scalar).unwrap_or_default()),
+    }
+}
+
 /// Why a policy does not allow a call: the JSON-RPC error's `reason`, the audit line's and
 /// the metric's label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -191,6 +258,8 @@ pub enum PolicyReason {
     ArgumentNotAllowed,
     /// A rule's `callsPerMinute` spent (decided by the gateway's token buckets, not here).
     RateLimited,
+    /// The server lists the tool with a definition other than the pinned one.
+    ToolChanged,
 }
 
 impl PolicyReason {
@@ -199,6 +268,7 @@ impl PolicyReason {
             Self::DestructiveNotAllowed => "destructive_not_allowed",
             Self::ArgumentNotAllowed => "argument_not_allowed",
             Self::RateLimited => "rate_limited",
+            Self::ToolChanged => "tool_changed",
         }
     }
 }
@@ -256,6 +326,7 @@ struct Rule {
 
 struct Compiled {
     name: String,
+    namespace: String,
     resource_version: String,
     mode: PolicyMode,
     teams: BTreeSet<String>,
@@ -271,6 +342,17 @@ pub struct PolicyIndex {
     prefixes: HashMap<String, Vec<Rule>>,
     /// Distinct pattern prefix lengths in bytes, ascending.
     prefix_lengths: Vec<usize>,
+    /// Pinned definitions by tool: the policy and the digest.
+    pins: HashMap<String, Vec<(u32, String)>>,
+}
+
+/// One pinned definition of a tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pin<'a> {
+    pub policy: &'a str,
+    pub namespace: &'a str,
+    pub digest: &'a str,
+    pub mode: PolicyMode,
 }
 
 impl PolicyIndex {
@@ -284,12 +366,20 @@ impl PolicyIndex {
             let callers = spec.destructive_callers.clone().unwrap_or_default();
             index.policies.push(Compiled {
                 name: policy.metadata.name.clone().unwrap_or_default(),
+                namespace: policy.metadata.namespace.clone().unwrap_or_default(),
                 resource_version: policy.metadata.resource_version.clone().unwrap_or_default(),
                 mode: spec.mode,
                 teams: callers.teams.into_iter().collect(),
                 agents: callers.agents.into_iter().collect(),
             });
             for rule in &spec.tools {
+                if let Some(digest) = &rule.digest {
+                    index
+                        .pins
+                        .entry(rule.name.clone())
+                        .or_default()
+                        .push((id, digest.clone()));
+                }
                 let compiled = Rule {
                     policy: id,
                     name: rule.name.clone(),
@@ -340,6 +430,28 @@ impl PolicyIndex {
             .filter_map(move |&n| self.prefixes.get(&tool[..n]))
             .flatten();
         exact.chain(patterns)
+    }
+
+    /// Whether any policy pins a tool's definition.
+    pub fn has_pins(&self) -> bool {
+        !self.pins.is_empty()
+    }
+
+    /// The pinned definitions of `tool`.
+    pub fn pins<'s>(&'s self, tool: &str) -> impl Iterator<Item = Pin<'s>> + 's {
+        self.pins
+            .get(tool)
+            .into_iter()
+            .flatten()
+            .map(|(id, digest)| {
+                let policy = &self.policies[*id as usize];
+                Pin {
+                    policy: &policy.name,
+                    namespace: &policy.namespace,
+                    digest,
+                    mode: policy.mode,
+                }
+            })
     }
 
     /// Whether `caller` may call `tool` as far as its side effect goes: no `enforce` policy
@@ -481,6 +593,7 @@ mod tests {
                 })
                 .collect(),
             calls_per_minute: None,
+            digest: None,
         }
     }
 

@@ -944,6 +944,17 @@ pub struct ToolRule {
     /// call is answered 429 with `Retry-After` (in `monitor` mode, forwarded and counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_per_minute: Option<u32>,
+    /// The tool's definition as pinned: `sha256:` and the hex SHA-256 of its `name`,
+    /// `description` and `inputSchema` as `tools/list` returns them (JSON, keys sorted, no
+    /// whitespace).
+    ///
+    /// Optional; only on a rule naming one tool (no pattern). When the server lists the tool
+    /// with another definition (a "rug pull"), the gateway hides it from `tools/list` and
+    /// refuses its calls with `tool_changed` (in `monitor` mode, forwards and counts them)
+    /// until the pin is updated, and reports an Event on the MCPServer. The gateway's
+    /// `/config/status` and the Event show the digest it saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// The values one argument of a tool call may take.

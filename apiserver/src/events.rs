@@ -171,6 +171,97 @@ pub fn start(
     }
 }
 
+/// A pinned tool a gateway saw its server list with another definition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolDrift {
+    pub namespace: String,
+    pub server_name: String,
+    pub server_uid: String,
+    pub policy: String,
+    pub tool: String,
+    pub pinned: String,
+    pub observed: String,
+}
+
+/// Where the sync listener hands drift reports; never blocks (a full queue drops one).
+#[derive(Clone)]
+pub struct DriftEvents(mpsc::Sender<ToolDrift>);
+
+impl DriftEvents {
+    /// A handle and the queue it feeds, `queue` deep.
+    pub fn channel(queue: usize) -> (Self, mpsc::Receiver<ToolDrift>) {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        (Self(tx), rx)
+    }
+
+    pub fn send(&self, drift: ToolDrift) {
+        if self.0.try_send(drift).is_err() {
+            tracing::warn!("tool drift Event queue full; dropped");
+        }
+    }
+}
+
+/// The Event of a drift: a Warning `ToolDefinitionChanged` regarding the MCPServer.
+pub fn drift_event(drift: &ToolDrift) -> (Event, ObjectReference) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "ToolDefinitionChanged".into(),
+        note: Some(format!(
+            "tool {:?} is listed with definition {} but ToolPolicy {:?} pins {}: its calls are \
+             refused (or, in monitor mode, flagged) until the pin is updated",
+            drift.tool, drift.observed, drift.policy, drift.pinned
+        )),
+        action: "ComparePin".into(),
+        secondary: Some(ObjectReference {
+            api_version: Some(apis::API_VERSION.into()),
+            kind: Some("ToolPolicy".into()),
+            namespace: Some(drift.namespace.clone()),
+            name: Some(drift.policy.clone()),
+            ..Default::default()
+        }),
+    };
+    let regarding = ObjectReference {
+        api_version: Some("mcp-runtime.dev/v1alpha1".into()),
+        kind: Some("MCPServer".into()),
+        namespace: Some(drift.namespace.clone()),
+        name: Some(drift.server_name.clone()),
+        uid: Some(drift.server_uid.clone()),
+        ..Default::default()
+    };
+    (event, regarding)
+}
+
+/// Publishes drift Events through kube-apiserver; returns the handle the sync listener sends
+/// to and the task to run.
+pub fn start_drift(
+    client: kube::Client,
+    instance: String,
+) -> (
+    DriftEvents,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (events, mut rx) = DriftEvents::channel(DEFAULT_QUEUE);
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some(instance),
+        },
+    );
+    let task = async move {
+        while let Some(drift) = rx.recv().await {
+            let (event, regarding) = drift_event(&drift);
+            if let Err(e) = recorder.publish(&event, &regarding).await {
+                tracing::warn!(
+                    server = %drift.server_name, tool = %drift.tool, error = %e,
+                    "tool drift Event dropped"
+                );
+            }
+        }
+    };
+    (events, task)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -271,8 +271,13 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         tls_handshake_timeout: config.serving.tls_handshake_timeout,
         ..Limits::default()
     });
+    let mut drift_events = None;
     let (app, gateways) = match kube_parts {
         Some((lifecycle, gateways, reverify, client)) => {
+            // Tool drift gateways report becomes Events on MCPServers.
+            let (events, task) = events::start_drift(client.clone(), events::instance_name());
+            drift_events = Some(events);
+            tasks.push(("tool drift event recorder", forever(task)));
             // Behind kube-apiserver, session transitions are reported as Events.
             tasks.push((
                 "session event recorder",
@@ -292,7 +297,10 @@ async fn wire(config: Config) -> anyhow::Result<Wired> {
         None => (app, None),
     };
     if let (Some(listener), Some((gateways, reverify))) = (sync_listener, gateways) {
-        let sync = SyncState::new(app.clone(), gateways, reverify);
+        let mut sync = SyncState::new(app.clone(), gateways, reverify);
+        if let Some(events) = drift_events {
+            sync = sync.with_drift_events(events);
+        }
         // The gateway watches are served here: so are their revocation receipts.
         tasks.push((
             "revocation receipts",

@@ -664,3 +664,93 @@ async fn the_token_keys_and_issuer_are_401_without_a_gateway() {
     assert_eq!(s.sync_raw(Some(A_TOKEN), JWKS).await.code, 401);
     assert_eq!(s.sync_raw(Some(B_TOKEN), JWKS).await.code, 200);
 }
+
+/// A gateway's report of a pinned tool listed with another definition (issue 31): taken (202)
+/// for a policy of its own server that pins exactly that, and handed on to become an Event on
+/// its MCPServer; anything else is refused and hands on nothing.
+#[tokio::test]
+async fn drift_reports_are_taken_for_the_gateways_own_pins_only() {
+    let mut s = Sync::start(Duration::from_secs(30)).await;
+    let (events, mut drifts) = apiserver::events::DriftEvents::channel(8);
+    s.sync = s.sync.clone().with_drift_events(events);
+    let pinned = format!("sha256:{}", "a".repeat(64));
+    let observed = format!("sha256:{}", "b".repeat(64));
+    for (name, server) in [("gh-pins", "github"), ("gl-pins", "gitlab")] {
+        let body = serde_json::json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "ToolPolicy",
+            "metadata": {"name": name},
+            "spec": {"server": {"name": server},
+                     "tools": [{"name": "echo", "sideEffect": "read", "digest": pinned}]},
+        });
+        let raw = Raw::of(
+            s.api
+                .clone()
+                .handle(
+                    Request::builder()
+                        .method(Method::POST)
+                        .uri(ns_policies(NS))
+                        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+                        .header("content-type", "application/json")
+                        .body(Body::from(body.to_string()))
+                        .unwrap(),
+                )
+                .await,
+        )
+        .await;
+        assert_eq!(raw.code, 201, "{}", String::from_utf8_lossy(&raw.body));
+    }
+    let report = |policy: &str, body: String| {
+        let s = &s;
+        let uri = format!("{}/{policy}/drift", ns_policies(NS));
+        async move {
+            let response = s
+                .sync
+                .clone()
+                .handle(
+                    Request::builder()
+                        .method(Method::POST)
+                        .uri(uri)
+                        .header("authorization", format!("Bearer {A_TOKEN}"))
+                        .header("content-type", "application/json")
+                        .body(Body::from(body))
+                        .unwrap(),
+                )
+                .await;
+            Raw::of(response).await.code
+        }
+    };
+    let good =
+        serde_json::json!({"tool": "echo", "pinned": pinned, "observed": observed}).to_string();
+    assert_eq!(report("gh-pins", good.clone()).await, 202);
+    let drift = drifts.try_recv().expect("the report is handed on");
+    assert_eq!(
+        (
+            drift.server_name.as_str(),
+            drift.server_uid.as_str(),
+            drift.tool.as_str()
+        ),
+        ("github", SERVER_A, "echo")
+    );
+    assert_eq!(
+        (drift.pinned, drift.observed),
+        (pinned.clone(), observed.clone())
+    );
+    // Another server's policy, an unknown one, a pin it does not hold, a malformed or oversized
+    // report: refused, nothing handed on.
+    assert_eq!(report("gl-pins", good.clone()).await, 404);
+    assert_eq!(report("missing", good.clone()).await, 404);
+    let other_pin =
+        serde_json::json!({"tool": "echo", "pinned": observed, "observed": pinned}).to_string();
+    assert_eq!(report("gh-pins", other_pin).await, 400);
+    let bad_digest =
+        serde_json::json!({"tool": "echo", "pinned": pinned, "observed": "md5:x"}).to_string();
+    assert_eq!(report("gh-pins", bad_digest).await, 400);
+    assert_eq!(report("gh-pins", "{".into()).await, 400);
+    assert_eq!(report("gh-pins", "x".repeat(10_000)).await, 413);
+    assert!(drifts.try_recv().is_err());
+    let (code, _) = s
+        .get(A_TOKEN, &format!("{}/gh-pins/drift", ns_policies(NS)))
+        .await;
+    assert_eq!(code, 405);
+}

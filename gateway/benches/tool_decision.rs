@@ -91,11 +91,11 @@ fn main() {
     let indexed = measure(ROUNDS / 10, || {
         let mut a = answer.clone();
         let g = ToolGrant::new(Some(&grant));
-        std::hint::black_box(filter_tools_list(&mut a, &ids, &|t| g.allows(t)));
+        std::hint::black_box(filter_tools_list(&mut a, &ids, &|t, _| g.allows(t)));
     });
     let scanned = measure(ROUNDS / 10, || {
         let mut a = answer.clone();
-        std::hint::black_box(filter_tools_list(&mut a, &ids, &|t| {
+        std::hint::black_box(filter_tools_list(&mut a, &ids, &|t, _| {
             tool_granted(Some(&grant), t)
         }));
     });
@@ -136,6 +136,7 @@ fn main() {
                 vec![]
             },
             calls_per_minute: None,
+            digest: None,
         })
         .collect();
     let mut policy = ToolPolicy {
@@ -160,8 +161,13 @@ fn main() {
     let mut session = AccessSession::default();
     session.spec.tools = Some(grant.clone());
     session.spec.teams = vec!["payments".into()];
-    let grant_only = ToolAccess::new(&session, Some(std::sync::Arc::new(PolicyIndex::new([]))));
-    let with_policy = ToolAccess::new(&session, Some(index));
+    let observed = std::sync::Arc::new(gateway::pins::Observed::default());
+    let grant_only = ToolAccess::new(
+        &session,
+        Some(std::sync::Arc::new(PolicyIndex::new([]))),
+        observed.clone(),
+    );
+    let with_policy = ToolAccess::new(&session, Some(index), observed);
     let access_decide = |body: &[u8], access: &ToolAccess| {
         let posted = Posted::parse(body);
         let calls = decide_calls(&posted, |tool, arguments| access.decide(tool, arguments));

@@ -31,6 +31,7 @@ pub mod credential;
 pub mod decision;
 mod error;
 pub mod metrics;
+pub mod pins;
 pub mod policies;
 pub mod proxy;
 mod state;

@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 
 use crate::config::CacheConfig;
+use crate::pins::{Drift, Observed};
 
 /// The policy cache's metrics.
 #[derive(Clone, Debug, Default)]
@@ -154,10 +155,12 @@ impl Accepted {
     }
 }
 
-/// The compiled policies of the gateway's server. Cheap to clone.
+/// The compiled policies of the gateway's server, and the definitions seen of pinned tools.
+/// Cheap to clone.
 #[derive(Clone, Default)]
 pub struct PolicyCache {
     index: Arc<RwLock<Option<Arc<PolicyIndex>>>>,
+    observed: Arc<Observed>,
 }
 
 impl PolicyCache {
@@ -170,7 +173,13 @@ impl PolicyCache {
     pub fn fixed(index: PolicyIndex) -> Self {
         Self {
             index: Arc::new(RwLock::new(Some(Arc::new(index)))),
+            observed: Default::default(),
         }
+    }
+
+    /// The definitions seen of pinned tools.
+    pub fn observed(&self) -> Arc<Observed> {
+        self.observed.clone()
     }
 
     fn publish(&self, accepted: &Accepted, metrics: &PolicyMetrics) {
@@ -186,7 +195,12 @@ impl PolicyCache {
         metrics: PolicyMetrics,
     ) -> Result<(Self, JoinHandle<()>), crate::CacheError> {
         let client = crate::client::build(config)?;
-        let cache = Self::default();
+        let (reports, drifts) = tokio::sync::mpsc::channel(64);
+        let cache = Self {
+            index: Default::default(),
+            observed: Arc::new(Observed::reporting_to(reports)),
+        };
+        tokio::spawn(report_drift(client.clone(), drifts));
         let task = tokio::spawn(cache.clone().run(Api::all(client), metrics));
         Ok((cache, task))
     }
@@ -241,6 +255,45 @@ impl PolicyCache {
     }
 }
 
+/// Sends each drift to the sync listener (`POST .../toolpolicies/NAME/drift`), which records it
+/// as an Event on the MCPServer. A report that fails is logged: the refusal at this gateway
+/// does not depend on it.
+async fn report_drift(client: kube::Client, mut drifts: tokio::sync::mpsc::Receiver<Drift>) {
+    while let Some(drift) = drifts.recv().await {
+        let path = format!(
+            "/apis/{}/namespaces/{}/toolpolicies/{}/drift",
+            apis::API_VERSION,
+            drift.namespace,
+            drift.policy
+        );
+        let body = serde_json::json!({
+            "tool": drift.tool,
+            "pinned": drift.pinned,
+            "observed": drift.observed,
+        });
+        let request = http::Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string().into_bytes());
+        let sent = match request {
+            Ok(request) => client.request_text(request).await.map(|_| ()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build a tool drift report");
+                continue;
+            }
+        };
+        match sent {
+            Ok(()) => tracing::info!(
+                policy = %drift.policy, tool = %drift.tool, observed = %drift.observed,
+                "tool definition changed from its pin; reported"
+            ),
+            Err(e) => tracing::warn!(
+                policy = %drift.policy, tool = %drift.tool, error = %e,
+                "tool definition changed from its pin; the report failed"
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +311,7 @@ mod tests {
                         side_effect: SideEffect::Destructive,
                         arguments: vec![],
                         calls_per_minute: None,
+                        digest: None,
                     })
                     .collect(),
                 ..Default::default()

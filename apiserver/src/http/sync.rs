@@ -45,6 +45,8 @@ const SERVER_NAME_PATH: &[&str] = &["spec", "server", "name"];
 /// authentication and documents.
 pub struct SyncState<S> {
     app: AppState<S>,
+    /// Where drift reports become Events on MCPServers (behind kube-apiserver only).
+    drift: Option<crate::events::DriftEvents>,
     gateways: Arc<dyn GatewayAuthenticator>,
     /// How often an open watch re-verifies its gateway's owner chain.
     reverify: Duration,
@@ -55,6 +57,7 @@ impl<S: Clone> Clone for SyncState<S> {
     fn clone(&self) -> Self {
         Self {
             app: self.app.clone(),
+            drift: self.drift.clone(),
             gateways: self.gateways.clone(),
             reverify: self.reverify,
             docs: self.docs.clone(),
@@ -106,12 +109,19 @@ impl<S: Store + Clone> SyncState<S> {
     ) -> Self {
         Self {
             app,
+            drift: None,
             gateways,
             reverify,
             docs: Arc::new(Documents::build_for(
                 apis::resources::GATEWAY_SYNC_RESOURCES,
             )),
         }
+    }
+
+    /// Records the tool drift gateways report as Events through `events`.
+    pub fn with_drift_events(mut self, events: crate::events::DriftEvents) -> Self {
+        self.drift = Some(events);
+        self
     }
 
     /// The listener's limits and timeouts (those of the API listener).
@@ -161,7 +171,7 @@ impl<S: Store + Clone> SyncState<S> {
         request: Request,
         log: &RequestLog,
     ) -> Result<(String, Response), (String, ApiError)> {
-        let (parts, _body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let path = parts.uri.path().to_string();
         let segments = route::segments(&path);
         let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
@@ -183,6 +193,25 @@ impl<S: Store + Clone> SyncState<S> {
         log.set_user(&gateway.user);
 
         let params = Params::parse(parts.uri.query()).map_err(fail(""))?;
+        // A pinned tool listed with another definition: recorded as an Event. Served here
+        // only (it is not a subresource of the API).
+        if let ["apis", group, version, "namespaces", namespace, plural, name, "drift"] =
+            segs.as_slice()
+        {
+            if *group == apis::GROUP && *version == apis::VERSION && *plural == ToolPolicy::PLURAL {
+                if parts.method != Method::POST {
+                    return Err(fail("")(ApiError::method_not_allowed(
+                        parts.method.as_str(),
+                        "toolpolicies/drift",
+                    )));
+                }
+                return self
+                    .drift(&gateway, namespace, name, body)
+                    .await
+                    .map(|r| ("create".to_string(), r))
+                    .map_err(fail("create"));
+            }
+        }
         let target = Target::parse(&segs);
         let (namespace, plural, name) = match target {
             Target::NonResource(doc) => {
@@ -294,6 +323,74 @@ impl<S: Store + Clone> SyncState<S> {
             }
             _ => self.watch::<K>(req, gateway, token).await,
         }
+    }
+
+    /// `POST .../namespaces/NS/toolpolicies/NAME/drift` `{"tool","pinned","observed"}`: the
+    /// gateway saw its server list `tool` with the `observed` definition while the policy pins
+    /// `pinned`. Checked against the stored policy (in the gateway's scope, pinning exactly
+    /// that), then recorded as a Warning Event on the gateway's MCPServer. 202 when taken.
+    async fn drift(
+        &self,
+        gateway: &GatewayIdentity,
+        namespace: &str,
+        name: &str,
+        body: axum::body::Body,
+    ) -> ApiResult<Response> {
+        use http_body_util::BodyExt;
+        const MAX_REPORT: usize = 4096;
+        let bytes = http_body_util::Limited::new(body, MAX_REPORT)
+            .collect()
+            .await
+            .map_err(|_| ApiError::too_large(MAX_REPORT))?
+            .to_bytes();
+        #[derive(serde::Deserialize)]
+        struct Report {
+            tool: String,
+            pinned: String,
+            observed: String,
+        }
+        let report: Report = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("a drift report: {e}")))?;
+        if !apis::tool_policy::is_digest(&report.observed) {
+            return Err(ApiError::bad_request(
+                "observed: \"sha256:\" and 64 lowercase hex digits",
+            ));
+        }
+        let missing =
+            || ApiError::from_store(crate::store::StoreError::NotFound, &ToolPolicy::INFO, name);
+        let policy: ToolPolicy = self
+            .app
+            .store
+            .get(namespace, name)
+            .await
+            .map_err(|e| ApiError::from_store(e, &ToolPolicy::INFO, name))?;
+        let in_scope =
+            namespace == gateway.namespace && policy.spec.server.name == gateway.server_name;
+        if !in_scope {
+            return Err(missing());
+        }
+        let pins =
+            policy.spec.tools.iter().any(|r| {
+                r.name == report.tool && r.digest.as_deref() == Some(report.pinned.as_str())
+            });
+        if !pins {
+            return Err(ApiError::bad_request(format!(
+                "toolpolicy {name:?} does not pin tool {:?} at {}",
+                report.tool, report.pinned
+            )));
+        }
+        if let Some(events) = &self.drift {
+            events.send(crate::events::ToolDrift {
+                namespace: gateway.namespace.clone(),
+                server_name: gateway.server_name.clone(),
+                server_uid: gateway.server_uid.clone(),
+                policy: name.to_string(),
+                tool: report.tool,
+                pinned: report.pinned,
+                observed: report.observed,
+            });
+        }
+        Ok((StatusCode::ACCEPTED, axum::Json(serde_json::json!({}))).into_response())
     }
 
     async fn watch<K: Strategy>(

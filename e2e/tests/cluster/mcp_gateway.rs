@@ -548,6 +548,13 @@ fn apply_policy(
             ],
         },
     });
+    apply_and_wait(c, s, &manifest)
+}
+
+/// Applies a ToolPolicy manifest with `kubectl apply` and waits until the gateway holds that
+/// version (its `/config/status` names the resourceVersion in force).
+fn apply_and_wait(c: &LocalCluster, s: &Served, manifest: &Value) -> Result<(), String> {
+    let name = manifest["metadata"]["name"].as_str().unwrap_or_default();
     ok(
         &c.kubectl_as(
             &c.kubeconfig,
@@ -562,7 +569,7 @@ fn apply_policy(
             &[
                 "get",
                 "toolpolicy",
-                "guard",
+                name,
                 "-n",
                 &s.ns,
                 "-o",
@@ -583,13 +590,13 @@ fn apply_policy(
             .as_array()
             .into_iter()
             .flatten()
-            .any(|p| p["name"] == "guard" && p["resourceVersion"] == rv.trim());
+            .any(|p| p["name"] == name && p["resourceVersion"] == rv.trim());
         if held {
             return Ok(());
         }
         ensure!(
             Instant::now() < deadline,
-            "the gateway does not hold toolpolicy guard at {rv} within 10 s: {status}\n{}",
+            "the gateway does not hold toolpolicy {name} at {rv} within 10 s: {status}\n{}",
             s.context()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -609,7 +616,8 @@ fn call_error<'a>(r: &'a Value, call: &str) -> &'a Value {
 /// `payments` session is not shown `count` and its call is refused with -32031
 /// `destructive_not_allowed`, while an `sre` session sees and calls it; an `echo` whose text is
 /// not listed is refused with -32032 `argument_not_allowed`; in monitor mode the `payments`
-/// session's call of `count` is forwarded and counted as monitored.
+/// session's call of `count` is forwarded and counted as monitored; a pinned `echo` whose
+/// definition differs is hidden and refused, and reported as an Event on the MCPServer.
 pub fn sdk_clients_under_tool_policies(c: &mut LocalCluster) -> Result<(), String> {
     let s = Served::start(c, "e2e-mcp-policies", "policed")?;
     s.issue_for(c, "payments", None, &far_future(), None, &["payments"])?;
@@ -694,7 +702,69 @@ pub fn sdk_clients_under_tool_policies(c: &mut LocalCluster) -> Result<(), Strin
         after - before,
         2 * sdks.len()
     );
-    Ok(())
+
+    // A pin the server's echo does not match (as after a "rug pull"): once a list shows the
+    // definition, echo is hidden and its calls refused (-32035), and the MCPServer gets an
+    // Event naming the definition seen.
+    let pin = format!("sha256:{}", "0".repeat(64));
+    apply_and_wait(
+        c,
+        &s,
+        &json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "ToolPolicy",
+            "metadata": {"name": "pins", "namespace": s.ns},
+            "spec": {
+                "server": {"name": s.server},
+                "tools": [{"name": "echo", "sideEffect": "read", "digest": pin}],
+            },
+        }),
+    )?;
+    for sdk in &sdks {
+        let r = run(c, &s, *sdk, Some(&oncall), "tools", &[])?.result;
+        let error = call_error(&r, "echo");
+        ensure!(
+            !r["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t == "echo")
+                && error["code"] == -32035
+                && error["data"]["reason"] == "tool_changed"
+                && error["data"]["policy"] == "pins",
+            "{}: with echo's pin unmatched gave {r}, want it hidden and refused with -32035",
+            sdk.name()
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = ok(
+            &c.kubectl(&["get", "events", "-n", &s.ns, "-o", "json"]),
+            "kubectl get events",
+        )?;
+        let events: Value = serde_json::from_str(&events).map_err(|e| e.to_string())?;
+        let found = events["items"].as_array().into_iter().flatten().find(|e| {
+            e["reason"] == "ToolDefinitionChanged" && e["involvedObject"]["kind"] == "MCPServer"
+        });
+        if let Some(event) = found {
+            let note = event["message"].as_str().unwrap_or_default();
+            ensure!(
+                event["involvedObject"]["name"] == s.server.as_str()
+                    && event["involvedObject"]["uid"] == s.server_uid.as_str()
+                    && note.contains("\"echo\"")
+                    && note.contains(&pin),
+                "the drift Event: {event}"
+            );
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no ToolDefinitionChanged Event on MCPServer {} within 20 s: {events}\n{}",
+            s.server,
+            s.context()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn b64(bytes: &[u8]) -> String {

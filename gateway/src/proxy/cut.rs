@@ -56,7 +56,7 @@ impl ToolsFilter {
             &[self.ids.as_slice(), &listed].concat()
         };
         rewrite_events(&events, &mut |m| {
-            filter_tools_list(m, ids, &|t| self.lister.allows(t))
+            filter_tools_list(m, ids, &|t, tool| self.lister.allows(t, tool))
         })
     }
 
@@ -65,7 +65,9 @@ impl ToolsFilter {
         let Ok(mut message) = serde_json::from_slice::<Value>(&body) else {
             return body;
         };
-        if filter_tools_list(&mut message, &self.ids, &|t| self.lister.allows(t)) {
+        if filter_tools_list(&mut message, &self.ids, &|t, tool| {
+            self.lister.allows(t, tool)
+        }) {
             Bytes::from(message.to_string())
         } else {
             body

@@ -207,6 +207,8 @@ impl Gateway {
                         .map(|(name, rv, mode)| json!({"name": name, "resourceVersion": rv, "mode": mode.as_str()}))
                         .collect::<Vec<_>>()
                 }),
+                // The definitions the server listed for pinned tools (what to pin).
+                "tool_digests": self.policies.observed().all(),
                 "mcp_session_bindings": self.bindings.len(),
                 "legacy_sse_streams": self.legacy_streams.len(),
             }),
@@ -291,7 +293,10 @@ impl Gateway {
             .await;
         admit(&claims, decision, session.as_deref())?;
         let session = session.ok_or(Reason::SessionNotFound)?;
-        Ok((claims, ToolAccess::new(&session, self.policies.index())))
+        Ok((
+            claims,
+            ToolAccess::new(&session, self.policies.index(), self.policies.observed()),
+        ))
     }
 
     async fn proxy(

@@ -38,19 +38,23 @@ pub const POLICY_NOT_READY_REASON: &str = "policy_not_ready";
 /// JSON-RPC error code of a call past a rate limit (answered with HTTP 429 and `Retry-After`).
 pub const RATE_LIMITED: i64 = -32034;
 pub const RATE_LIMITED_REASON: &str = "rate_limited";
+/// JSON-RPC error code of a call of a pinned tool the server now lists with another definition.
+pub const TOOL_CHANGED: i64 = -32035;
 /// Every reason a call may be refused for, as metrics label them.
-pub const CALL_REASONS: [&str; 5] = [
+pub const CALL_REASONS: [&str; 6] = [
     TOOL_NOT_GRANTED_REASON,
     "destructive_not_allowed",
     "argument_not_allowed",
     POLICY_NOT_READY_REASON,
     RATE_LIMITED_REASON,
+    "tool_changed",
 ];
 /// Every reason a monitor-mode policy may record a call for.
-pub const MONITORED_REASONS: [&str; 3] = [
+pub const MONITORED_REASONS: [&str; 4] = [
     "destructive_not_allowed",
     "argument_not_allowed",
     RATE_LIMITED_REASON,
+    "tool_changed",
 ];
 
 /// A JSON-RPC request id (a string, a number, or null when unknown).
@@ -167,11 +171,12 @@ pub fn tools_list_ids(posted: &Posted) -> Vec<RequestId> {
 }
 
 /// Drops from a JSON-RPC answer (or a batch of them) to one of the `tools/list` requests
-/// `ids` every tool `granted` refuses. Returns whether anything was dropped.
+/// `ids` every tool `granted` refuses (given its name and its whole entry). Returns whether
+/// anything was dropped.
 pub fn filter_tools_list(
     message: &mut Value,
     ids: &[RequestId],
-    granted: &dyn Fn(&str) -> bool,
+    granted: &dyn Fn(&str, &Value) -> bool,
 ) -> bool {
     if let Value::Array(items) = message {
         let mut changed = false;
@@ -191,7 +196,7 @@ pub fn filter_tools_list(
     tools.retain(|tool| {
         tool.get("name")
             .and_then(Value::as_str)
-            .is_some_and(granted)
+            .is_some_and(|name| granted(name, tool))
     });
     tools.len() != before
 }
@@ -573,7 +578,7 @@ mod tests {
         let mut answer = json!({"jsonrpc":"2.0","id":1,"result":{"tools":[
             {"name":"search"},{"name":"delete_repo"},{"name":"issues_close"},{"description":"nameless"}
         ]}});
-        assert!(filter_tools_list(&mut answer, &ids, &granted));
+        assert!(filter_tools_list(&mut answer, &ids, &|t, _| granted(t)));
         let names: Vec<&str> = answer["result"]["tools"]
             .as_array()
             .unwrap()
@@ -583,10 +588,10 @@ mod tests {
         assert_eq!(names, ["search", "issues_close"]);
         // Another request's answer, or one without tools, is left alone.
         let mut other = json!({"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"x"}]}});
-        assert!(!filter_tools_list(&mut other, &ids, &granted));
+        assert!(!filter_tools_list(&mut other, &ids, &|t, _| granted(t)));
         assert_eq!(other["result"]["tools"][0]["name"], "x");
         let mut batch = json!([{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"x"}]}}]);
-        assert!(filter_tools_list(&mut batch, &ids, &granted));
+        assert!(filter_tools_list(&mut batch, &ids, &|t, _| granted(t)));
         assert_eq!(batch[0]["result"]["tools"], json!([]));
     }
 }

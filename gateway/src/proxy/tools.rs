@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use apis::rules::{tool_granted, ToolGrant};
-use apis::tool_policy::{Caller, PolicyIndex, PolicyReason};
-use apis::AccessSession;
+use apis::tool_policy::{Caller, Finding, PolicyIndex, PolicyReason};
+use apis::{AccessSession, PolicyMode};
 use serde_json::{Map, Value};
 
 use super::mcp::{
     CallOutcome, Refused, ARGUMENT_NOT_ALLOWED, DESTRUCTIVE_NOT_ALLOWED, POLICY_NOT_READY,
-    POLICY_NOT_READY_REASON, RATE_LIMITED,
+    POLICY_NOT_READY_REASON, RATE_LIMITED, TOOL_CHANGED,
 };
+use crate::pins::{digest_of, Drift, Observed};
 
 /// A session's tool authority for one request.
 #[derive(Clone)]
@@ -25,16 +26,23 @@ pub struct ToolAccess {
     agent: Option<String>,
     /// The server's policies; `None` until the gateway holds a complete list of them.
     policies: Option<Arc<PolicyIndex>>,
+    /// The definitions the server listed for pinned tools.
+    observed: Arc<Observed>,
 }
 
 impl ToolAccess {
-    pub fn new(session: &AccessSession, policies: Option<Arc<PolicyIndex>>) -> Self {
+    pub fn new(
+        session: &AccessSession,
+        policies: Option<Arc<PolicyIndex>>,
+        observed: Arc<Observed>,
+    ) -> Self {
         Self {
             tools: session.spec.tools.clone(),
             calls_per_minute: session.spec.calls_per_minute,
             teams: session.spec.teams.clone(),
             agent: session.spec.agent.as_ref().map(|a| a.name.clone()),
             policies,
+            observed,
         }
     }
 
@@ -77,7 +85,32 @@ impl ToolAccess {
                 ..Default::default()
             };
         };
-        let verdict = policies.check(tool, arguments, &self.caller());
+        let mut verdict = policies.check(tool, arguments, &self.caller());
+        // Pins: a tool last listed with another definition than its pin.
+        let mut pins = policies.pins(tool).peekable();
+        if pins.peek().is_some() {
+            if let Some(seen) = self.observed.digest(tool) {
+                for pin in pins.filter(|p| p.digest != seen) {
+                    let finding = Finding {
+                        reason: PolicyReason::ToolChanged,
+                        policy: pin.policy.to_string(),
+                        mode: pin.mode,
+                        message: format!(
+                            "tool {tool:?} is listed with a definition ({seen}) other than the one \
+                             ToolPolicy {:?} pins",
+                            pin.policy
+                        ),
+                    };
+                    match pin.mode {
+                        PolicyMode::Enforce if verdict.refusal.is_none() => {
+                            verdict.refusal = Some(finding)
+                        }
+                        PolicyMode::Enforce => {}
+                        PolicyMode::Monitor => verdict.monitored.push(finding),
+                    }
+                }
+            }
+        }
         CallOutcome {
             refused: verdict.refusal.map(|finding| Refused {
                 reason: finding.reason.as_str(),
@@ -85,6 +118,7 @@ impl ToolAccess {
                     PolicyReason::DestructiveNotAllowed => DESTRUCTIVE_NOT_ALLOWED,
                     PolicyReason::ArgumentNotAllowed => ARGUMENT_NOT_ALLOWED,
                     PolicyReason::RateLimited => RATE_LIMITED,
+                    PolicyReason::ToolChanged => TOOL_CHANGED,
                 },
                 message: finding.message,
                 policy: Some(finding.policy),
@@ -111,12 +145,36 @@ pub struct Lister {
 }
 
 impl Lister {
-    pub fn allows(&self, tool: &str) -> bool {
-        self.grant.allows(tool)
-            && self
-                .access
-                .policies
-                .as_ref()
-                .is_none_or(|p| p.listable(tool, &self.access.caller()))
+    /// Whether the entry `tool` (named `name`) of a `tools/list` answer is kept. A pinned
+    /// tool's definition is recorded as seen, and one that differs from an enforcing pin is
+    /// dropped (its description may be what changed) and reported.
+    pub fn allows(&self, name: &str, tool: &serde_json::Value) -> bool {
+        if !self.grant.allows(name) {
+            return false;
+        }
+        let Some(policies) = &self.access.policies else {
+            return true;
+        };
+        if !policies.listable(name, &self.access.caller()) {
+            return false;
+        }
+        let mut pins = policies.pins(name).peekable();
+        if pins.peek().is_none() {
+            return true;
+        }
+        let seen = digest_of(tool);
+        self.access.observed.observe(name, &seen);
+        let mut keep = true;
+        for pin in pins.filter(|p| p.digest != seen) {
+            keep &= pin.mode == PolicyMode::Monitor;
+            self.access.observed.report(Drift {
+                namespace: pin.namespace.to_string(),
+                policy: pin.policy.to_string(),
+                tool: name.to_string(),
+                pinned: pin.digest.to_string(),
+                observed: seen.clone(),
+            });
+        }
+        keep
     }
 }
