@@ -92,19 +92,24 @@ fn validate_uid(uid: &str, field: &str, errors: &mut Vec<FieldError>) {
     }
 }
 
-pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
-    let mut errors = Vec::new();
-    if spec.server.name.is_empty() {
-        errors.push(FieldError::required("spec.server.name", "Required value"));
-    } else if !is_dns1123_subdomain(&spec.server.name) {
-        errors.push(FieldError::invalid(
+/// Checks an MCPServer name at `spec.server.name`: required, a DNS-1123 subdomain.
+pub fn validate_server_name(name: &str) -> Option<FieldError> {
+    if name.is_empty() {
+        Some(FieldError::required("spec.server.name", "Required value"))
+    } else if !is_dns1123_subdomain(name) {
+        Some(FieldError::invalid(
             "spec.server.name",
-            format!(
-                "Invalid value: {:?}: must be an MCPServer name",
-                spec.server.name
-            ),
-        ));
+            format!("Invalid value: {name:?}: must be an MCPServer name"),
+        ))
+    } else {
+        None
     }
+}
+
+pub fn validate_session_spec(spec: &AccessSessionSpec) -> Vec<FieldError> {
+    let mut errors: Vec<FieldError> = validate_server_name(&spec.server.name)
+        .into_iter()
+        .collect();
     validate_uid(&spec.server.uid, "spec.server.uid", &mut errors);
     if spec.agent.is_none() && spec.subject.is_none() && spec.teams.is_empty() {
         errors.push(FieldError::required(

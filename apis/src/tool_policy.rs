@@ -56,18 +56,9 @@ fn duplicate(field: impl Into<String>, value: &str) -> FieldError {
 
 /// Checks a policy's spec as a whole; every fault is reported, each at its field.
 pub fn validate_tool_policy_spec(spec: &ToolPolicySpec) -> Vec<FieldError> {
-    let mut errors = Vec::new();
-    if spec.server.name.is_empty() {
-        errors.push(FieldError::required("spec.server.name", "Required value"));
-    } else if !is_dns1123_subdomain(&spec.server.name) {
-        errors.push(FieldError::invalid(
-            "spec.server.name",
-            format!(
-                "Invalid value: {:?}: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.')",
-                spec.server.name
-            ),
-        ));
-    }
+    let mut errors: Vec<FieldError> = crate::rules::validate_server_name(&spec.server.name)
+        .into_iter()
+        .collect();
     if let Some(callers) = &spec.destructive_callers {
         errors.extend(validate_callers(callers, "spec.destructiveCallers"));
     }

@@ -348,10 +348,13 @@ impl Apiserver {
     /// A JSON merge patch of a session (as `kubectl patch --type merge` sends it): the status
     /// code and the body (the object, or the Status of a refusal).
     pub async fn merge_patch_session(&self, ns: &str, name: &str, patch: Value) -> (u16, Value) {
-        let url = format!(
-            "{}/apis/{API_VERSION}/namespaces/{ns}/accesssessions/{name}",
-            self.write_url
-        );
+        self.merge_patch(&format!("namespaces/{ns}/accesssessions/{name}"), patch)
+            .await
+    }
+
+    /// A JSON merge patch of the object at `path` (below the group version).
+    async fn merge_patch(&self, path: &str, patch: Value) -> (u16, Value) {
+        let url = format!("{}/apis/{API_VERSION}/{path}", self.write_url);
         let resp = self
             .http()
             .patch(&url)
@@ -384,25 +387,11 @@ impl Apiserver {
 
     /// A JSON merge patch of a ToolPolicy; returns the stored object.
     pub async fn merge_patch_policy(&self, ns: &str, name: &str, patch: Value) -> Value {
-        let url = format!(
-            "{}/apis/{API_VERSION}/namespaces/{ns}/toolpolicies/{name}",
-            self.write_url
-        );
-        let resp = self
-            .http()
-            .patch(&url)
-            .bearer_auth(ADMIN_TOKEN)
-            .header("content-type", "application/merge-patch+json")
-            .body(patch.to_string())
-            .send()
-            .await
-            .expect("request to the apiserver");
-        assert!(
-            resp.status().is_success(),
-            "patch toolpolicy: {}",
-            resp.status()
-        );
-        resp.json().await.unwrap()
+        let (status, body) = self
+            .merge_patch(&format!("namespaces/{ns}/toolpolicies/{name}"), patch)
+            .await;
+        assert_eq!(status, 200, "patch toolpolicy: {body}");
+        body
     }
 
     pub async fn delete_policy(&self, ns: &str, name: &str) {
