@@ -265,6 +265,7 @@ mod tests {
             agent: Some(AgentRef {
                 name: "bot".into(),
                 uid: Some("agent-1".into()),
+                calls_per_minute: None,
             }),
             expires_at: Some(Time(now() + SignedDuration::from_hours(1))),
             ..Default::default()

@@ -492,6 +492,7 @@ pub fn admit_session(
         }
         if let Some(a) = admitted.agent.as_mut() {
             a.uid = Some(actual_uid);
+            a.calls_per_minute = agent.spec.calls_per_minute;
         }
     }
 
@@ -995,6 +996,7 @@ mod tests {
             agent: agent.map(|a| AgentRef {
                 name: a.into(),
                 uid: None,
+                calls_per_minute: None,
             }),
             subject: None,
             teams: teams.iter().map(|t| t.to_string()).collect(),
@@ -1507,8 +1509,14 @@ mod tests {
         };
         let ctx = ctx(Some(&agent), 0);
         let mut spec = mk_spec(Some("billing-bot"), &["payments"], 1);
+        spec.agent.as_mut().unwrap().calls_per_minute = Some(1_000);
         let admitted = admit_session(&spec, &ctx).unwrap();
         assert_eq!(admitted.spec.calls_per_minute, Some(60));
+        assert_eq!(
+            admitted.spec.agent.as_ref().unwrap().calls_per_minute,
+            Some(60),
+            "the agent's limit is recorded by the server, whatever was sent"
+        );
         assert!(admitted.warnings.iter().any(|w| w.contains("set to 60")));
         spec.calls_per_minute = Some(600);
         let admitted = admit_session(&spec, &ctx).unwrap();

@@ -496,6 +496,7 @@ mod tests {
         session.spec.agent = Some(AgentRef {
             name: "billing-bot".into(),
             uid: Some("agent-uid".into()),
+            calls_per_minute: None,
         });
         session.spec.subject = Some(Subject {
             user: "alice@example.com".into(),

@@ -171,6 +171,12 @@ pub struct AgentRef {
     /// bound to that Agent even if one of the same name is created later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// The Agent's `callsPerMinute` when the session was issued, set by the server.
+    ///
+    /// Gateways hold every session of the agent together to it (one token bucket per agent at
+    /// each gateway). A value sent on create is replaced by the Agent's; it never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_minute: Option<u32>,
 }
 
 /// A human subject.
@@ -401,12 +407,13 @@ pub struct AgentSpec {
     /// afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
-    /// The most `tools/call` requests per minute a session of this agent may make at each
-    /// gateway.
+    /// The most `tools/call` requests per minute the sessions of this agent may make at each
+    /// gateway, together and each.
     ///
-    /// Optional; 1 to 1000000. A new session of this agent gets at most this `callsPerMinute`
-    /// (clamped, or set when it names none, with a Warning). Changing it applies to sessions
-    /// issued afterwards.
+    /// Optional; 1 to 1000000. Recorded on each new session of the agent (`spec.agent`), whose
+    /// gateways hold all of them together to it; and a session's own `callsPerMinute` is at
+    /// most this (clamped, or set when it names none, with a Warning). Changing it applies to
+    /// sessions issued afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls_per_minute: Option<u32>,
 }

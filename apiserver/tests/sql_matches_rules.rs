@@ -97,6 +97,7 @@ fn agent_session(ns: &str, name: &str, server: &str, agent: &str) -> AccessSessi
     s.spec.agent = Some(AgentRef {
         name: agent.into(),
         uid: None,
+        calls_per_minute: None,
     });
     s
 }

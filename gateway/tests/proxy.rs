@@ -978,6 +978,35 @@ async fn calls_past_a_rate_limit_are_429_with_retry_after() {
         .unwrap();
     let line = "mcp_gateway_calls_refused_total{reason=\"rate_limited\"} 3";
     assert!(metrics.contains(line), "{line} in\n{metrics}");
+
+    // An agent's limit holds all its sessions together: two sessions of an agent of 2 calls a
+    // minute (each given 2 of its own) spend the agent's bucket between them.
+    server
+        .create_agent_session("bot", 2, NS, "bot-1", SERVER_UID)
+        .await;
+    server
+        .create_agent_session("bot", 2, NS, "bot-2", SERVER_UID)
+        .await;
+    let (one, two) = (
+        server.mint_token(NS, "bot-1").await,
+        server.mint_token(NS, "bot-2").await,
+    );
+    let status_of = |token: String, id: u64| {
+        let gw = &gw;
+        async move {
+            let resp = gw.post(Some(&token), call(id, "issues_close")).await;
+            resp.status().as_u16()
+        }
+    };
+    // The sessions reach the gateway through its watch (a miss is fetched on first use).
+    assert_eq!(status_of(one.clone(), 20).await, 200);
+    assert_eq!(status_of(two.clone(), 21).await, 200);
+    assert_eq!(
+        status_of(two.clone(), 22).await,
+        429,
+        "the agent's bucket is spent"
+    );
+    assert_eq!(status_of(one.clone(), 23).await, 429);
 }
 
 /// Tool integrity (issue 31): a ToolPolicy pins `search`'s definition; while the server lists

@@ -259,6 +259,7 @@ mod tests {
                 agent: Some(AgentRef {
                     name: "billing-bot".into(),
                     uid: None,
+                    calls_per_minute: None,
                 }),
                 subject: Some(Subject {
                     user: "alice@example.com".into(),

@@ -171,6 +171,7 @@ fn session(ns: &str, name: &str, server_uid: &str, agent: Option<(&str, &str)>) 
             agent: agent.map(|(n, uid)| AgentRef {
                 name: n.into(),
                 uid: Some(uid.into()),
+                calls_per_minute: None,
             }),
             subject: agent.is_none().then(|| Subject {
                 user: "alice".into(),

@@ -102,6 +102,7 @@ pub fn mk_agent_session(
     s.spec.agent = Some(AgentRef {
         name: agent.into(),
         uid: None,
+        calls_per_minute: None,
     });
     s
 }

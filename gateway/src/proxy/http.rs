@@ -543,8 +543,9 @@ impl Gateway {
 }
 
 impl Gateway {
-    /// Takes the body's calls from their buckets: the session's `callsPerMinute` and the
-    /// `callsPerMinute` of each matching rule of an enforcing policy, all or none. Past one,
+    /// Takes the body's calls from their buckets: the session's `callsPerMinute`, its agent's
+    /// (shared by all the agent's sessions) and the `callsPerMinute` of each matching rule of
+    /// an enforcing policy, all or none. Past one,
     /// every call of the body is marked `rate_limited` and the wait is returned. The rules of
     /// monitor-mode policies draw on buckets of their own and only record what they would
     /// have refused.
@@ -573,6 +574,9 @@ impl Gateway {
                     BucketKey::Session(session_uid.to_string()),
                     per_minute,
                 );
+            }
+            if let Some((agent, per_minute)) = &access.agent_limit {
+                add(&mut enforced, BucketKey::Agent(agent.clone()), *per_minute);
             }
             for limit in &call.outcome.limits {
                 let key = BucketKey::Rule {

@@ -1,5 +1,6 @@
 //! Rate limits on `tools/call`: token buckets per session (`spec.callsPerMinute`, at most the
-//! agent's) and per session and ToolPolicy rule (`callsPerMinute` of a rule). A bucket holds a
+//! agent's), per agent (all its sessions together: the agent's `callsPerMinute` recorded on
+//! each session) and per session and ToolPolicy rule (`callsPerMinute` of a rule). A bucket holds a
 //! minute's worth of calls and refills at that rate; a body whose calls would overdraw any of
 //! its buckets takes nothing from them and is answered 429 with `Retry-After`.
 //!
@@ -18,6 +19,8 @@ use tokio::time::Instant;
 pub enum BucketKey {
     /// Every call of a session (by uid).
     Session(String),
+    /// Every call of every session of an agent (by uid).
+    Agent(String),
     /// The calls of a session of the tools one policy rule covers.
     Rule {
         session: String,

@@ -22,6 +22,8 @@ pub struct ToolAccess {
     pub tools: Option<Vec<String>>,
     /// `spec.callsPerMinute`: `None` is no limit of the session's own.
     pub calls_per_minute: Option<u32>,
+    /// The agent's uid and `callsPerMinute` (all its sessions together), when it has one.
+    pub agent_limit: Option<(String, u32)>,
     teams: Vec<String>,
     agent: Option<String>,
     /// The server's policies; `None` until the gateway holds a complete list of them.
@@ -39,6 +41,12 @@ impl ToolAccess {
         Self {
             tools: session.spec.tools.clone(),
             calls_per_minute: session.spec.calls_per_minute,
+            agent_limit: session.spec.agent.as_ref().and_then(|a| {
+                Some((
+                    a.uid.clone().filter(|u| !u.is_empty())?,
+                    a.calls_per_minute?,
+                ))
+            }),
             teams: session.spec.teams.clone(),
             agent: session.spec.agent.as_ref().map(|a| a.name.clone()),
             policies,

@@ -368,6 +368,47 @@ impl Apiserver {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// Creates Agent `name` of team `payments` with `callsPerMinute`, and a session of it.
+    pub async fn create_agent_session(
+        &self,
+        agent: &str,
+        calls_per_minute: u32,
+        ns: &str,
+        name: &str,
+        server_uid: &str,
+    ) {
+        let _ = self
+            .http()
+            .post(format!("{}/apis/{API_VERSION}/agents", self.write_url))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({
+                "apiVersion": API_VERSION,
+                "kind": "Agent",
+                "metadata": {"name": agent},
+                "spec": {"teams": ["payments"], "callsPerMinute": calls_per_minute},
+            }))
+            .send()
+            .await
+            .expect("request to the apiserver");
+        let body = json!({
+            "apiVersion": API_VERSION,
+            "kind": "AccessSession",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "server": {"name": "github", "uid": server_uid},
+                "agent": {"name": agent},
+                "teams": ["payments"],
+                "expiresAt": "2099-01-01T00:00:00Z",
+            }
+        });
+        self.send(
+            reqwest::Method::POST,
+            &format!("namespaces/{ns}/accesssessions"),
+            Some(body),
+        )
+        .await;
+    }
+
     /// Creates ToolPolicy `name` for the server `github` with `spec` (its `server` filled in).
     pub async fn create_policy(&self, ns: &str, name: &str, mut spec: Value) -> Value {
         spec["server"] = json!({"name": "github"});
