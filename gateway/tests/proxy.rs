@@ -646,6 +646,20 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], -32700);
+    // Nor is one that repeats a key: a server that keeps the first `name` would run drop_table.
+    let repeated = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"drop_table","name":"search","arguments":{}}}"#;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", gw.base))
+        .bearer_auth(&gina)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(repeated)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32700);
 
     // Widening is refused by the apiserver, naming what widens it.
     for (patch, named) in [

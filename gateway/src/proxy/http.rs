@@ -383,13 +383,17 @@ impl Gateway {
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
                 return json_response(StatusCode::BAD_REQUEST, &mismatch.body());
             }
-            // A session restricted to some tools may only post what the gateway can read: a
-            // body it cannot parse as JSON-RPC might still parse upstream (a parser
-            // difference) and carry a call the grant never saw.
-            if access.restricted() && posted.messages.is_empty() && !body.is_empty() {
+            // A session whose calls are checked may only post what the gateway reads as the
+            // server will: a body it cannot parse as JSON-RPC might still parse upstream, and
+            // one with a repeated key might be read with the other value (parser differences
+            // that would carry a call, or an argument, past the check).
+            if access.restricted()
+                && ((posted.messages.is_empty() && !body.is_empty())
+                    || super::mcp::has_duplicate_keys(&body))
+            {
                 return json_response(
                     StatusCode::BAD_REQUEST,
-                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error: the body is not JSON-RPC the gateway can read"}}),
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "Parse error: the body is not JSON-RPC the gateway can read (or repeats a key)"}}),
                 );
             }
             // Decided once: the refusal and the audit lines read the same decisions.

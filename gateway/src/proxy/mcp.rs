@@ -100,6 +100,76 @@ impl Posted {
     }
 }
 
+/// Whether a JSON body holds an object with the same key twice, at any depth. JSON parsers
+/// differ on which value wins (serde_json, Python, Go and JavaScript keep the last, others the
+/// first or refuse), so for a session whose calls are checked the gateway refuses such a body
+/// rather than judge one value while the server reads another. `false` for a body that is not
+/// JSON (judged apart).
+pub fn has_duplicate_keys(body: &[u8]) -> bool {
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// Any JSON value, refusing a repeated key in its objects.
+    struct Unique;
+
+    impl<'de> Deserialize<'de> for Unique {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(UniqueVisitor)
+        }
+    }
+
+    struct UniqueVisitor;
+
+    impl<'de> Visitor<'de> for UniqueVisitor {
+        type Value = Unique;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_unit<E>(self) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+            while seq.next_element::<Unique>()?.is_some() {}
+            Ok(Unique)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if !seen.insert(key.into_owned()) {
+                    return Err(serde::de::Error::custom("duplicate key"));
+                }
+                map.next_value::<Unique>()?;
+            }
+            Ok(Unique)
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match Unique::deserialize(&mut de) {
+        Ok(Unique) => false,
+        // Only a repeated key counts; other errors are the parser's to report.
+        Err(e) => {
+            e.to_string().starts_with("duplicate key")
+                && serde_json::from_slice::<IgnoredAny>(body).is_ok()
+        }
+    }
+}
+
 /// A routing-header check that failed: answered 400 with a JSON-RPC error.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mismatch {
@@ -440,6 +510,23 @@ mod tests {
     }
 
     const V: (&str, &str) = ("mcp-protocol-version", "2026-07-28");
+
+    #[test]
+    fn repeated_keys_are_found_at_any_depth() {
+        for (body, repeated) in [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{}}}"#,
+                false,
+            ),
+            (r#"{"params":{"name":"destructive","name":"search"}}"#, true),
+            (r#"[{"a":1},{"b":{"c":[{"d":1,"d":2}]}}]"#, true),
+            (r#"{"a":{"x":1},"b":{"x":1}}"#, false),
+            (r#"{"a\u0062":1,"ab":2}"#, true),
+            ("not json", false),
+        ] {
+            assert_eq!(has_duplicate_keys(body.as_bytes()), repeated, "{body}");
+        }
+    }
 
     #[test]
     fn matching_headers_pass() {
