@@ -646,6 +646,17 @@ async fn tools_calls_outside_the_sessions_grant_never_reach_the_upstream() {
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], -32700);
+    // Nor a body on another method, which the gateway does not read.
+    let resp = reqwest::Client::new()
+        .put(format!("{}/mcp", gw.base))
+        .bearer_auth(&gina)
+        .json(&call(11, "drop_table"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["reason"], "body_on_non_post");
     // Nor is one that repeats a key: a server that keeps the first `name` would run drop_table.
     let repeated = r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"drop_table","name":"search","arguments":{}}}"#;
     let resp = reqwest::Client::new()

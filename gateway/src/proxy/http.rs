@@ -378,6 +378,15 @@ impl Gateway {
         };
         let mut ids = Vec::new();
         let mut list_ids = Vec::new();
+        // MCP posts its messages; a body on another method is not read here, so for a session
+        // whose calls are checked it is not forwarded either (a server that took it would run
+        // what no check saw).
+        if parts.method != http::Method::POST && !body.is_empty() && access.restricted() {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "invalid_request", "reason": "body_on_non_post"}),
+            );
+        }
         if parts.method == http::Method::POST {
             let posted = Posted::parse(&body);
             if let Err(mismatch) = check_routing_headers(&parts.headers, &posted) {
