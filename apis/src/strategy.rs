@@ -84,6 +84,9 @@ pub enum Read {
         agent_uids: Vec<String>,
         at: Timestamp,
     },
+    /// What each ToolPolicy of `server` in `namespace` takes against the server's cap
+    /// ([`crate::tool_policy::policy_bytes`]), by name.
+    PolicySizes { namespace: String, server: String },
 }
 
 /// The answer to a [`Read`].
@@ -201,6 +204,21 @@ impl Facts {
             at,
         })? {
             Fact::Counts(c) => Ok(c.get(agent_uid).copied().unwrap_or(0)),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// What each policy of `server` in `namespace` takes against the cap, by name.
+    pub fn policy_sizes(
+        &self,
+        namespace: &str,
+        server: &str,
+    ) -> Result<&HashMap<String, u32>, Stop> {
+        match self.get(Read::PolicySizes {
+            namespace: namespace.to_string(),
+            server: server.to_string(),
+        })? {
+            Fact::Counts(c) => Ok(c),
             other => Err(mismatch(other)),
         }
     }

@@ -754,3 +754,73 @@ async fn drift_reports_are_taken_for_the_gateways_own_pins_only() {
         .await;
     assert_eq!(code, 405);
 }
+
+/// A server's ToolPolicies are capped together at admission (700 KiB, what gateways take): a
+/// policy that would carry them past it is refused whole (422 naming the cap), whether created
+/// or grown by an update; another server's policies do not count.
+#[tokio::test]
+async fn a_servers_policies_are_capped_together() {
+    let s = Sync::start(Duration::from_secs(30)).await;
+    // About 370 KB each: 2,600 destructive rules of 105-character names; two pass the cap.
+    let big = |name: &str, server: &str, rules: usize| {
+        let tools: Vec<Value> = (0..rules)
+            .map(|i| serde_json::json!({"name": format!("{i:0>100}_tail"), "sideEffect": "destructive"}))
+            .collect();
+        serde_json::json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "ToolPolicy",
+            "metadata": {"name": name},
+            "spec": {"server": {"name": server}, "tools": tools},
+        })
+    };
+    let send = |method: Method, uri: String, body: Value| {
+        let s = &s;
+        async move {
+            let raw = Raw::of(
+                s.api
+                    .clone()
+                    .handle(
+                        Request::builder()
+                            .method(method)
+                            .uri(uri)
+                            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+                            .header("content-type", "application/json")
+                            .body(Body::from(body.to_string()))
+                            .unwrap(),
+                    )
+                    .await,
+            )
+            .await;
+            (raw.code, raw.json())
+        }
+    };
+    let (code, body) = send(Method::POST, ns_policies(NS), big("one", "github", 2_600)).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = send(Method::POST, ns_policies(NS), big("two", "github", 2_600)).await;
+    assert_eq!(code, 422, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("would take") && message.contains("716800"),
+        "{message}"
+    );
+    // Another server's policies are capped apart.
+    let (code, body) = send(Method::POST, ns_policies(NS), big("other", "gitlab", 2_600)).await;
+    assert_eq!(code, 201, "{body}");
+    // A small one beside the big one fits; growing it past the cap is refused, and the stored
+    // version stays.
+    let (code, body) = send(Method::POST, ns_policies(NS), big("small", "github", 10)).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = send(
+        Method::PUT,
+        format!("{}/small", ns_policies(NS)),
+        big("small", "github", 2_600),
+    )
+    .await;
+    assert_eq!(code, 422, "{body}");
+    let stored = s
+        .api_raw(Some(ADMIN_TOKEN), &format!("{}/small", ns_policies(NS)))
+        .await
+        .json();
+    assert_eq!(stored["spec"]["tools"].as_array().map(Vec::len), Some(10));
+    assert_eq!(stored["metadata"]["generation"], 1);
+}

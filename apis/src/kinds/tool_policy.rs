@@ -70,9 +70,22 @@ impl TableRow for ToolPolicy {
     }
 }
 
+/// Faults listed in one refusal; the rest are counted (a policy of thousands of bad rules
+/// must not answer with a Status of megabytes).
+const MAX_REPORTED: usize = 100;
+
 /// Validates the whole spec and its encoded size.
 fn validate(policy: &ToolPolicy) -> Vec<FieldError> {
     let mut errors = validate_tool_policy_spec(&policy.spec);
+    if errors.len() > MAX_REPORTED {
+        let more = errors.len() - MAX_REPORTED;
+        errors.truncate(MAX_REPORTED);
+        errors.push(FieldError::invalid(
+            "spec",
+            format!("and {more} more faults, not listed"),
+        ));
+        return errors;
+    }
     let bytes = policy_bytes(policy);
     if errors.is_empty() && bytes > MAX_POLICY_BYTES {
         errors.push(FieldError::new(
@@ -85,6 +98,34 @@ fn validate(policy: &ToolPolicy) -> Vec<FieldError> {
         ));
     }
     errors
+}
+
+/// Refuses `policy` when the server's policies would take more than [`MAX_POLICY_BYTES`]
+/// together with it (in place of its stored version): gateways would leave it out.
+fn check_server_cap(policy: &ToolPolicy, facts: &Facts) -> Result<(), Stop> {
+    let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let others: u64 = facts
+        .policy_sizes(namespace, &policy.spec.server.name)?
+        .iter()
+        .filter(|(n, _)| n.as_str() != name)
+        .map(|(_, b)| u64::from(*b))
+        .sum();
+    let total = others + policy_bytes(policy) as u64;
+    if total > MAX_POLICY_BYTES as u64 {
+        return Err(Rejection::Invalid(vec![FieldError::new(
+            FieldErrorKind::TooLong,
+            "spec",
+            format!(
+                "Too long: the ToolPolicies of server {:?} would take {total} bytes together; \
+                 gateways take at most {MAX_POLICY_BYTES}: shrink or remove another policy of \
+                 the server first",
+                policy.spec.server.name
+            ),
+        )])
+        .into());
+    }
+    Ok(())
 }
 
 /// `Ready=True` for the generation stored now.
@@ -129,6 +170,7 @@ impl Strategy for ToolPolicy {
         if facts.object::<ToolPolicy>(&namespace, &name)?.is_some() {
             return Err(Rejection::AlreadyExists.into());
         }
+        check_server_cap(&policy, facts)?;
         policy.metadata.generation = Some(1);
         accepted(&mut policy, ctx.now, None);
         policy.set_type_meta();
@@ -145,7 +187,7 @@ impl Strategy for ToolPolicy {
         current: Self,
         requested: Self,
         ctx: &Context,
-        _facts: &Facts,
+        facts: &Facts,
     ) -> Result<Plan<Self>, Stop> {
         if requested.spec.server != current.spec.server {
             return Err(Rejection::Invalid(vec![FieldError::invalid(
@@ -158,6 +200,7 @@ impl Strategy for ToolPolicy {
         updated.metadata = updated_metadata(&current.metadata, &requested.metadata)?;
         updated.spec = requested.spec;
         if updated.spec != current.spec {
+            check_server_cap(&updated, facts)?;
             updated.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
             accepted(&mut updated, ctx.now, current.status.as_ref());
         }
@@ -169,5 +212,37 @@ impl Strategy for ToolPolicy {
             object: updated,
             warnings: Vec::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{ServerName, ToolPolicySpec, ToolRule};
+
+    #[test]
+    fn a_refusal_lists_the_first_hundred_faults_and_counts_the_rest() {
+        let policy = ToolPolicy {
+            spec: ToolPolicySpec {
+                server: ServerName {
+                    name: "github".into(),
+                },
+                tools: (0..300)
+                    .map(|i| ToolRule {
+                        name: format!("bad name {i}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let errors = validate(&policy);
+        assert_eq!(errors.len(), MAX_REPORTED + 1);
+        assert_eq!(errors[0].field, "spec.tools[0].name");
+        assert_eq!(
+            errors[MAX_REPORTED].message,
+            "and 200 more faults, not listed"
+        );
     }
 }

@@ -63,6 +63,12 @@ pub(super) fn query_for(read: Read) -> ReadQuery {
         Read::Sessions(selector) => sessions::selected(selector),
         Read::ActiveSessions { agent_uids, at } => sessions::active_counts(agent_uids, *at),
         Read::DueSessions { at, limit } => sessions::due(*at, *limit),
+        Read::PolicySizes { namespace, server } => (
+            "SELECT name, body -> 'spec' FROM objects WHERE resource = 'toolpolicies'
+               AND namespace = $1 AND body #>> '{spec,server,name}' = $2"
+                .into(),
+            vec![Box::new(namespace.clone()), Box::new(server.clone())],
+        ),
     };
     ReadQuery { read, sql, params }
 }
@@ -105,6 +111,20 @@ pub(super) fn fact_of(
                 apis::rules::due_for_expiry(session, *at)
             })?)
         }
+        // Measured as gateways measure it: the typed spec, encoded.
+        Read::PolicySizes { .. } => Fact::Counts(
+            result
+                .iter()
+                .map(|r| {
+                    let spec: apis::ToolPolicySpec =
+                        serde_json::from_value(r.get(1)).map_err(|e| {
+                            StoreError::Internal(format!("stored ToolPolicy is unreadable: {e}"))
+                        })?;
+                    let bytes = serde_json::to_vec(&spec).map_or(u32::MAX, |b| b.len() as u32);
+                    Ok((r.get::<_, String>(0), bytes))
+                })
+                .collect::<Result<_>>()?,
+        ),
         Read::ActiveSessions { .. } => Fact::Counts(
             result
                 .iter()
@@ -323,6 +343,7 @@ impl Touched {
             Read::Sessions(_) | Read::ActiveSessions { .. } | Read::DueSessions { .. } => {
                 self.resources.contains(AccessSession::PLURAL)
             }
+            Read::PolicySizes { .. } => self.resources.contains(apis::ToolPolicy::PLURAL),
         }
     }
 }
