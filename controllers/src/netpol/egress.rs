@@ -65,8 +65,9 @@ const fn v6(segs: [u16; 8], len: u8, what: &'static str) -> ForbiddenRange {
 
 /// Every range an egress binding may not overlap (and `PublicWeb` carves out): private,
 /// shared, loopback, link-local (the cloud metadata service), documentation, benchmarking,
-/// multicast and reserved space, and the IPv6 prefixes that embed IPv4 addresses (mapped,
-/// NAT64, 6to4) and could otherwise smuggle a private IPv4 destination. Sources: the IANA
+/// multicast and reserved space, and the IPv6 prefixes that embed IPv4 addresses (compatible,
+/// mapped, SIIT-translated, NAT64, 6to4) and could otherwise smuggle a private IPv4
+/// destination. Sources: the IANA
 /// IPv4 and IPv6 special-purpose address registries (RFC 6890 and its updates).
 #[rustfmt::skip] // a table: one range a line, aligned
 pub const FORBIDDEN_RANGES: &[ForbiddenRange] = &[
@@ -89,7 +90,9 @@ pub const FORBIDDEN_RANGES: &[ForbiddenRange] = &[
     // IPv6
     v6([0, 0, 0, 0, 0, 0, 0, 0], 128,           "unspecified"),               // RFC 4291
     v6([0, 0, 0, 0, 0, 0, 0, 1], 128,           "loopback"),                  // RFC 4291
+    v6([0, 0, 0, 0, 0, 0, 0, 0], 96,            "IPv4-compatible"),           // RFC 4291 (deprecated)
     v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96,       "IPv4-mapped"),               // RFC 4291
+    v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96,       "IPv4-translated (SIIT)"),    // RFC 2765
     v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96,    "NAT64"),                     // RFC 6052
     v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48,    "local-use NAT64"),           // RFC 8215
     v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64,        "discard-only"),              // RFC 6666
@@ -847,6 +850,18 @@ mod tests {
                 forbidden("::ffff:10.0.0.1/128", "::ffff:0:0/96", "IPv4-mapped"),
             ),
             (
+                "::10.0.0.1/128",
+                forbidden("::10.0.0.1/128", "::/96", "IPv4-compatible"),
+            ),
+            (
+                "::ffff:0:a00:1/128",
+                forbidden(
+                    "::ffff:0:a00:1/128",
+                    "::ffff:0:0:0/96",
+                    "IPv4-translated (SIIT)",
+                ),
+            ),
+            (
                 "64:ff9b::a00:1/128",
                 forbidden("64:ff9b::a00:1/128", "64:ff9b::/96", "NAT64"),
             ),
@@ -1118,7 +1133,7 @@ mod tests {
         assert_eq!(v4.except, want_v4);
         assert_eq!(v6.except, want_v6);
         assert_eq!(v4.except.len(), 15);
-        assert_eq!(v6.except.len(), 14);
+        assert_eq!(v6.except.len(), 16);
         for e in v4.except.iter().chain(&v6.except) {
             assert!(
                 e.prefix_len() > 0,
