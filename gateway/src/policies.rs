@@ -169,14 +169,6 @@ impl PolicyCache {
         self.index.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// A cache holding `index`, as if synced (tests and benchmarks).
-    pub fn fixed(index: PolicyIndex) -> Self {
-        Self {
-            index: Arc::new(RwLock::new(Some(Arc::new(index)))),
-            observed: Default::default(),
-        }
-    }
-
     /// The definitions seen of pinned tools.
     pub fn observed(&self) -> Arc<Observed> {
         self.observed.clone()

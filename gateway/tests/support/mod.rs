@@ -327,15 +327,25 @@ impl Apiserver {
     ) -> Value {
         let expires = k8s_openapi::jiff::Timestamp::now()
             + k8s_openapi::jiff::SignedDuration::try_from(expires_in).unwrap();
+        self.post_session(
+            ns,
+            name,
+            json!({
+                "server": {"name": "github", "uid": server_uid},
+                "teams": teams,
+                "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            }),
+        )
+        .await
+    }
+
+    /// Creates session `name` with `spec`.
+    async fn post_session(&self, ns: &str, name: &str, spec: Value) -> Value {
         let body = json!({
             "apiVersion": API_VERSION,
             "kind": "AccessSession",
             "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "server": {"name": "github", "uid": server_uid},
-                "teams": teams,
-                "expiresAt": expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
-            }
+            "spec": spec,
         });
         self.send(
             reqwest::Method::POST,
@@ -390,21 +400,15 @@ impl Apiserver {
             .send()
             .await
             .expect("request to the apiserver");
-        let body = json!({
-            "apiVersion": API_VERSION,
-            "kind": "AccessSession",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
+        self.post_session(
+            ns,
+            name,
+            json!({
                 "server": {"name": "github", "uid": server_uid},
                 "agent": {"name": agent},
                 "teams": ["payments"],
                 "expiresAt": "2099-01-01T00:00:00Z",
-            }
-        });
-        self.send(
-            reqwest::Method::POST,
-            &format!("namespaces/{ns}/accesssessions"),
-            Some(body),
+            }),
         )
         .await;
     }
