@@ -50,40 +50,9 @@ fi
 kube_major=${BASH_REMATCH[1]}
 kube_minor=${BASH_REMATCH[2]}
 
-tmp_files=()
-cleanup() { if ((${#tmp_files[@]})); then rm -f "${tmp_files[@]}"; fi; }
-trap cleanup EXIT
-
-# build NAME MODULE_DIR PACKAGE [go build flags...]: builds PACKAGE in MODULE_DIR to
-# $bin/NAME-<key> unless it is already there, and leaves that path in $built. Builds into a
-# temporary name in the same directory and renames it,
-# so an interrupted or concurrent run never leaves a half-written binary under the final name.
-build() {
-  local name=$1 dir=$2 pkg=$3
-  shift 3
-  local out
-  out=$bin/$name-$(go_tool_key "$dir" "$pkg" "$@")
-  built=$out
-  if [[ -x $out ]]; then
-    log "$name: cached at $out"
-    return
-  fi
-  if ! command -v go >/dev/null 2>&1; then
-    log "go is not on PATH (Go >= 1.26 is needed to build $name)"
-    exit 1
-  fi
-  local tmp
-  tmp=$(mktemp "$bin/.$name.XXXXXX")
-  tmp_files+=("$tmp")
-  log "$name: building $pkg (cold builds take many minutes)..."
-  local start=$SECONDS
-  # go.sum is committed, so the default -mod=readonly build is reproducible from a clean clone;
-  # modules come from GOMODCACHE/the Go module proxy, outside the repository.
-  (cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -trimpath -o "$tmp" "$@" "$pkg") >&2
-  chmod 755 "$tmp"
-  mv -f "$tmp" "$out"
-  log "$name: built in $((SECONDS - start))s -> $out"
-}
+# build NAME MODULE_DIR PACKAGE [go build flags...]: go_build_cached (hack/lib/go-tool.sh) to
+# $bin/NAME-<key>, its path left in $built.
+build() { go_build_cached build-kube "$@"; }
 
 kube_ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -95,8 +64,18 @@ if [[ ${1:-} == kubectl ]]; then
   build "kubectl-$KUBE_VERSION" "$here/kube" k8s.io/kubernetes/cmd/kubectl -ldflags "$kube_ldflags"
   printf 'KUBECTL=%q\n' "$built"
   exit 0
+elif [[ ${1:-} == node ]]; then
+  # kubelet, kube-proxy and kube-scheduler of the same release, from their own tools module (hack/node), so the
+  # control plane's cached binaries keep their keys; hack/build-node.sh calls this.
+  build "kubelet-$KUBE_VERSION" "$here/node" k8s.io/kubernetes/cmd/kubelet -ldflags "$kube_ldflags"
+  printf 'KUBELET=%q\n' "$built"
+  build "kube-proxy-$KUBE_VERSION" "$here/node" k8s.io/kubernetes/cmd/kube-proxy -ldflags "$kube_ldflags"
+  printf 'KUBE_PROXY=%q\n' "$built"
+  build "kube-scheduler-$KUBE_VERSION" "$here/node" k8s.io/kubernetes/cmd/kube-scheduler -ldflags "$kube_ldflags"
+  printf 'KUBE_SCHEDULER=%q\n' "$built"
+  exit 0
 elif [[ $# -gt 0 ]]; then
-  log "usage: $0 [kubectl]"
+  log "usage: $0 [kubectl|node]"
   exit 2
 fi
 

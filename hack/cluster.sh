@@ -39,6 +39,12 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 timeout=${CLUSTER_START_TIMEOUT:-180}
 
 log() { printf '[cluster %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# The local node (CLUSTER_NODE=1, hack/node.sh): its name, its address (on
+# the loopback interface, where Pods reach the host), and its Pods' network. One node per machine.
+NODE_NAME=mcp-access-node
+NODE_IP=10.250.0.1
+POD_CIDR=10.244.0.0/24
 die() { log "error: $*"; exit 1; }
 
 usage() {
@@ -121,7 +127,7 @@ gen_pki() {
   have ca || { new_ca ca kubernetes-ca; fresh=1; }
   [[ -z $fresh ]] && have apiserver ||
     new_leaf apiserver ca "/CN=kube-apiserver" serverAuth \
-      "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1"
+      "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1,IP:$NODE_IP"
   [[ -z $fresh ]] && have admin ||
     new_leaf admin ca "/O=system:masters/CN=admin" clientAuth
 
@@ -211,6 +217,9 @@ stop_one() { # NAME
 }
 
 stop_all() {
+  if [[ -e $run/containerd.pid || -e $run/kubelet.pid || -e $dir/node ]]; then
+    "$here/node.sh" stop "$dir" || log "hack/node.sh stop failed"
+  fi
   stop_one kube-controller-manager
   stop_one kube-apiserver
   stop_one etcd
@@ -303,20 +312,31 @@ EOF
   mv -f "$1.tmp" "$1"
 }
 
-# kube-apiserver on $api_port with etcd at $etcd_url (cmd_start's variables).
+# kube-apiserver on $api_port with etcd at $etcd_url (cmd_start's variables). With a node
+# (CLUSTER_NODE=1, hack/node.sh): listening on every address so that Pods reach it at the node's
+# address (the `kubernetes` Service's endpoint, kept by the lease reconciler), and the Node
+# authorizer beside RBAC for the kubelet; without one, loopback only and no endpoint.
 launch_kube_apiserver() {
+  local node_flags=(--bind-address=127.0.0.1 --authorization-mode=RBAC --endpoint-reconciler-type=none)
+  if [[ ${CLUSTER_NODE:-0} == 1 ]]; then
+    node_flags=(--bind-address=0.0.0.0 --advertise-address="$NODE_IP" --authorization-mode=Node,RBAC
+      --endpoint-reconciler-type=lease
+      # Reach the kubelet (logs, exec) at its InternalIP, never by a host name resolved through
+      # this machine's DNS, as the admin: the kubelet authorizes through the Node's RBAC.
+      --kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority="$pki/ca.crt"
+      --kubelet-client-certificate="$pki/admin.crt" --kubelet-client-key="$pki/admin.key")
+  fi
   # Service IPs: the e2e suite alone creates some 250 Services in one cluster (200 MCPServers
   # in one scenario); a /24 ran out ("range is full"), a /16 will not.
   launch kube-apiserver "$KUBE_APISERVER" \
     --etcd-servers="$etcd_url" \
-    --bind-address=127.0.0.1 \
     --secure-port="$api_port" \
     --cert-dir="$dir/kube-apiserver" \
     --tls-cert-file="$pki/apiserver.crt" \
     --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
     --service-cluster-ip-range=10.0.0.0/16 \
-    --authorization-mode=RBAC \
+    "${node_flags[@]}" \
     --allow-privileged=true \
     --disable-admission-plugins=ServiceAccount \
     --service-account-issuer="https://127.0.0.1:$api_port/" \
@@ -330,8 +350,7 @@ launch_kube_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$pki/front-proxy-client.crt" \
     --proxy-client-key-file="$pki/front-proxy-client.key" \
-    --enable-aggregator-routing=false \
-    --endpoint-reconciler-type=none
+    --enable-aggregator-routing=false
 }
 
 # kube-controller-manager on $kcm_port with $kubeconfig (cmd_start's variables).
@@ -447,6 +466,9 @@ cmd_start() {
   done
   printf 'etcd=%s\netcd-peer=%s\nkube-apiserver=%s\nkube-controller-manager=%s\n' \
     "$etcd_port" "$etcd_peer_port" "$api_port" "$kcm_port" >"$dir/ports"
+  if [[ ${CLUSTER_NODE:-0} == 1 ]]; then
+    "$here/node.sh" start "$dir" || die "the node did not start (hack/node.sh)"
+  fi
 
   # --- env
   {
@@ -502,6 +524,9 @@ cmd_status() {
     return 1
   fi
 }
+
+# hack/node.sh sources this file for its helpers (launch, wait_for, new_leaf, ...) and stops here.
+[[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
 
 (($# == 2)) || usage
 action=$1

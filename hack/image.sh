@@ -7,10 +7,15 @@
 # can. Then, for each image, it runs `--help` inside a container of it (`buildah run`, as the
 # image's user) and prints the image's user and entrypoint (`buildah inspect`).
 #
-#   hack/image.sh [--bin-dir DIR] [--tag TAG] [NAME...]
+#   hack/image.sh [--bin-dir DIR] [--tag TAG] [--oci-dir DIR] [NAME...]
 #
 # NAME: mcp-access-apiserver, mcp-access-controllers, mcp-access-gateway, mcp-access-authz
-# (default: all four).
+# (default: all four), or mcp-sdk-python: the official MCP Python SDK (e2e/mcp/requirements.txt,
+# the venv of hack/lib/mcp-sdk.sh) with this machine's CPython, and e2e/mcp/*.py in /app, as
+# the demo MCP server (`python /app/upstream.py`) and the agents of the local node's Pods;
+# named localhost/mcp-access/mcp-sdk-python:<mcp version> (its TAG is the SDK's).
+# --oci-dir DIR: also write each image as DIR/NAME.oci.tar (an OCI archive that names the image),
+# for hack/node.sh import.
 # --bin-dir DIR: take DIR/NAME as built (e.g. target/debug); without it, a release build
 # (cargo build --release --locked) into target/release. Images are named
 # ${IMAGE_REPO:-ghcr.io/mcp-runtime}/NAME:TAG (TAG defaults to latest), the names deploy/
@@ -27,6 +32,7 @@ all=(mcp-access-apiserver mcp-access-controllers mcp-access-gateway mcp-access-a
 repo=${IMAGE_REPO:-ghcr.io/mcp-runtime}
 tag=latest
 bin_dir=
+oci_dir=
 names=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -34,8 +40,10 @@ while [ $# -gt 0 ]; do
     --bin-dir=*) bin_dir=${1#*=}; shift ;;
     --tag) tag=$2; shift 2 ;;
     --tag=*) tag=${1#*=}; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    mcp-access-apiserver|mcp-access-controllers|mcp-access-gateway|mcp-access-authz) names+=("$1"); shift ;;
+    --oci-dir) oci_dir=$2; shift 2 ;;
+    --oci-dir=*) oci_dir=${1#*=}; shift ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    mcp-access-apiserver|mcp-access-controllers|mcp-access-gateway|mcp-access-authz|mcp-sdk-python) names+=("$1"); shift ;;
     *) echo "image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,13 +78,14 @@ ensure_packages
 # IMAGE_RUNTIME picks another OCI runtime for the run step (e.g. crun).
 runtime=${IMAGE_RUNTIME:-$(command -v runc || echo /usr/sbin/runc)}
 
-if [ -z "$bin_dir" ]; then
+if [ -z "$bin_dir" ] && [ "${names[*]}" != mcp-sdk-python ]; then
   build=()
   for n in "${names[@]}"; do
     case $n in
       mcp-access-apiserver) build+=(-p apiserver --bin "$n") ;;
       mcp-access-controllers) build+=(-p controllers --bin "$n") ;;
       mcp-access-gateway|mcp-access-authz) build+=(-p gateway --bin "$n") ;;
+      mcp-sdk-python) ;;
     esac
   done
   cargo build --release --locked "${build[@]}" >&2
@@ -132,6 +141,51 @@ build_image() {
   say "built $image: $bin, $(wc -w <<<"$libs") libraries ($(echo $libs | tr '\n' ' ')), $ca_bundle"
 }
 
+# The MCP Python SDK image: CPython (without its tests, IDLE, Tk and build files) at the path it
+# was installed at, the SDK's venv at its own, every library their programs and extension
+# modules link, and e2e/mcp/*.py in /app.
+build_python_image() {
+  local image=$1 python base venv c root libs lib
+  # shellcheck source=hack/lib/mcp-sdk.sh
+  . hack/lib/mcp-sdk.sh
+  python=$(mcp_sdk_python)
+  venv=$(cd "$(dirname "$python")/.." && pwd -P)
+  base=$(sed -n 's/^home = \(.*\)\/bin$/\1/p' "$venv/pyvenv.cfg")
+  [ -x "$base/bin/python3" ] || { say "$venv/pyvenv.cfg names no CPython home"; exit 1; }
+  c=$(buildah from --name "image-sh-mcp-sdk-python-$$" scratch)
+  containers+=("$c")
+  root=$(buildah mount "$c")
+  mkdir -p "$root$base" "$root$venv" "$root/app" "$root/etc" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  tar -C "$base" --exclude='lib/python3.*/test' --exclude='lib/python3.*/site-packages' \
+    --exclude='lib/python3.*/idlelib' --exclude='lib/python3.*/tkinter' \
+    --exclude='lib/python3.*/ensurepip' --exclude='lib/python3.*/lib2to3' \
+    --exclude='lib/python3.*/turtledemo' --exclude='lib/python3.*/config-*' \
+    --exclude='*.a' --exclude=share --exclude=include -cf - . | tar -C "$root$base" -xf -
+  tar -C "$venv" -cf - . | tar -C "$root$venv" -xf -
+  cp e2e/mcp/*.py "$root/app/"
+  # (ldd fails on the scripts among them: its status is not the point, its output is.)
+  libs=$({ find "$base"/bin/python3* "$base"/lib/libpython3* "$base"/lib/python3.*/lib-dynload "$venv/lib" \
+    -type f \( -name '*.so*' -o -perm -u+x \) -print0 | xargs -0 -r ldd 2>/dev/null || true; } |
+    awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
+    grep -v -F -e "$base" -e "$venv" | sort -u)
+  for lib in $libs; do put "$root" "$lib"; done
+  put "$root" "$ca_bundle"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
+    "$uid" "$uid" >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
+  mkdir -p "$root/home/nonroot"
+  chown "$uid:$uid" "$root/home/nonroot"
+  # The venv and CPython live under /root on this machine: the image's user must traverse it.
+  chmod 755 "$root/root" 2>/dev/null || true
+  buildah umount "$c" >/dev/null
+  buildah config --user "$uid:$uid" --entrypoint "[\"$venv/bin/python\"]" --workingdir /app \
+    --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 \
+    --label org.opencontainers.image.title=mcp-sdk-python "$c"
+  buildah commit --quiet --rm "$c" "$image" >/dev/null
+  say "built $image: CPython $base, the SDK venv $venv, $(wc -w <<<"$libs") libraries, e2e/mcp/*.py"
+}
+
 # `--help` inside a container of the image, as the image's user; false (with the reason
 # printed) when no container can run here.
 run_help() {
@@ -156,10 +210,25 @@ run_help() {
   sed 's/^/    /' <<<"$out"
 }
 
+export_archive() { # NAME IMAGE
+  [ -n "$oci_dir" ] || return 0
+  mkdir -p "$oci_dir"
+  rm -f "$oci_dir/$1.oci.tar"
+  buildah push --quiet "$2" "oci-archive:$oci_dir/$1.oci.tar:$2" >/dev/null
+  say "wrote $oci_dir/$1.oci.tar"
+}
+
 can_run=1
 for name in "${names[@]}"; do
+  if [ "$name" = mcp-sdk-python ]; then
+    image=localhost/mcp-access/mcp-sdk-python:$(sed -n 's/^mcp==\([0-9][0-9.]*\).*/\1/p' e2e/mcp/requirements.txt)
+    build_python_image "$image"
+    export_archive "$name" "$image"
+    continue
+  fi
   image=$repo/$name:$tag
   build_image "$name" "$image"
+  export_archive "$name" "$image"
   config=$(buildah inspect --type image --format \
     'user={{.OCIv1.Config.User}} entrypoint={{.OCIv1.Config.Entrypoint}}' "$image")
   say "inspect $image: $config"

@@ -47,3 +47,40 @@ go_tool_build() {
   fi
   echo "$out"
 }
+
+# go_build_cached SCRIPT NAME DIR PACKAGE [go build flags...]: builds PACKAGE in the tools module
+# DIR into ${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}/bin/NAME-<key> (<key>: go_tool_key of DIR,
+# PACKAGE and the flags) unless it is already there, and leaves that path in $built. Builds into
+# a temporary name in the same directory and renames it, so an interrupted or concurrent run
+# never leaves a half-written binary under the final name. go.sum is committed, so the default
+# -mod=readonly build is reproducible from a clean clone; modules come from GOMODCACHE or the
+# Go module proxy, outside the repository. CGO_ENABLED defaults to 0 (static binaries).
+go_build_cached() {
+  local script=$1 name=$2 dir=$3 pkg=$4
+  shift 4
+  local cache bin out tmp start
+  cache=${MCP_ACCESS_CACHE:-$HOME/.cache/mcp-access}
+  mkdir -p "$cache/bin"
+  bin=$(cd "$cache/bin" && pwd -P)
+  out=$bin/$name-$(go_tool_key "$dir" "$pkg" "$@")
+  built=$out
+  if [[ -x $out ]]; then
+    echo "$script: $name: cached at $out" >&2
+    return 0
+  fi
+  if ! command -v go >/dev/null 2>&1; then
+    echo "$script: go is not on PATH (Go >= 1.26 is needed to build $name)" >&2
+    return 1
+  fi
+  tmp=$(mktemp "$bin/.$name.XXXXXX")
+  echo "$script: $name: building $pkg (cold builds take many minutes)..." >&2
+  start=$SECONDS
+  if ! (cd "$dir" && CGO_ENABLED=${CGO_ENABLED:-0} nice -n 10 go build -trimpath -o "$tmp" "$@" "$pkg") >&2; then
+    rm -f "$tmp"
+    echo "$script: $name: build failed" >&2
+    return 1
+  fi
+  chmod 755 "$tmp"
+  mv -f "$tmp" "$out"
+  echo "$script: $name: built in $((SECONDS - start))s -> $out" >&2
+}
