@@ -12,9 +12,11 @@
 #                            docs/local-node.md for why not kube-network-policies)
 #   runc                     github.com/opencontainers/runc (hack/runc/go.mod): Debian 12's
 #                            runc 1.1.5 cannot start a Pod sandbox here
+#   coredns                  github.com/coredns/coredns (hack/coredns/go.mod): the cluster DNS,
+#                            a Pod labelled k8s-app=kube-dns in kube-system
 #   pause                    k8s.io/kubernetes's build/pause/linux/pause.c, compiled static by gcc
 # Stdout is only NAME=/abs/path lines (KUBELET KUBE_PROXY KUBE_SCHEDULER CONTAINERD CONTAINERD_SHIM CTR
-# RUNC KUBE_ROUTER PAUSE), for `env=$(hack/build-node.sh); eval "$env"`; the rest goes to stderr.
+# RUNC KUBE_ROUTER COREDNS PAUSE), for `env=$(hack/build-node.sh); eval "$env"`; the rest goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 . "$here/lib/go-tool.sh"
@@ -55,6 +57,12 @@ kr_version=$(version_of "$here/kube-router" "$kr")
 go_build_cached build-node "kube-router-$kr_version" "$here/kube-router" "$kr/cmd/kube-router" \
   -ldflags "-s -w -X $kr/pkg/version.Version=$kr_version"
 printf 'KUBE_ROUTER=%q\n' "$built"
+
+cd_mod=github.com/coredns/coredns
+cd_version=$(version_of "$here/coredns" "$cd_mod")
+go_build_cached build-node "coredns-$cd_version" "$here/coredns" "$cd_mod" \
+  -ldflags "-s -w -X $cd_mod/coremain.GitCommit=$cd_version"
+printf 'COREDNS=%q\n' "$built"
 
 # The pause container's one binary, from the Kubernetes release's own source in the module cache.
 kube_version=$(version_of "$here/node" k8s.io/kubernetes)

@@ -45,6 +45,7 @@ log() { printf '[cluster %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 NODE_NAME=mcp-access-node
 NODE_IP=10.250.0.1
 POD_CIDR=10.244.0.0/24
+CLUSTER_DNS=10.0.0.10
 die() { log "error: $*"; exit 1; }
 
 usage() {
@@ -149,7 +150,7 @@ gen_pki() {
   have aggregated-ca || { new_ca aggregated-ca mcp-access-aggregated-ca; fresh=1; }
   [[ -z $fresh ]] && have mcp-access-apiserver ||
     new_leaf mcp-access-apiserver aggregated-ca "/CN=mcp-access-apiserver.mcp-access.svc" serverAuth \
-      "DNS:mcp-access-apiserver.mcp-access.svc,DNS:mcp-access-apiserver.mcp-access.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+      "DNS:mcp-access-apiserver.mcp-access.svc,DNS:mcp-access-apiserver.mcp-access.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP"
   # The controllers' Host API: its own CA and serving cert, and the key pair of the local host
   # token issuer (hack/host-token.sh signs with host-token.key; the API verifies with .pub).
   fresh=

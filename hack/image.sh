@@ -10,10 +10,11 @@
 #   hack/image.sh [--bin-dir DIR] [--tag TAG] [--oci-dir DIR] [NAME...]
 #
 # NAME: mcp-access-apiserver, mcp-access-controllers, mcp-access-gateway, mcp-access-authz
-# (default: all four), or mcp-sdk-python: the official MCP Python SDK (e2e/mcp/requirements.txt,
-# the venv of hack/lib/mcp-sdk.sh) with this machine's CPython, and e2e/mcp/*.py in /app, as
-# the demo MCP server (`python /app/upstream.py`) and the agents of the local node's Pods;
-# named localhost/mcp-access/mcp-sdk-python:<mcp version> (its TAG is the SDK's).
+# (default: all four), or the local node's demo images, both the official MCP Python SDK
+# (e2e/mcp/requirements.txt, the venv of hack/lib/mcp-sdk.sh) with this machine's CPython and
+# e2e/mcp/*.py in /app, named localhost/mcp-access/NAME:<mcp version> (the SDK's, not TAG):
+#   demo-mcp-server   runs /app/upstream.py on 0.0.0.0:8080 (an MCPServer with port 8080)
+#   demo-host         runs /app/host.py, which waits; agents run in it with kubectl exec
 # --oci-dir DIR: also write each image as DIR/NAME.oci.tar (an OCI archive that names the image),
 # for hack/node.sh import.
 # --bin-dir DIR: take DIR/NAME as built (e.g. target/debug); without it, a release build
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     --oci-dir) oci_dir=$2; shift 2 ;;
     --oci-dir=*) oci_dir=${1#*=}; shift ;;
     -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    mcp-access-apiserver|mcp-access-controllers|mcp-access-gateway|mcp-access-authz|mcp-sdk-python) names+=("$1"); shift ;;
+    mcp-access-apiserver|mcp-access-controllers|mcp-access-gateway|mcp-access-authz|demo-mcp-server|demo-host) names+=("$1"); shift ;;
     *) echo "image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -78,14 +79,18 @@ ensure_packages
 # IMAGE_RUNTIME picks another OCI runtime for the run step (e.g. crun).
 runtime=${IMAGE_RUNTIME:-$(command -v runc || echo /usr/sbin/runc)}
 
-if [ -z "$bin_dir" ] && [ "${names[*]}" != mcp-sdk-python ]; then
+demo_only=1
+for n in "${names[@]}"; do
+  case $n in demo-*) ;; *) demo_only= ;; esac
+done
+if [ -z "$bin_dir" ] && [ -z "$demo_only" ]; then
   build=()
   for n in "${names[@]}"; do
     case $n in
       mcp-access-apiserver) build+=(-p apiserver --bin "$n") ;;
       mcp-access-controllers) build+=(-p controllers --bin "$n") ;;
       mcp-access-gateway|mcp-access-authz) build+=(-p gateway --bin "$n") ;;
-      mcp-sdk-python) ;;
+      demo-*) ;;
     esac
   done
   cargo build --release --locked "${build[@]}" >&2
@@ -183,7 +188,24 @@ build_python_image() {
     --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 \
     --label org.opencontainers.image.title=mcp-sdk-python "$c"
   buildah commit --quiet --rm "$c" "$image" >/dev/null
+  sdk_python=$venv/bin/python
   say "built $image: CPython $base, the SDK venv $venv, $(wc -w <<<"$libs") libraries, e2e/mcp/*.py"
+}
+
+# demo_image NAME IMAGE: one of the demo images, the SDK image with the command NAME runs.
+demo_image() {
+  local name=$1 image=$2 c sdk
+  sdk=localhost/mcp-access/mcp-sdk-python:${image##*:}
+  [ -n "${sdk_python:-}" ] || build_python_image "$sdk"
+  c=$(buildah from --name "image-sh-$name-$$" "$sdk")
+  containers+=("$c")
+  case $name in
+    demo-mcp-server) entry="[\"$sdk_python\", \"/app/upstream.py\", \"--listen\", \"0.0.0.0:8080\", \"--log-level\", \"info\"]" ;;
+    demo-host) entry="[\"$sdk_python\", \"/app/host.py\"]" ;;
+  esac
+  buildah config --entrypoint "$entry" --label org.opencontainers.image.title="$name" "$c"
+  buildah commit --quiet --rm "$c" "$image" >/dev/null
+  say "built $image: $sdk running $entry"
 }
 
 # `--help` inside a container of the image, as the image's user; false (with the reason
@@ -220,12 +242,14 @@ export_archive() { # NAME IMAGE
 
 can_run=1
 for name in "${names[@]}"; do
-  if [ "$name" = mcp-sdk-python ]; then
-    image=localhost/mcp-access/mcp-sdk-python:$(sed -n 's/^mcp==\([0-9][0-9.]*\).*/\1/p' e2e/mcp/requirements.txt)
-    build_python_image "$image"
-    export_archive "$name" "$image"
-    continue
-  fi
+  case $name in
+    demo-*)
+      image=localhost/mcp-access/$name:$(sed -n 's/^mcp==\([0-9][0-9.]*\).*/\1/p' e2e/mcp/requirements.txt)
+      demo_image "$name" "$image"
+      export_archive "$name" "$image"
+      continue
+      ;;
+  esac
   image=$repo/$name:$tag
   build_image "$name" "$image"
   export_archive "$name" "$image"

@@ -18,6 +18,9 @@
 #   kube-proxy (iptables mode)      Service IPs, also for processes on this machine
 #   kube-router --run-firewall      the NetworkPolicy enforcer (iptables + ipset)
 #   kube-scheduler                  so Deployments' Pods are placed
+#   CoreDNS                         the cluster DNS ($CLUSTER_DNS), a Pod labelled k8s-app=kube-dns in
+#                                   kube-system as the controllers' policies expect; cluster names
+#                                   only, nothing is forwarded off this machine
 # The node is named $NODE_NAME, at $NODE_IP on the loopback interface; Pods reach the host there. One node per machine: a second start from another DIR fails, naming the first.
 #
 # Needs root. Kernel features are checked first and a missing one is named. A node that is not
@@ -79,7 +82,7 @@ check_host() {
 # The node's binaries: each of KUBELET, KUBE_PROXY, ... the caller set wins; the rest come from
 # hack/build-node.sh (instant when cached).
 node_binaries() {
-  local names=(KUBELET KUBE_PROXY KUBE_SCHEDULER CONTAINERD CONTAINERD_SHIM CTR RUNC KUBE_ROUTER PAUSE)
+  local names=(KUBELET KUBE_PROXY KUBE_SCHEDULER CONTAINERD CONTAINERD_SHIM CTR RUNC KUBE_ROUTER COREDNS PAUSE)
   local n need=
   for n in "${names[@]}"; do [[ -n ${!n:-} ]] || need=1; done
   if [[ -n $need ]]; then
@@ -242,6 +245,7 @@ failCgroupV1: $( [[ $cgroup_v1 == true ]] && echo false || echo true )
 failSwapOn: false
 podCIDR: $POD_CIDR
 clusterDomain: cluster.local
+clusterDNS: [$CLUSTER_DNS]
 resolvConf: $node/resolv.conf
 registerNode: true
 serializeImagePulls: false
@@ -250,9 +254,9 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOF
-  # Pods get no resolver of this machine's (it is outside the sandbox); cluster DNS is the
-  # scenarios' own business.
-  printf 'nameserver %s\n' "$NODE_IP" >"$node/resolv.conf"
+  # Pods never get this machine's resolver (it is outside the sandbox): ClusterFirst Pods ask
+  # CoreDNS, and the rest (CoreDNS itself, dnsPolicy Default) an empty configuration.
+  : >"$node/resolv.conf"
   cat >"$node/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -297,6 +301,27 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Images
 
+# image_archive NAME IMAGE BINARY ENTRYPOINT USER: IMAGE, FROM scratch with BINARY as /NAME, as an
+# OCI archive cached beside BINARY (keyed by it), for the node's own Pods (pause, CoreDNS).
+image_archive() {
+  local name=$1 image=$2 binary=$3 user=$4 archive=$3.oci.tar
+  if [[ ! -s $archive ]]; then
+    local c root
+    c=$(buildah from scratch) || die "buildah from scratch failed"
+    root=$(buildah mount "$c") || die "buildah mount failed"
+    install -m 755 "$binary" "$root/$name"
+    buildah umount "$c" >/dev/null
+    buildah config --entrypoint "[\"/$name\"]" --user "$user" "$c" || die "buildah config failed"
+    buildah commit --quiet --rm "$c" "$image" >/dev/null || die "buildah commit $image failed"
+    rm -f "$archive.tmp"
+    buildah push --quiet "$image" "oci-archive:$archive.tmp:$image" >/dev/null ||
+      die "buildah push $image failed"
+    mv -f "$archive.tmp" "$archive"
+    log "built the image $image -> $archive"
+  fi
+  echo "$archive"
+}
+
 ctr_() { "$CTR" --address "$sock" --namespace k8s.io "$@"; }
 
 import_archives() { # ARCHIVE...
@@ -308,24 +333,101 @@ import_archives() { # ARCHIVE...
   done
 }
 
-# The pause image, FROM scratch with the static pause binary, as an OCI archive cached beside it.
-pause_archive() {
-  local archive=$PAUSE.oci.tar
-  if [[ ! -s $archive ]]; then
-    local c root
-    c=$(buildah from scratch) || die "buildah from scratch failed"
-    root=$(buildah mount "$c") || die "buildah mount failed"
-    install -m 755 "$PAUSE" "$root/pause"
-    buildah umount "$c" >/dev/null
-    buildah config --entrypoint '["/pause"]' --user 65535:65535 "$c" || die "buildah config failed"
-    buildah commit --quiet --rm "$c" "$pause_image" >/dev/null || die "buildah commit $pause_image failed"
-    rm -f "$archive.tmp"
-    buildah push --quiet "$pause_image" "oci-archive:$archive.tmp:$pause_image" >/dev/null ||
-      die "buildah push $pause_image failed"
-    mv -f "$archive.tmp" "$archive"
-    log "built the pause image $pause_image -> $archive"
-  fi
-  echo "$archive"
+# The cluster DNS: CoreDNS answering for cluster.local (and reverse lookups of Pod and Service
+# addresses) from the API, with its own read-only RBAC and a projected service-account token
+# (the control plane runs without the ServiceAccount admission plugin, so nothing mounts one).
+deploy_coredns() {
+  local image=$1
+  kubectl --kubeconfig "$kubeconfig" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "mcp-access:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "mcp-access:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "mcp-access:coredns"}
+subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+        }
+        cache 5
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      serviceAccountName: coredns
+      automountServiceAccountToken: false
+      dnsPolicy: Default
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        sysctls: [{name: net.ipv4.ip_unprivileged_port_start, value: "53"}]
+      containers:
+      - name: coredns
+        image: $image
+        args: [-conf, /etc/coredns/Corefile]
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 1}
+        livenessProbe: {httpGet: {path: /health, port: 8080}, periodSeconds: 10}
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {drop: [ALL]}
+        volumeMounts:
+        - {name: config, mountPath: /etc/coredns, readOnly: true}
+        - {name: token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
+      volumes:
+      - name: config
+        configMap: {name: coredns}
+      - name: token
+        projected:
+          sources:
+          - serviceAccountToken: {path: token, expirationSeconds: 3600}
+          - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+          - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  selector: {k8s-app: kube-dns}
+  clusterIP: $CLUSTER_DNS
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+EOF
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -363,9 +465,11 @@ cmd_node_start() {
 
   PATH=$node/bin:$PATH launch containerd "$CONTAINERD" --config "$node/containerd/config.toml"
   wait_for containerd "$launched_pid" serving ctr_ version
-  local pause_tar
-  pause_tar=$(pause_archive)
-  import_archives "$pause_tar"
+  local pause_tar coredns_tar coredns_image
+  pause_tar=$(image_archive pause "$pause_image" "$PAUSE" 65535:65535)
+  coredns_image=localhost/mcp-access/coredns:$(awk '($1 == "require" && $2 == "github.com/coredns/coredns") { print $3 }' "$here/coredns/go.mod" | tr -d v)
+  coredns_tar=$(image_archive coredns "$coredns_image" "$COREDNS" 65532:65532)
+  import_archives "$pause_tar" "$coredns_tar"
 
   launch kube-scheduler "$KUBE_SCHEDULER" \
     --kubeconfig="$node/kube-scheduler.kubeconfig" \
@@ -402,13 +506,25 @@ cmd_node_start() {
     --iptables-sync-period=5m --ipvs-sync-period=5m
   wait_for kube-router "$launched_pid" healthy curl -fsS --max-time 5 "http://127.0.0.1:$kube_router_health_port/healthz"
 
+  deploy_coredns "$coredns_image"
+  local start=$SECONDS
+  until [[ $(kubectl --kubeconfig "$kubeconfig" -n kube-system get deployment coredns \
+    -o 'jsonpath={.status.readyReplicas}' 2>/dev/null) == 1 ]]; do
+    if ((SECONDS - start >= timeout)); then
+      kubectl --kubeconfig "$kubeconfig" -n kube-system describe pods -l k8s-app=kube-dns >&2 || true
+      die "CoreDNS was not Ready after ${timeout}s"
+    fi
+    sleep 0.5
+  done
+  log "CoreDNS is Ready at $CLUSTER_DNS after $((SECONDS - start))s"
+
   {
     printf 'kubelet=%s\nkubelet-healthz=%s\nkube-proxy-healthz=%s\nkube-proxy-metrics=%s\n' \
       "$kubelet_port" "$kubelet_healthz_port" "$kube_proxy_healthz_port" "$kube_proxy_metrics_port"
     printf 'kube-scheduler=%s\nkube-router-health=%s\n' "$scheduler_port" "$kube_router_health_port"
   } >>"$dir/ports"
   {
-    printf 'NODE_NAME=%q\nNODE_IP=%q\nPOD_CIDR=%q\n' "$NODE_NAME" "$NODE_IP" "$POD_CIDR"
+    printf 'NODE_NAME=%q\nNODE_IP=%q\nPOD_CIDR=%q\nCLUSTER_DNS=%q\n' "$NODE_NAME" "$NODE_IP" "$POD_CIDR" "$CLUSTER_DNS"
     printf 'NODE_CONTAINERD_SOCKET=%q\nNODE_CTR=%q\n' "$sock" "$CTR"
   } >"$dir/node.env"
   trap - EXIT

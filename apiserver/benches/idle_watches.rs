@@ -88,6 +88,7 @@ fn main() -> Result<()> {
         database: Database::Local,
         // All API watches are one user's, all sync watches one gateway Pod's.
         apiserver_args: vec![format!("--max-watches-per-user={}", most + 100)],
+        node: false,
     })?;
     let result = bench(&cluster, &args);
     drop(cluster);

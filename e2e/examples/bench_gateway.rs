@@ -642,6 +642,7 @@ async fn main() -> Result<()> {
             apiserver_bin,
             database: Database::Local,
             apiserver_args: vec![],
+            node: false,
         })
     })?;
     let c = &cluster;

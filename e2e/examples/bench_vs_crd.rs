@@ -874,6 +874,7 @@ fn main() -> Result<()> {
             format!("--max-watches-per-user={}", max_watchers * 2 + 100),
             format!("--max-requests-inflight={}", max_watchers * 2 + 400),
         ],
+        node: false,
     })?;
     let result = bench(&cluster, &args);
     drop(cluster);

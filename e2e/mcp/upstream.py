@@ -8,9 +8,11 @@ Tools:
   count(n, delay_ms)         -> "counted N", after N progress notifications `delay_ms` apart
 
 Served over Streamable HTTP at /mcp and over the legacy HTTP+SSE transport (2024-11-05) at
-/sse with messages posted to /messages/, on 127.0.0.1, on a port the kernel picks: the socket is
-bound here and handed to uvicorn, and its address is printed to stdout as one line,
-`mcp-upstream listening on 127.0.0.1:PORT`, once bound.
+/sse with messages posted to /messages/, on 127.0.0.1, on a port the kernel picks (or on
+`--listen HOST:PORT`: the demo MCP server image of the local node binds 0.0.0.0:8080, so that
+only NetworkPolicies keep other Pods from its port): the socket is bound here and handed to
+uvicorn, and its address is printed to stdout as one line, `mcp-upstream listening on
+HOST:PORT`, once bound.
 """
 
 import argparse
@@ -59,11 +61,17 @@ async def count(n: int, delay_ms: int, ctx: Context) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        help="HOST:PORT to bind (port 0: the kernel picks); the local node's demo image binds 0.0.0.0:8080",
+    )
     args = parser.parse_args()
+    bind_host, _, bind_port = args.listen.rpartition(":")
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((bind_host, int(bind_port)))
     sock.listen(1024)
     sock.set_inheritable(True)
     host, port = sock.getsockname()

@@ -52,7 +52,18 @@ pub struct Options {
     pub database: Database,
     /// Further flags for `mcp-access-apiserver` (e.g. a short `--gateway-reverify-interval`).
     pub apiserver_args: Vec<String>,
+    /// A real node beside the control plane (`hack/node.sh`: kubelet, containerd, kube-proxy,
+    /// kube-router, CoreDNS), so Pods run; MCP Access then listens on every address, so that
+    /// gateway Pods reach the sync listener at [`NODE_IP`]. One per machine.
+    pub node: bool,
 }
+
+/// The local node's address (`hack/cluster.sh`), where its Pods reach this machine.
+pub const NODE_IP: &str = "10.250.0.1";
+
+/// The gateway image the controllers of a cluster with a node deploy: `hack/image.sh --tag e2e`
+/// built it from the binaries under test, and it is imported, never pulled.
+pub const NODE_GATEWAY_IMAGE: &str = "ghcr.io/mcp-runtime/mcp-access-gateway:e2e";
 
 /// The session-token issuer of a cluster whose `hack/cluster.sh` env names none.
 pub const DEFAULT_SESSION_TOKEN_ISSUER: &str = "https://mcp-access.local";
@@ -73,6 +84,8 @@ pub struct LocalCluster {
     apiserver_bin: PathBuf,
     apiserver_args: Vec<String>,
     apiserver: Option<Child>,
+    /// Started with a node ([`Options::node`]).
+    pub node: bool,
     local_pg: bool,
     /// The database created for this cluster ([`Database::CreateIn`]), dropped on stop.
     scratch_db: Option<scratch_db::ScratchDatabase>,
@@ -142,6 +155,7 @@ impl LocalCluster {
                 .arg(root.join("hack/cluster.sh"))
                 .arg("start")
                 .arg(&dir)
+                .env("CLUSTER_NODE", if options.node { "1" } else { "0" })
                 .stderr(Stdio::inherit()),
         )?;
         if !out.contains("KUBECONFIG=") {
@@ -185,6 +199,7 @@ impl LocalCluster {
             apiserver_bin: options.apiserver_bin,
             apiserver_args: options.apiserver_args,
             apiserver: None,
+            node: options.node,
             local_pg,
             scratch_db: scratch,
         };
@@ -260,7 +275,8 @@ impl LocalCluster {
 
     /// The gateway sync listener's URL.
     pub fn sync_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.sync_port)
+        let host = if self.node { NODE_IP } else { "127.0.0.1" };
+        format!("https://{host}:{}", self.sync_port)
     }
 
     /// Flags that turn on the controllers' Host API on port 0 (the port bound is
@@ -514,7 +530,10 @@ impl LocalCluster {
             .arg(get("MCP_ACCESS_TLS_PRIVATE_KEY_FILE")?)
             .arg("--kubeconfig")
             .arg(self.dir.join("mcp-access-apiserver.kubeconfig"))
-            .args(["--bind-address", "127.0.0.1"])
+            .args([
+                "--bind-address",
+                if self.node { "0.0.0.0" } else { "127.0.0.1" },
+            ])
             .args(["--secure-port", &self.api_port.to_string()])
             .args(["--metrics-port", &self.metrics_port.to_string()])
             .args(["--sync-port", &self.sync_port.to_string()])
@@ -564,8 +583,15 @@ impl LocalCluster {
             .args(["--identity", name])
             // Port 0: the process says which ports it bound.
             .args(["--metrics-port", "0"])
-            // Never pulled: the local cluster has no kubelet, Pods stay Pending.
-            .args(["--gateway-image", "mcp-access-gateway:local"])
+            // Never pulled: without a node Pods stay Pending; with one, the image is imported.
+            .args([
+                "--gateway-image",
+                if self.node {
+                    NODE_GATEWAY_IMAGE
+                } else {
+                    "mcp-access-gateway:local"
+                },
+            ])
             .args(["--gateway-sync-url", &self.sync_url()])
             .arg("--gateway-sync-ca-file")
             .arg(self.sync_ca())

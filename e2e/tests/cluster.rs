@@ -465,6 +465,7 @@ fn main() {
         database: Database::CreateIn(need("MCP_TEST_DATABASE_URL")),
         // Short, so the scenarios see a watch end soon after a gateway chain breaks.
         apiserver_args: vec!["--gateway-reverify-interval=2s".into()],
+        node: false,
     })
     .expect("local cluster starts");
 

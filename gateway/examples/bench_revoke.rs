@@ -117,6 +117,7 @@ fn main() -> Result<()> {
             format!("--max-watches-per-user={}", max_gateways * 2 + 100),
             format!("--max-requests-inflight={}", max_gateways * 2 + 400),
         ],
+        node: false,
     })?;
     let result = bench(&cluster, &args);
     drop(cluster);

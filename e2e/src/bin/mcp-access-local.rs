@@ -50,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         apiserver_bin: std::path::absolute(&cli.apiserver_bin)?,
         database: Database::Local,
         apiserver_args: Vec::new(),
+        node: false,
     })?;
     let host_api = cluster.host_api_args()?;
     let host_api: Vec<&str> = host_api.iter().map(String::as_str).collect();
