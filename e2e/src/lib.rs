@@ -12,6 +12,7 @@ pub mod gateway;
 pub mod harness;
 pub mod listening;
 pub mod mcp;
+pub mod node;
 pub mod scratch_db;
 pub mod stopped;
 

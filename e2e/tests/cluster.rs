@@ -65,6 +65,8 @@ mod monitoring;
 mod netpol;
 #[path = "cluster/nginx_proxy.rs"]
 mod nginx_proxy;
+#[path = "cluster/node.rs"]
+mod node;
 #[path = "cluster/retire.rs"]
 mod retire;
 #[path = "cluster/roles.rs"]
@@ -409,8 +411,17 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
 ];
 
+/// The scenarios of a cluster with a node (`MCP_ACCESS_E2E_NODE=1`, `hack/node.sh`): Pods run
+/// and NetworkPolicies are enforced. One node per machine, so they are one group of their own.
+const NODE_SCENARIOS: &[(&str, Scenario)] = &[(
+    "node_packets_follow_the_contexts",
+    node::packets_follow_the_contexts,
+)];
+
 fn main() {
-    let names: Vec<&str> = SCENARIOS.iter().map(|(name, _)| *name).collect();
+    let with_node = std::env::var("MCP_ACCESS_E2E_NODE").is_ok_and(|v| v == "1");
+    let scenarios = if with_node { NODE_SCENARIOS } else { SCENARIOS };
+    let names: Vec<&str> = scenarios.iter().map(|(name, _)| *name).collect();
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(e) => {
@@ -465,20 +476,23 @@ fn main() {
         database: Database::CreateIn(need("MCP_TEST_DATABASE_URL")),
         // Short, so the scenarios see a watch end soon after a gateway chain breaks.
         apiserver_args: vec!["--gateway-reverify-interval=2s".into()],
-        node: false,
+        node: with_node,
     })
     .expect("local cluster starts");
+    if with_node {
+        e2e::node::import_images(&cluster).expect("the node's images are built and imported");
+    }
 
     println!(
         "running {} of {} scenarios (part {} of {})",
         selected.len(),
-        SCENARIOS.len(),
+        scenarios.len(),
         shard.index + 1,
         shard.count
     );
     let mut failed = Vec::new();
     let mut passed = 0usize;
-    for (name, scenario) in SCENARIOS.iter().filter(|(n, _)| selected.contains(n)) {
+    for (name, scenario) in scenarios.iter().filter(|(n, _)| selected.contains(n)) {
         let started = Instant::now();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut cluster)))
@@ -517,7 +531,7 @@ fn main() {
     }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
-    let filtered_out = SCENARIOS.len() - selected.len();
+    let filtered_out = scenarios.len() - selected.len();
     if failed.is_empty() && passed == selected.len() {
         println!("e2e: ok. {passed} passed; 0 failed; {filtered_out} filtered out");
     } else {

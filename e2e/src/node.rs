@@ -1,0 +1,256 @@
+//! Pods on the local node (`hack/node.sh`, [`crate::Options::node`]): the images they run,
+//! imported into the node's containerd, and what the scenarios do inside them.
+//!
+//! Every image is built here from what is under test and imported, never pulled:
+//! `hack/image.sh` builds the gateway image from `MCP_ACCESS_GATEWAY_BIN` and the two demo
+//! images (the official MCP Python SDK as the MCP server and as the agent), `hack/node.sh
+//! import` loads them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::{repo_root, LocalCluster, NODE_GATEWAY_IMAGE};
+
+/// The version of the MCP Python SDK the demo images hold (`e2e/mcp/requirements.txt`), their tag.
+pub fn demo_tag() -> Result<String> {
+    let req = std::fs::read_to_string(repo_root().join("e2e/mcp/requirements.txt"))?;
+    req.lines()
+        .find_map(|l| l.strip_prefix("mcp=="))
+        .map(|v| v.split_whitespace().next().unwrap_or(v).to_string())
+        .context("no mcp==X.Y.Z pin in e2e/mcp/requirements.txt")
+}
+
+/// `localhost/mcp-access/demo-mcp-server:<sdk>`: `upstream.py` on 0.0.0.0:8080.
+pub fn demo_server_image() -> Result<String> {
+    Ok(format!(
+        "localhost/mcp-access/demo-mcp-server:{}",
+        demo_tag()?
+    ))
+}
+
+/// `localhost/mcp-access/demo-host:<sdk>`: waits; agents run in it with `kubectl exec`.
+pub fn demo_host_image() -> Result<String> {
+    Ok(format!("localhost/mcp-access/demo-host:{}", demo_tag()?))
+}
+
+/// The Python of the demo images: the SDK venv, at the same path inside as on this machine.
+pub fn demo_python() -> Result<PathBuf> {
+    crate::mcp::python()
+}
+
+/// Builds the gateway image (tag `e2e`, from the binary under test) and the demo images, and
+/// imports them into the node.
+pub fn import_images(c: &LocalCluster) -> Result<()> {
+    let started = Instant::now();
+    let gateway = std::env::var("MCP_ACCESS_GATEWAY_BIN")
+        .context("MCP_ACCESS_GATEWAY_BIN is not set: run through hack/test.sh")?;
+    let bin_dir = Path::new(&gateway)
+        .parent()
+        .context("MCP_ACCESS_GATEWAY_BIN has no directory")?
+        .to_path_buf();
+    let oci = c.dir.join("images");
+    let tag = NODE_GATEWAY_IMAGE
+        .rsplit_once(':')
+        .map(|(_, t)| t)
+        .unwrap_or("e2e");
+    let root = repo_root();
+    let out = Command::new("bash")
+        .arg(root.join("hack/image.sh"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .args(["--tag", tag])
+        .arg("--oci-dir")
+        .arg(&oci)
+        .args(["mcp-access-gateway", "demo-mcp-server", "demo-host"])
+        .current_dir(&root)
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "hack/image.sh failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let archives: Vec<PathBuf> = ["mcp-access-gateway", "demo-mcp-server", "demo-host"]
+        .iter()
+        .map(|n| oci.join(format!("{n}.oci.tar")))
+        .collect();
+    let status = Command::new("bash")
+        .arg(root.join("hack/node.sh"))
+        .arg("import")
+        .arg(&c.dir)
+        .args(&archives)
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()?;
+    if !status.success() {
+        bail!("hack/node.sh import failed ({status})");
+    }
+    eprintln!(
+        "node images built and imported in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What `probe.py` saw: one TCP connection from inside a Pod.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub target: String,
+    /// What the name resolved to inside the Pod; `None` when it did not.
+    pub address: Option<String>,
+    pub connected: bool,
+    pub error: Option<String>,
+    pub seconds: f64,
+}
+
+/// Runs `python ARGS...` in the first container of Pod `ns/pod` (`kubectl exec`, `stdin` fed
+/// when given) and returns its stdout; fails when kubectl or the program fails.
+pub fn exec_python(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String> {
+    let python = demo_python()?;
+    let python = python.to_string_lossy();
+    let mut argv = vec!["exec"];
+    if stdin.is_some() {
+        argv.push("-i");
+    }
+    argv.extend_from_slice(&["-n", ns, pod, "--", &python]);
+    argv.extend_from_slice(args);
+    let out = c.kubectl_as(&c.kubeconfig, &argv, stdin);
+    if !out.success {
+        bail!(
+            "kubectl exec {ns}/{pod} python {args:?}: {}{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// Opens one TCP connection to `target` (HOST:PORT) from inside Pod `ns/pod`.
+pub fn probe(c: &LocalCluster, ns: &str, pod: &str, target: &str) -> Result<Probe> {
+    let out = exec_python(
+        c,
+        ns,
+        pod,
+        &["/app/probe.py", target, "--timeout", "3"],
+        None,
+    )?;
+    let v: Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("probe.py printed {out:?}"))?;
+    Ok(Probe {
+        target: target.to_string(),
+        address: v["address"].as_str().map(str::to_string),
+        connected: v["connected"] == true,
+        error: v["error"].as_str().map(str::to_string),
+        seconds: v["seconds"].as_f64().unwrap_or_default(),
+    })
+}
+
+/// Runs the official SDK's client (`client.py`) inside Pod `ns/pod` against `url` with the
+/// bearer `token` (fed on stdin, never on a command line); its one JSON result.
+pub fn sdk_client_in_pod(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    url: &str,
+    token: &str,
+    scenario: &str,
+) -> Result<Value> {
+    let out = exec_python(
+        c,
+        ns,
+        pod,
+        &[
+            "/app/client.py",
+            "--url",
+            url,
+            "--token-file",
+            "/dev/stdin",
+            "--mode",
+            "legacy",
+            "--scenario",
+            scenario,
+        ],
+        Some(token),
+    )?;
+    out.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "result")
+        .with_context(|| format!("client.py printed no result: {out}"))
+}
+
+/// Waits until Deployment `ns/name` has `want` ready replicas; on timeout, the Pods' state.
+pub fn wait_ready(c: &LocalCluster, ns: &str, name: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let out = c.kubectl(&[
+            "get",
+            "deployment",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ]);
+        if out.success && out.stdout.trim() == "1" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let pods = c.kubectl(&["get", "pods", "-n", ns, "-o", "wide"]);
+            let events = c.kubectl(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+            bail!(
+                "Deployment {ns}/{name} not ready within {timeout:?}:\n{}\n{}",
+                pods.stdout,
+                events.stdout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The name and IP of the running Pod of Deployment `ns/name` (selected by `selector`).
+pub fn pod_of(c: &LocalCluster, ns: &str, selector: &str) -> Result<(String, String)> {
+    let out = c.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        selector,
+        "--field-selector=status.phase=Running",
+        "-o",
+        "jsonpath={.items[0].metadata.name} {.items[0].status.podIP}",
+    ]);
+    match out.stdout.trim().split_once(' ') {
+        Some((name, ip)) if out.success && !ip.is_empty() => Ok((name.into(), ip.into())),
+        _ => bail!(
+            "no running Pod -l {selector} in {ns}: {}{}",
+            out.stdout,
+            out.stderr
+        ),
+    }
+}
+
+impl Probe {
+    /// Refused by a NetworkPolicy: the name resolved, and the connection was rejected
+    /// (kube-router answers with a reject) or never answered, not anything else.
+    pub fn refused_by_policy(&self) -> bool {
+        !self.connected
+            && self.address.is_some()
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused") || e.contains("timed out"))
+    }
+}
