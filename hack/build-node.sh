@@ -21,8 +21,6 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 . "$here/lib/go-tool.sh"
 
-"$here/build-kube.sh" node
-
 version_of() { # DIR MODULE
   awk -v m="$2" '($1 == "require" && $2 == m) { print $3 } (NF >= 2 && $1 == m) { print $2 }' "$1/go.mod" | head -n1
 }
@@ -63,6 +61,10 @@ cd_version=$(version_of "$here/coredns" "$cd_mod")
 go_build_cached build-node "coredns-$cd_version" "$here/coredns" "$cd_mod" \
   -ldflags "-s -w -X $cd_mod/coremain.GitCommit=$cd_version"
 printf 'COREDNS=%q\n' "$built"
+
+# Last: these share most packages with kube-apiserver, whose build (hack/tools.sh runs it beside
+# this one) has filled Go's build cache by now on a cold machine.
+"$here/build-kube.sh" node
 
 # The pause container's one binary, from the Kubernetes release's own source in the module cache.
 kube_version=$(version_of "$here/node" k8s.io/kubernetes)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit, storage (real PostgreSQL), interop (real kubectl, kube-rs) and
-# end-to-end (real etcd + kube-apiserver + kube-controller-manager, client-go informers).
+# end-to-end (real etcd + kube-apiserver + kube-controller-manager, client-go informers), and
+# the scenarios on a real node (hack/node.sh: kubelet, containerd, kube-proxy, kube-router;
+# needs root) whose Pods prove isolation by packets.
 # Starts its own PostgreSQL in a temporary directory and never touches any other database.
 # Kubernetes binaries, the client-go programs and the NetworkPolicy analyzer (the oracle of
 # controllers/tests/netpol_oracle.rs) are built once and cached outside the repository.
@@ -79,7 +81,8 @@ tools_pid=
 # shellcheck disable=SC1091 # written by hack/tools.sh just now
 . "$work/tools.env"
 export KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD MCP_ACCESS_INFORMER_BIN \
-  MCP_ACCESS_GATEWAY_INFORMER_BIN MCP_ACCESS_NETPOL_ANALYZER_BIN MCP_ACCESS_PROMTOOL_BIN
+  MCP_ACCESS_GATEWAY_INFORMER_BIN MCP_ACCESS_NETPOL_ANALYZER_BIN MCP_ACCESS_PROMTOOL_BIN \
+  KUBELET KUBE_PROXY KUBE_SCHEDULER CONTAINERD CONTAINERD_SHIM CTR RUNC KUBE_ROUTER COREDNS PAUSE
 
 postgres_start "$work/pg"
 echo "test PostgreSQL on 127.0.0.1:$PGPORT_STARTED" >&2
@@ -127,6 +130,9 @@ run_group e2e-other cargo test -p e2e --lib --bins --examples --benches "${other
 for ((i = 1; i <= shards; i++)); do
   run_group "e2e-$i/$shards" env MCP_ACCESS_E2E_SHARD="$i/$shards" cargo test -p e2e --test cluster
 done
+# The scenarios on the local node (hack/node.sh: root, one node per machine) are a group of
+# their own, with a cluster of their own.
+run_group e2e-node env MCP_ACCESS_E2E_NODE=1 cargo test -p e2e --test cluster
 failed=0
 for i in "${!groups[@]}"; do
   wait "${pids[$i]}" || failed=1

@@ -4,6 +4,8 @@
 #   hack/build-informer.sh [NAME]   the client-go informer and the Go gateway recipe
 #   hack/build-netpol-analyzer.sh   np-guard's analyzer (the NetworkPolicy oracle)
 #   hack/build-promtool.sh          promtool (deploy/monitoring's alerting rules)
+#   hack/build-node.sh              the local node: kubelet, kube-proxy, kube-scheduler, containerd,
+#                                   runc, kube-router, CoreDNS, pause (hack/node.sh)
 # Each is cached outside the repository by version and source hash, so a warm run is instant
 # and a cold one costs the longest build, not the sum. kube-apiserver and
 # kube-controller-manager share most packages, so they stay one job (Go's build cache makes the
@@ -12,16 +14,19 @@
 # Stdout is only NAME=/abs/path lines for `env=$(hack/tools.sh); eval "$env"`:
 #   KUBE_APISERVER KUBE_CONTROLLER_MANAGER ETCD MCP_ACCESS_INFORMER_BIN
 #   MCP_ACCESS_GATEWAY_INFORMER_BIN MCP_ACCESS_NETPOL_ANALYZER_BIN MCP_ACCESS_PROMTOOL_BIN
+#   and hack/build-node.sh's KUBELET KUBE_PROXY KUBE_SCHEDULER CONTAINERD CONTAINERD_SHIM CTR RUNC
+#   KUBE_ROUTER COREDNS PAUSE
 # A failed build prints its log and fails the script (after the others have finished).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 work=$(mktemp -d "${TMPDIR:-/tmp}/mcp-access-tools.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-jobs=(kube informer gateway-informer netpol promtool)
+jobs=(kube node informer gateway-informer netpol promtool)
 run() { # JOB
   case $1 in
     kube) "$here/build-kube.sh" ;;
+    node) "$here/build-node.sh" ;;
     informer) printf 'MCP_ACCESS_INFORMER_BIN=%q\n' "$("$here/build-informer.sh")" ;;
     gateway-informer) printf 'MCP_ACCESS_GATEWAY_INFORMER_BIN=%q\n' "$("$here/build-informer.sh" gateway-informer)" ;;
     netpol) printf 'MCP_ACCESS_NETPOL_ANALYZER_BIN=%q\n' "$("$here/build-netpol-analyzer.sh")" ;;

@@ -484,33 +484,49 @@ pub fn spawn_client(
         std::fs::write(&file, token)?;
         cmd.arg("--token-file").arg(file);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .with_context(|| format!("cannot start the {} client", sdk.name()))?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let value = serde_json::from_str(&line)
-                .unwrap_or_else(|_| serde_json::json!({"kind": "unparsed", "line": line}));
-            if tx.send((Instant::now(), value)).is_err() {
-                return;
-            }
-        }
-    });
-    Ok(ClientProcess {
-        process: Running { child, log },
-        lines,
-        progress: Vec::new(),
-        sdk,
-    })
+    ClientProcess::spawn(cmd, sdk, log, None)
 }
 
 impl ClientProcess {
+    /// Starts `cmd` (an SDK client, or one run elsewhere, e.g. in a Pod by `kubectl exec -i`),
+    /// its stderr to `log`, `stdin` written to it and closed (nothing: no stdin), its stdout
+    /// read line by line as JSON.
+    pub fn spawn(mut cmd: Command, sdk: Sdk, log: PathBuf, stdin: Option<&str>) -> Result<Self> {
+        let mut child = cmd
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("cannot start the {} client", sdk.name()))?;
+        if let Some(text) = stdin {
+            use std::io::Write;
+            let mut pipe = child.stdin.take().context("no stdin")?;
+            pipe.write_all(text.as_bytes())?;
+        }
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({"kind": "unparsed", "line": line}));
+                if tx.send((Instant::now(), value)).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(ClientProcess {
+            process: Running { child, log },
+            lines,
+            progress: Vec::new(),
+            sdk,
+        })
+    }
+
     /// Waits for the next progress line (the stream is open and flowing).
     pub fn next_progress(&mut self, timeout: Duration) -> Result<(Instant, Value)> {
         match self.lines.recv_timeout(timeout) {

@@ -190,6 +190,33 @@ pub fn sdk_client_in_pod(
         .with_context(|| format!("client.py printed no result: {out}"))
 }
 
+/// Starts the official SDK's client (`client.py`) inside Pod `ns/pod` for `scenario` with
+/// `extra` arguments, streaming: its progress lines are read as they come, through
+/// `kubectl exec`.
+pub fn spawn_sdk_client_in_pod(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    url: &str,
+    token: &str,
+    scenario: &str,
+    extra: &[&str],
+) -> Result<crate::mcp::ClientProcess> {
+    let dir = c.dir.join("mcp-clients");
+    std::fs::create_dir_all(&dir)?;
+    let log = dir.join(format!("{ns}-{pod}-{}.log", uuid::Uuid::new_v4().simple()));
+    let python = demo_python()?;
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["exec", "-i", "-n", ns, pod, "--"])
+        .arg(&python)
+        .args(["/app/client.py", "--url", url, "--token-file", "/dev/stdin"])
+        .args(["--mode", "legacy", "--scenario", scenario])
+        .args(extra);
+    crate::mcp::ClientProcess::spawn(cmd, crate::mcp::Sdk::PythonLegacy, log, Some(token))
+}
+
 /// Waits until Deployment `ns/name` has `want` ready replicas; on timeout, the Pods' state.
 pub fn wait_ready(c: &LocalCluster, ns: &str, name: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;

@@ -413,10 +413,16 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 
 /// The scenarios of a cluster with a node (`MCP_ACCESS_E2E_NODE=1`, `hack/node.sh`): Pods run
 /// and NetworkPolicies are enforced. One node per machine, so they are one group of their own.
-const NODE_SCENARIOS: &[(&str, Scenario)] = &[(
-    "node_packets_follow_the_contexts",
-    node::packets_follow_the_contexts,
-)];
+const NODE_SCENARIOS: &[(&str, Scenario)] = &[
+    (
+        "node_packets_follow_the_contexts",
+        node::packets_follow_the_contexts,
+    ),
+    (
+        "node_revocation_cuts_a_host_pod_within_a_second",
+        node::revocation_cuts_a_host_pod_within_a_second,
+    ),
+];
 
 fn main() {
     let with_node = std::env::var("MCP_ACCESS_E2E_NODE").is_ok_and(|v| v == "1");

@@ -9,7 +9,7 @@
 //! scenario adds the one stand-in an operator would, an ipBlock egress from the server's Pods to
 //! the sync listener's address and port.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use e2e::node::{self, Probe};
 use e2e::{LocalCluster, NODE_IP};
@@ -18,9 +18,6 @@ use serde_json::{json, Value};
 use super::{create_namespace, ok};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
-const SERVER_NS: &str = "node-srv";
-const GRANTED_NS: &str = "node-granted";
-const OTHER_NS: &str = "node-other";
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
@@ -137,142 +134,246 @@ fn refused(p: &Probe, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// One MCPServer (`demo`, the demo MCP server behind its gateway) in `<prefix>-srv`, a runtime
+/// namespace; Context `granted` in `<prefix>-granted` grants it to Host `agent-a`; Context `other`
+/// in `<prefix>-other` grants nothing to Host `agent-b`; Pod `bystander` in the granted
+/// namespace is none of its hosts. Everything Ready, with a session for agent-a and its token.
+struct Topology {
+    server_ns: String,
+    granted_ns: String,
+    other_ns: String,
+    server_ip: String,
+    agent_a: String,
+    agent_b: String,
+    token: String,
+    /// `demo.<server ns>.svc:8086`, the gateway's Service.
+    gateway: String,
+    _controllers: e2e::Controllers,
+}
+
+impl Topology {
+    fn start(c: &mut LocalCluster, prefix: &str) -> Result<Self, String> {
+        let server_ns = format!("{prefix}-srv");
+        let granted_ns = format!("{prefix}-granted");
+        let other_ns = format!("{prefix}-other");
+        for ns in [&server_ns, &granted_ns, &other_ns] {
+            create_namespace(c, ns)?;
+        }
+        let bin =
+            std::env::var("MCP_ACCESS_CONTROLLERS_BIN").map_err(e("MCP_ACCESS_CONTROLLERS_BIN"))?;
+        let runtime = format!("--runtime-namespace={server_ns}");
+        let controllers = c
+            .start_controllers(std::path::Path::new(&bin), prefix, &[&runtime])
+            .map_err(e("the controllers"))?;
+        sync_egress(c, &server_ns)?;
+
+        let image = node::demo_server_image().map_err(e("the server image"))?;
+        apply(
+            c,
+            &json!({
+                "apiVersion": "mcp-runtime.dev/v1alpha1",
+                "kind": "MCPServer",
+                "metadata": {"name": "demo", "namespace": server_ns},
+                "spec": {"image": image, "port": 8080},
+            }),
+            "the MCPServer",
+        )?;
+        context(
+            c,
+            &granted_ns,
+            "granted",
+            json!([{"name": "demo", "namespace": server_ns}]),
+        )?;
+        context(c, &other_ns, "other", json!([]))?;
+        host(c, &granted_ns, "agent-a", "granted")?;
+        host(c, &other_ns, "agent-b", "other")?;
+        apply(
+            c,
+            &json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "bystander", "namespace": granted_ns, "labels": {"role": "bystander"}},
+                "spec": {"containers": [{
+                    "name": "bystander",
+                    "image": node::demo_host_image().map_err(e("the host image"))?,
+                    "securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false},
+                }]},
+            }),
+            "the bystander Pod",
+        )?;
+
+        node::wait_ready(c, &server_ns, "demo", READY_TIMEOUT).map_err(e("the MCPServer's Pod"))?;
+        node::wait_ready(c, &granted_ns, "agent-a", READY_TIMEOUT).map_err(e("Host agent-a"))?;
+        node::wait_ready(c, &other_ns, "agent-b", READY_TIMEOUT).map_err(e("Host agent-b"))?;
+        ok(
+            &c.kubectl(&[
+                "wait",
+                "--for=condition=Ready",
+                "pod/bystander",
+                "-n",
+                &granted_ns,
+                "--timeout=120s",
+            ]),
+            "the bystander Pod",
+        )?;
+        let (_, server_ip) = node::pod_of(c, &server_ns, "mcp-runtime.dev/mcpserver=demo")
+            .map_err(e("the server Pod"))?;
+        let (agent_a, _) = node::pod_of(c, &granted_ns, "mcp-runtime.dev/host=agent-a")
+            .map_err(e("agent-a's Pod"))?;
+        let (agent_b, _) = node::pod_of(c, &other_ns, "mcp-runtime.dev/host=agent-b")
+            .map_err(e("agent-b's Pod"))?;
+
+        // A session for the server and its token, as a user would get them.
+        let server_uid = ok(
+            &c.kubectl(&[
+                "get",
+                "mcpserver",
+                "demo",
+                "-n",
+                &server_ns,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ]),
+            "the MCPServer's uid",
+        )?;
+        apply(
+            c,
+            &json!({
+                "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+                "kind": "AccessSession",
+                "metadata": {"name": "agent-a", "namespace": server_ns},
+                "spec": {
+                    "server": {"name": "demo", "uid": server_uid},
+                    "teams": ["payments"],
+                    "subject": {"user": "agent-a@example.com"},
+                    "expiresAt": "2099-01-01T00:00:00Z",
+                },
+            }),
+            "the AccessSession",
+        )?;
+        let token = e2e::mcp::session_token_for(c, &server_ns, "agent-a", 600)
+            .map_err(e("the session token"))?;
+        let gateway = format!("demo.{server_ns}.svc:8086");
+        Ok(Self {
+            server_ns,
+            granted_ns,
+            other_ns,
+            server_ip,
+            agent_a,
+            agent_b,
+            token,
+            gateway,
+            _controllers: controllers,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.gateway)
+    }
+}
+
 /// Hosts of the Context that grants the server open the gateway port and call a tool with a
 /// session token through the official SDK; a Host of another Context, and a Pod of the granted
 /// Context's namespace that is not one of its hosts, cannot open the connection; no Pod opens
 /// the MCP container's own port, though it listens on every address of its Pod.
 pub fn packets_follow_the_contexts(c: &mut LocalCluster) -> Result<(), String> {
-    for ns in [SERVER_NS, GRANTED_NS, OTHER_NS] {
-        create_namespace(c, ns)?;
-    }
-    let bin =
-        std::env::var("MCP_ACCESS_CONTROLLERS_BIN").map_err(e("MCP_ACCESS_CONTROLLERS_BIN"))?;
-    let runtime = format!("--runtime-namespace={SERVER_NS}");
-    let _controllers = c
-        .start_controllers(std::path::Path::new(&bin), "node-packets", &[&runtime])
-        .map_err(e("the controllers"))?;
-    sync_egress(c, SERVER_NS)?;
-
-    let image = node::demo_server_image().map_err(e("the server image"))?;
-    apply(
-        c,
-        &json!({
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "MCPServer",
-            "metadata": {"name": "demo", "namespace": SERVER_NS},
-            "spec": {"image": image, "port": 8080},
-        }),
-        "the MCPServer",
-    )?;
-    context(
-        c,
-        GRANTED_NS,
-        "granted",
-        json!([{"name": "demo", "namespace": SERVER_NS}]),
-    )?;
-    context(c, OTHER_NS, "other", json!([]))?;
-    host(c, GRANTED_NS, "agent-a", "granted")?;
-    host(c, OTHER_NS, "agent-b", "other")?;
-    // A Pod of the granted Context's namespace that is none of its hosts.
-    apply(
-        c,
-        &json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "bystander", "namespace": GRANTED_NS, "labels": {"role": "bystander"}},
-            "spec": {"containers": [{
-                "name": "bystander",
-                "image": node::demo_host_image().map_err(e("the host image"))?,
-                "securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false},
-            }]},
-        }),
-        "the bystander Pod",
-    )?;
-
-    node::wait_ready(c, SERVER_NS, "demo", READY_TIMEOUT).map_err(e("the MCPServer's Pod"))?;
-    node::wait_ready(c, GRANTED_NS, "agent-a", READY_TIMEOUT).map_err(e("Host agent-a"))?;
-    node::wait_ready(c, OTHER_NS, "agent-b", READY_TIMEOUT).map_err(e("Host agent-b"))?;
-    ok(
-        &c.kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            "pod/bystander",
-            "-n",
-            GRANTED_NS,
-            "--timeout=120s",
-        ]),
-        "the bystander Pod",
-    )?;
-    let (_, server_ip) = node::pod_of(c, SERVER_NS, "mcp-runtime.dev/mcpserver=demo")
-        .map_err(e("the server Pod"))?;
-    let (agent_a, _) =
-        node::pod_of(c, GRANTED_NS, "mcp-runtime.dev/host=agent-a").map_err(e("agent-a's Pod"))?;
-    let (agent_b, _) =
-        node::pod_of(c, OTHER_NS, "mcp-runtime.dev/host=agent-b").map_err(e("agent-b's Pod"))?;
-
-    // A session for the server and its token, as a user would get them.
-    let server_uid = ok(
-        &c.kubectl(&[
-            "get",
-            "mcpserver",
-            "demo",
-            "-n",
-            SERVER_NS,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ]),
-        "the MCPServer's uid",
-    )?;
-    apply(
-        c,
-        &json!({
-            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
-            "kind": "AccessSession",
-            "metadata": {"name": "agent-a", "namespace": SERVER_NS},
-            "spec": {
-                "server": {"name": "demo", "uid": server_uid},
-                "teams": ["payments"],
-                "subject": {"user": "agent-a@example.com"},
-                "expiresAt": "2099-01-01T00:00:00Z",
-            },
-        }),
-        "the AccessSession",
-    )?;
-    let token = e2e::mcp::session_token_for(c, SERVER_NS, "agent-a", 600)
-        .map_err(e("the session token"))?;
-
-    let gateway = format!("demo.{SERVER_NS}.svc:8086");
-    let url = format!("http://{gateway}/mcp");
-    let called = node::sdk_client_in_pod(c, GRANTED_NS, &agent_a, &url, &token, "basic")
+    let t = Topology::start(c, "node-packets")?;
+    let called = node::sdk_client_in_pod(c, &t.granted_ns, &t.agent_a, &t.url(), &t.token, "basic")
         .map_err(e("the SDK client in agent-a"))?;
     ensure!(
         called["ok"] == true && called["echo"] == "hello through the gateway",
         "agent-a, granted, could not call a tool through the gateway: {called}"
     );
-    let from_a = node::probe(c, GRANTED_NS, &agent_a, &gateway).map_err(e("probe"))?;
+    let from_a = node::probe(c, &t.granted_ns, &t.agent_a, &t.gateway).map_err(e("probe"))?;
     ensure!(
         from_a.connected,
         "agent-a cannot open the gateway port: {from_a:?}"
     );
 
     refused(
-        &node::probe(c, OTHER_NS, &agent_b, &gateway).map_err(e("probe"))?,
+        &node::probe(c, &t.other_ns, &t.agent_b, &t.gateway).map_err(e("probe"))?,
         "agent-b, a host of a Context that does not grant the server",
     )?;
     refused(
-        &node::probe(c, GRANTED_NS, "bystander", &gateway).map_err(e("probe"))?,
+        &node::probe(c, &t.granted_ns, "bystander", &t.gateway).map_err(e("probe"))?,
         "a Pod of the granted namespace that is not a host of the Context",
     )?;
-    let mcp_port = format!("{server_ip}:8080");
+    let mcp_port = format!("{}:8080", t.server_ip);
     for (ns, pod) in [
-        (GRANTED_NS, agent_a.as_str()),
-        (OTHER_NS, agent_b.as_str()),
-        (GRANTED_NS, "bystander"),
+        (&t.granted_ns, t.agent_a.as_str()),
+        (&t.other_ns, t.agent_b.as_str()),
+        (&t.granted_ns, "bystander"),
     ] {
         refused(
             &node::probe(c, ns, pod, &mcp_port).map_err(e("probe"))?,
             &format!("{ns}/{pod} to the MCP container's own port"),
         )?;
     }
+    Ok(())
+}
+
+/// How long after `kubectl create revocation` returns the open tool call of a host Pod may
+/// still run: the revoke-to-deny bound, measured through the gateway Pod.
+const CUT_BOUND: Duration = Duration::from_secs(1);
+
+/// A host Pod's open `count` stream through the gateway Pod ends within 1 s of the Revocation's
+/// creation, with the gateway's JSON-RPC error naming `session_revoked`; the token is refused
+/// from then on.
+pub fn revocation_cuts_a_host_pod_within_a_second(c: &mut LocalCluster) -> Result<(), String> {
+    let t = Topology::start(c, "node-revoke")?;
+    // 600 steps of 100 ms: a minute of streaming unless it is cut.
+    let mut client = node::spawn_sdk_client_in_pod(
+        c,
+        &t.granted_ns,
+        &t.agent_a,
+        &t.url(),
+        &t.token,
+        "count",
+        &["--count", "600", "--delay-ms", "100"],
+    )
+    .map_err(e("the streaming client in agent-a"))?;
+    client
+        .next_progress(Duration::from_secs(60))
+        .map_err(e("the first progress through the gateway Pod"))?;
+    client
+        .next_progress(Duration::from_secs(10))
+        .map_err(e("the second progress"))?;
+    let revocation = format!(
+        "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Revocation\nmetadata: {{name: rvk-agent-a, namespace: {}}}\nspec: {{target: {{session: agent-a}}, cause: compromised}}\n",
+        t.server_ns
+    );
+    ok(
+        &c.kubectl_as(&c.kubeconfig, &["create", "-f", "-"], Some(&revocation)),
+        "kubectl create revocation",
+    )?;
+    let written = Instant::now();
+    let run = client
+        .finish(Duration::from_secs(30))
+        .map_err(e("the stream was not cut"))?;
+    let after = run.ended.saturating_duration_since(written);
+    let r = &run.result;
+    eprintln!(
+        "    host Pod's stream cut {after:?} after kubectl create revocation returned ({} steps)",
+        run.progress.len()
+    );
+    ensure!(
+        r["ok"] == false && r["count"].is_null(),
+        "the tool call completed after the revocation: {r}"
+    );
+    ensure!(
+        r["error"].to_string().contains("session_revoked"),
+        "the host got {} — not the gateway's JSON-RPC error naming session_revoked",
+        r["error"]
+    );
+    ensure!(
+        after <= CUT_BOUND,
+        "the stream ended {after:?} after kubectl create revocation returned (bound {CUT_BOUND:?})"
+    );
+    let again = node::sdk_client_in_pod(c, &t.granted_ns, &t.agent_a, &t.url(), &t.token, "basic")
+        .map_err(e("the SDK client after the revocation"))?;
+    ensure!(
+        again["ok"] == false,
+        "the revoked token still works from the host Pod: {again}"
+    );
     Ok(())
 }
