@@ -281,3 +281,34 @@ impl Probe {
                 .is_some_and(|e| e.contains("refused") || e.contains("timed out"))
     }
 }
+
+/// np-guard's verdict (`netpolicy eval` on the live cluster: its Pods, Namespaces and
+/// NetworkPolicies) on one TCP connection from Pod `src` to Pod `dst` (namespace, name) on
+/// `port`: the oracle the packets are compared with.
+pub fn oracle_allows(
+    c: &LocalCluster,
+    src: (&str, &str),
+    dst: (&str, &str),
+    port: u16,
+) -> Result<bool> {
+    let bin = std::env::var("MCP_ACCESS_NETPOL_ANALYZER_BIN")
+        .context("MCP_ACCESS_NETPOL_ANALYZER_BIN is not set: run through hack/test.sh")?;
+    let out = Command::new(&bin)
+        .arg("eval")
+        .arg("-k")
+        .arg(&c.kubeconfig)
+        .args(["-n", src.0, "-s", src.1])
+        .args(["--destination-namespace", dst.0, "-d", dst.1])
+        .args(["-p", &port.to_string()])
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("netpolicy eval failed ({}): {stdout}{stderr}", out.status);
+    }
+    match stdout.trim().rsplit_once(": ") {
+        Some((_, "true")) => Ok(true),
+        Some((_, "false")) => Ok(false),
+        _ => bail!("netpolicy eval printed {stdout:?} {stderr:?}"),
+    }
+}

@@ -143,6 +143,7 @@ struct Topology {
     granted_ns: String,
     other_ns: String,
     server_ip: String,
+    server_pod: String,
     agent_a: String,
     agent_b: String,
     token: String,
@@ -216,7 +217,7 @@ impl Topology {
             ]),
             "the bystander Pod",
         )?;
-        let (_, server_ip) = node::pod_of(c, &server_ns, "mcp-runtime.dev/mcpserver=demo")
+        let (server_pod, server_ip) = node::pod_of(c, &server_ns, "mcp-runtime.dev/mcpserver=demo")
             .map_err(e("the server Pod"))?;
         let (agent_a, _) = node::pod_of(c, &granted_ns, "mcp-runtime.dev/host=agent-a")
             .map_err(e("agent-a's Pod"))?;
@@ -259,6 +260,7 @@ impl Topology {
             granted_ns,
             other_ns,
             server_ip,
+            server_pod,
             agent_a,
             agent_b,
             token,
@@ -275,7 +277,8 @@ impl Topology {
 /// Hosts of the Context that grants the server open the gateway port and call a tool with a
 /// session token through the official SDK; a Host of another Context, and a Pod of the granted
 /// Context's namespace that is not one of its hosts, cannot open the connection; no Pod opens
-/// the MCP container's own port, though it listens on every address of its Pod.
+/// the MCP container's own port, though it listens on every address of its Pod. np-guard's
+/// verdict on the live policies agrees with the packets on every cell.
 pub fn packets_follow_the_contexts(c: &mut LocalCluster) -> Result<(), String> {
     let t = Topology::start(c, "node-packets")?;
     let called = node::sdk_client_in_pod(c, &t.granted_ns, &t.agent_a, &t.url(), &t.token, "basic")
@@ -298,17 +301,46 @@ pub fn packets_follow_the_contexts(c: &mut LocalCluster) -> Result<(), String> {
         &node::probe(c, &t.granted_ns, "bystander", &t.gateway).map_err(e("probe"))?,
         "a Pod of the granted namespace that is not a host of the Context",
     )?;
-    let mcp_port = format!("{}:8080", t.server_ip);
-    for (ns, pod) in [
-        (&t.granted_ns, t.agent_a.as_str()),
-        (&t.other_ns, t.agent_b.as_str()),
-        (&t.granted_ns, "bystander"),
-    ] {
-        refused(
-            &node::probe(c, ns, pod, &mcp_port).map_err(e("probe"))?,
-            &format!("{ns}/{pod} to the MCP container's own port"),
-        )?;
+
+    // The same matrix, Pod to Pod: the packets' verdict, np-guard's verdict on the live
+    // policies, and what the design says, all three alike.
+    let sources = [
+        (t.granted_ns.as_str(), t.agent_a.as_str()),
+        (t.other_ns.as_str(), t.agent_b.as_str()),
+        (t.granted_ns.as_str(), "bystander"),
+    ];
+    let mut matrix = Vec::new();
+    for (ns, pod) in sources {
+        for port in [8086u16, 8080] {
+            let want = pod == t.agent_a && port == 8086;
+            let target = format!("{}:{port}", t.server_ip);
+            let packets = node::probe(c, ns, pod, &target).map_err(e("probe"))?;
+            let oracle = node::oracle_allows(c, (ns, pod), (&t.server_ns, &t.server_pod), port)
+                .map_err(e("np-guard"))?;
+            matrix.push(format!(
+                "{ns}/{pod} -> {port}: packets {}, np-guard {oracle}, want {want}",
+                packets.connected
+            ));
+            if want {
+                ensure!(
+                    packets.connected,
+                    "{ns}/{pod} cannot open {target}: {packets:?}"
+                );
+            } else {
+                refused(
+                    &packets,
+                    &format!("{ns}/{pod} to the server Pod's port {port}"),
+                )?;
+            }
+            ensure!(
+                oracle == want,
+                "np-guard says {ns}/{pod} -> {target} is {}allowed; the packets say {}",
+                if oracle { "" } else { "not " },
+                packets.connected
+            );
+        }
     }
+    eprintln!("    packets and np-guard agree: {}", matrix.join("; "));
     Ok(())
 }
 
