@@ -117,11 +117,26 @@ pub fn exec_python(
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<String> {
+    exec_python_in(c, ns, pod, None, args, stdin)
+}
+
+/// [`exec_python`] in `container` of the Pod (none: its first).
+pub fn exec_python_in(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    container: Option<&str>,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String> {
     let python = demo_python()?;
     let python = python.to_string_lossy();
     let mut argv = vec!["exec"];
     if stdin.is_some() {
         argv.push("-i");
+    }
+    if let Some(container) = container {
+        argv.extend_from_slice(&["-c", container]);
     }
     argv.extend_from_slice(&["-n", ns, pod, "--", &python]);
     argv.extend_from_slice(args);
@@ -138,10 +153,22 @@ pub fn exec_python(
 
 /// Opens one TCP connection to `target` (HOST:PORT) from inside Pod `ns/pod`.
 pub fn probe(c: &LocalCluster, ns: &str, pod: &str, target: &str) -> Result<Probe> {
-    let out = exec_python(
+    probe_from(c, ns, pod, None, target)
+}
+
+/// [`probe`] from `container` of the Pod (none: its first).
+pub fn probe_from(
+    c: &LocalCluster,
+    ns: &str,
+    pod: &str,
+    container: Option<&str>,
+    target: &str,
+) -> Result<Probe> {
+    let out = exec_python_in(
         c,
         ns,
         pod,
+        container,
         &["/app/probe.py", target, "--timeout", "3"],
         None,
     )?;
@@ -310,5 +337,106 @@ pub fn oracle_allows(
         Some((_, "true")) => Ok(true),
         Some((_, "false")) => Ok(false),
         _ => bail!("netpolicy eval printed {stdout:?} {stderr:?}"),
+    }
+}
+
+/// A test host outside the cluster: a network namespace this test made, joined to this machine
+/// by a veth pair, holding `addrs` (public-looking addresses, routed to it here only, so nothing
+/// leaves the machine), with a TCP listener on each of `ports` of each address that accepts and
+/// closes. Removed on drop.
+pub struct TestHost {
+    netns: String,
+    veth: String,
+    addrs: Vec<String>,
+    listener: Option<std::process::Child>,
+}
+
+impl TestHost {
+    pub fn start(name: &str, link: (&str, &str), addrs: &[&str], ports: &[u16]) -> Result<Self> {
+        let netns = format!("mcpa-{name}");
+        let veth = format!("mcpa-{name}");
+        let peer = format!("mcpa-{name}-p");
+        let mut host = Self {
+            netns: netns.clone(),
+            veth: veth.clone(),
+            addrs: addrs.iter().map(|a| a.to_string()).collect(),
+            listener: None,
+        };
+        host.remove();
+        let ip = |args: &[&str]| -> Result<()> {
+            let out = Command::new("ip").args(args).output()?;
+            if !out.status.success() {
+                bail!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(())
+        };
+        let (here, there) = link;
+        ip(&["netns", "add", &netns])?;
+        ip(&["link", "add", &veth, "type", "veth", "peer", "name", &peer])?;
+        ip(&["link", "set", &peer, "netns", &netns])?;
+        ip(&["addr", "add", &format!("{here}/30"), "dev", &veth])?;
+        ip(&["link", "set", &veth, "up"])?;
+        let inside = |args: &[&str]| -> Result<()> {
+            let mut all = vec!["netns", "exec", &netns, "ip"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", &format!("{there}/30"), "dev", &peer])?;
+        for a in addrs {
+            inside(&["addr", "add", &format!("{a}/32"), "dev", &peer])?;
+        }
+        inside(&["link", "set", &peer, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        for a in addrs {
+            ip(&[
+                "route",
+                "replace",
+                &format!("{a}/32"),
+                "via",
+                there,
+                "dev",
+                &veth,
+            ])?;
+        }
+        let script = format!(
+            "import socket, selectors\nsel = selectors.DefaultSelector()\nfor a in {addrs:?}:\n    for p in {ports:?}:\n        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((a, p)); s.listen(64); sel.register(s, selectors.EVENT_READ)\nprint('listening', flush=True)\nwhile True:\n    for k, _ in sel.select():\n        conn, _ = k.fileobj.accept(); conn.close()\n"
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &netns, "python3", "-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        host.listener = Some(child);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+        if line.trim() != "listening" {
+            bail!("the test host's listener did not start: {line:?}");
+        }
+        Ok(host)
+    }
+
+    fn remove(&mut self) {
+        if let Some(mut child) = self.listener.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for a in &self.addrs {
+            let _ = Command::new("ip")
+                .args(["route", "del", &format!("{a}/32")])
+                .output();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.veth])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .output();
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        self.remove();
     }
 }

@@ -422,6 +422,10 @@ const NODE_SCENARIOS: &[(&str, Scenario)] = &[
         "node_revocation_cuts_a_host_pod_within_a_second",
         node::revocation_cuts_a_host_pod_within_a_second,
     ),
+    (
+        "node_egress_reaches_only_the_bound_address",
+        node::egress_reaches_only_the_bound_address,
+    ),
 ];
 
 fn main() {

@@ -409,3 +409,78 @@ pub fn revocation_cuts_a_host_pod_within_a_second(c: &mut LocalCluster) -> Resul
     );
     Ok(())
 }
+
+/// The partner API of the L3 scenario: a public-looking address that exists only in a network
+/// namespace this test made (routed there on this machine, so nothing leaves it), and a second
+/// address beside it that no binding names.
+const PARTNER_ADDR: &str = "11.22.33.44";
+const UNBOUND_ADDR: &str = "11.22.33.45";
+
+/// L3 by packets: an MCPServer with an ExactHost egress binding (one address, one port) reaches
+/// that address and port from its own Pod, and nothing else outside the cluster: not another
+/// port of it, not the address beside it, not the Kubernetes API; the cluster DNS always answers.
+pub fn egress_reaches_only_the_bound_address(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = "node-l3";
+    create_namespace(c, ns)?;
+    let _partner = node::TestHost::start(
+        "l3",
+        ("10.251.0.1", "10.251.0.2"),
+        &[PARTNER_ADDR, UNBOUND_ADDR],
+        &[9443, 9444],
+    )
+    .map_err(e("the partner test host"))?;
+    let bin =
+        std::env::var("MCP_ACCESS_CONTROLLERS_BIN").map_err(e("MCP_ACCESS_CONTROLLERS_BIN"))?;
+    let runtime = format!("--runtime-namespace={ns}");
+    let _controllers = c
+        .start_controllers(std::path::Path::new(&bin), "node-l3", &[&runtime])
+        .map_err(e("the controllers"))?;
+    sync_egress(c, ns)?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "metadata": {"name": "partner", "namespace": ns},
+            "spec": {
+                "image": node::demo_server_image().map_err(e("the server image"))?,
+                "port": 8080,
+                "egressBindings": [{
+                    "name": "partner-api",
+                    "type": "ExactHost",
+                    "cidr": format!("{PARTNER_ADDR}/32"),
+                    "port": 9443,
+                }],
+            },
+        }),
+        "the MCPServer",
+    )?;
+    node::wait_ready(c, ns, "partner", READY_TIMEOUT).map_err(e("the MCPServer's Pod"))?;
+    let (pod, _) =
+        node::pod_of(c, ns, "mcp-runtime.dev/mcpserver=partner").map_err(e("its Pod"))?;
+    let from_server = |target: &str| {
+        node::probe_from(c, ns, &pod, Some("mcp"), target)
+            .map_err(e("probe from the MCP container"))
+    };
+
+    let bound = from_server(&format!("{PARTNER_ADDR}:9443"))?;
+    ensure!(
+        bound.connected,
+        "the server cannot reach its bound destination: {bound:?}"
+    );
+    refused(
+        &from_server(&format!("{PARTNER_ADDR}:9444"))?,
+        "another port of the bound address",
+    )?;
+    refused(
+        &from_server(&format!("{UNBOUND_ADDR}:9443"))?,
+        "the address beside the bound one",
+    )?;
+    refused(&from_server("10.0.0.1:443")?, "the Kubernetes API")?;
+    let dns = from_server("kube-dns.kube-system.svc.cluster.local:53")?;
+    ensure!(
+        dns.connected,
+        "the cluster DNS is not reachable from the server: {dns:?}"
+    );
+    Ok(())
+}
