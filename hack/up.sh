@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # MCP Access on this machine: etcd, kube-apiserver and kube-controller-manager (built once from
 # the Go module proxy and cached), PostgreSQL, and mcp-access-apiserver behind its APIService
-# with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). Prints
+# with RBAC on, and mcp-access-controllers (one replica, log in .local/logs/). As root, also a
+# real node (hack/node.sh: containerd, kubelet, kube-proxy, kube-router, CoreDNS) and on it the
+# demo: an MCPServer behind mcp-access-gateway, a Host and its Context, a session token, and
+# how to call a tool through the gateway (printed on stderr). Prints
 # GATEWAY_SYNC_URL=<url> and GATEWAY_SYNC_CA=<path> (the gateway sync
 # listener, see the README), HOST_API_URL=<url> and HOST_API_CA=<path> (the Host API,
 # docs/hosts.md) and KUBECONFIG=<path> when ready; runs until interrupted.
@@ -19,7 +22,18 @@ prereqs_ensure
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 hack/build-kube.sh >/dev/null
 cargo build --release -p apiserver --bin mcp-access-apiserver \
-  -p controllers --bin mcp-access-controllers -p e2e --bin mcp-access-local >&2
+  -p controllers --bin mcp-access-controllers -p gateway --bin mcp-access-gateway \
+  -p e2e --bin mcp-access-local >&2
+# The node (and the demo on it) needs root; MCP_ACCESS_LOCAL_NODE=0 leaves it out.
+node=()
+if [ "${MCP_ACCESS_LOCAL_NODE:-1}" = 0 ]; then
+  echo "up.sh: MCP_ACCESS_LOCAL_NODE=0: no node, Pods stay Pending" >&2
+elif [ "$(id -u)" != 0 ]; then
+  echo "up.sh: not root, so no node (kubelet, containerd and iptables need root): Pods stay Pending" >&2
+else
+  hack/build-node.sh >/dev/null
+  node=(--node --gateway-bin target/release/mcp-access-gateway)
+fi
 exec target/release/mcp-access-local --dir "$dir" \
   --apiserver-bin target/release/mcp-access-apiserver \
-  --controllers-bin target/release/mcp-access-controllers
+  --controllers-bin target/release/mcp-access-controllers "${node[@]}"

@@ -62,9 +62,10 @@ pub struct Options {
 /// The local node's address (`hack/cluster.sh`), where its Pods reach this machine.
 pub const NODE_IP: &str = "10.250.0.1";
 
-/// The gateway image the controllers of a cluster with a node deploy: `hack/image.sh --tag e2e`
-/// built it from the binaries under test, and it is imported, never pulled.
-pub const NODE_GATEWAY_IMAGE: &str = "ghcr.io/mcp-runtime/mcp-access-gateway:e2e";
+/// The gateway image the controllers of a cluster with a node deploy: `hack/image.sh --tag
+/// local` built it from the binaries under test (or hack/up.sh's), and it is imported, never
+/// pulled ([`node::import_images`]).
+pub const NODE_GATEWAY_IMAGE: &str = "ghcr.io/mcp-runtime/mcp-access-gateway:local";
 
 /// The session-token issuer of a cluster whose `hack/cluster.sh` env names none.
 pub const DEFAULT_SESSION_TOKEN_ISSUER: &str = "https://mcp-access.local";

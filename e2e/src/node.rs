@@ -11,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::{repo_root, LocalCluster, NODE_GATEWAY_IMAGE};
+use crate::{repo_root, LocalCluster, NODE_GATEWAY_IMAGE, NODE_IP};
 
 /// The version of the MCP Python SDK the demo images hold (`e2e/mcp/requirements.txt`), their tag.
 pub fn demo_tag() -> Result<String> {
@@ -42,15 +42,14 @@ pub fn demo_python() -> Result<PathBuf> {
     crate::mcp::python()
 }
 
-/// Builds the gateway image (tag `e2e`, from the binary under test) and the demo images, and
-/// imports them into the node.
-pub fn import_images(c: &LocalCluster) -> Result<()> {
+/// Builds the gateway image ([`NODE_GATEWAY_IMAGE`], from `gateway_bin`, the binary under test
+/// or hack/up.sh's release build; `hack/image.sh` wants it named `mcp-access-gateway`) and the
+/// demo images, and imports them into the node.
+pub fn import_images(c: &LocalCluster, gateway_bin: &Path) -> Result<()> {
     let started = Instant::now();
-    let gateway = std::env::var("MCP_ACCESS_GATEWAY_BIN")
-        .context("MCP_ACCESS_GATEWAY_BIN is not set: run through hack/test.sh")?;
-    let bin_dir = Path::new(&gateway)
+    let bin_dir = gateway_bin
         .parent()
-        .context("MCP_ACCESS_GATEWAY_BIN has no directory")?
+        .context("the gateway binary has no directory")?
         .to_path_buf();
     let oci = c.dir.join("images");
     let tag = NODE_GATEWAY_IMAGE
@@ -439,4 +438,105 @@ impl Drop for TestHost {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// `kubectl apply` of one object.
+pub fn apply(c: &LocalCluster, manifest: &Value) -> Result<()> {
+    let out = c.kubectl_as(
+        &c.kubeconfig,
+        &["apply", "-f", "-"],
+        Some(&manifest.to_string()),
+    );
+    if !out.success {
+        bail!("kubectl apply: {}{}", out.stdout, out.stderr);
+    }
+    Ok(())
+}
+
+/// A PersistentVolume bound in advance to Host `ns/host`'s workspace claim: the node has no
+/// volume provisioner, so each claim gets a hostPath volume of its own under the cluster's
+/// directory.
+pub fn workspace_volume(c: &LocalCluster, ns: &str, host: &str) -> Result<()> {
+    let path = c.dir.join(format!("volumes/{ns}-{host}"));
+    std::fs::create_dir_all(&path)?;
+    // The host container runs as 65532 and writes its workspace.
+    let status = Command::new("chown")
+        .arg("65532:65532")
+        .arg(&path)
+        .status()?;
+    if !status.success() {
+        bail!("chown 65532:65532 {}: {status}", path.display());
+    }
+    apply(
+        c,
+        &json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": format!("{ns}-{host}-workspace")},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": path.to_string_lossy(), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": format!("{host}-workspace")},
+            },
+        }),
+    )
+}
+
+/// Host `ns/name` of Context `context`, running the demo host image, with its workspace volume.
+pub fn host(c: &LocalCluster, ns: &str, name: &str, context: &str) -> Result<()> {
+    workspace_volume(c, ns, name)?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "Host",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "contextRef": {"name": context},
+                "image": demo_host_image()?,
+                "workspaceSize": "1Gi",
+            },
+        }),
+    )
+}
+
+/// Context `ns/name` granting `servers` (`[{"name", "namespace"}]`) to the hosts labelled
+/// `agents: <name>`.
+pub fn context(c: &LocalCluster, ns: &str, name: &str, servers: Value) -> Result<()> {
+    apply(
+        c,
+        &json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "Context",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"mcpServers": servers, "hostSelector": {"matchLabels": {"agents": name}}},
+        }),
+    )
+}
+
+/// While mcp-access-apiserver runs as a process of this machine rather than as Pods, the
+/// controllers' L1 policy towards the apiserver Pods cannot select it: the one stand-in an
+/// operator would add, an ipBlock egress from namespace `ns`'s MCP server Pods to the sync
+/// listener's address and port.
+pub fn sync_egress(c: &LocalCluster, ns: &str) -> Result<()> {
+    apply(
+        c,
+        &json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "gateway-sync-on-this-machine", "namespace": ns},
+            "spec": {
+                "podSelector": {"matchExpressions": [
+                    {"key": "mcp-runtime.dev/mcpserver", "operator": "Exists"}]},
+                "policyTypes": ["Egress"],
+                "egress": [{
+                    "to": [{"ipBlock": {"cidr": format!("{NODE_IP}/32")}}],
+                    "ports": [{"protocol": "TCP", "port": c.sync_port}],
+                }],
+            },
+        }),
+    )
 }

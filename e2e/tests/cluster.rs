@@ -490,7 +490,9 @@ fn main() {
     })
     .expect("local cluster starts");
     if with_node {
-        e2e::node::import_images(&cluster).expect("the node's images are built and imported");
+        let gateway = PathBuf::from(need("MCP_ACCESS_GATEWAY_BIN"));
+        e2e::node::import_images(&cluster, &gateway)
+            .expect("the node's images are built and imported");
     }
 
     println!(

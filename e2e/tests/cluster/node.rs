@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::node::{self, Probe};
-use e2e::{LocalCluster, NODE_IP};
+use e2e::LocalCluster;
 use serde_json::{json, Value};
 
 use super::{create_namespace, ok};
@@ -32,97 +32,19 @@ fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 }
 
 fn apply(c: &LocalCluster, manifest: &Value, what: &str) -> Result<(), String> {
-    ok(
-        &c.kubectl_as(
-            &c.kubeconfig,
-            &["apply", "-f", "-"],
-            Some(&manifest.to_string()),
-        ),
-        what,
-    )
-    .map(|_| ())
-}
-
-/// A PersistentVolume bound in advance to Host `ns/host`'s workspace claim: the node has no
-/// volume provisioner, so the test hands each claim a hostPath volume of its own.
-fn workspace_volume(c: &LocalCluster, ns: &str, host: &str) -> Result<(), String> {
-    let path = c.dir.join(format!("volumes/{ns}-{host}"));
-    std::fs::create_dir_all(&path).map_err(e("the volume directory"))?;
-    // The host container runs as 65532 and writes its workspace.
-    let _ = std::process::Command::new("chown")
-        .arg("65532:65532")
-        .arg(&path)
-        .status();
-    apply(
-        c,
-        &json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": format!("{ns}-{host}-workspace")},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "hostPath": {"path": path.to_string_lossy(), "type": "Directory"},
-                "claimRef": {"namespace": ns, "name": format!("{host}-workspace")},
-            },
-        }),
-        "the workspace PersistentVolume",
-    )
+    node::apply(c, manifest).map_err(e(what))
 }
 
 fn host(c: &LocalCluster, ns: &str, name: &str, context: &str) -> Result<(), String> {
-    workspace_volume(c, ns, name)?;
-    apply(
-        c,
-        &json!({
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "Host",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "contextRef": {"name": context},
-                "image": node::demo_host_image().map_err(e("the host image"))?,
-                "workspaceSize": "1Gi",
-            },
-        }),
-        "the Host",
-    )
+    node::host(c, ns, name, context).map_err(e("the Host"))
 }
 
 fn context(c: &LocalCluster, ns: &str, name: &str, servers: Value) -> Result<(), String> {
-    apply(
-        c,
-        &json!({
-            "apiVersion": "mcp-runtime.dev/v1alpha1",
-            "kind": "Context",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"mcpServers": servers, "hostSelector": {"matchLabels": {"agents": name}}},
-        }),
-        "the Context",
-    )
+    node::context(c, ns, name, servers).map_err(e("the Context"))
 }
 
-/// The stand-in for L1 while mcp-access-apiserver runs outside the cluster (module doc).
 fn sync_egress(c: &LocalCluster, ns: &str) -> Result<(), String> {
-    apply(
-        c,
-        &json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": "e2e-gateway-sync-on-the-node", "namespace": ns},
-            "spec": {
-                "podSelector": {"matchExpressions": [
-                    {"key": "mcp-runtime.dev/mcpserver", "operator": "Exists"}]},
-                "policyTypes": ["Egress"],
-                "egress": [{
-                    "to": [{"ipBlock": {"cidr": format!("{NODE_IP}/32")}}],
-                    "ports": [{"protocol": "TCP", "port": c.sync_port}],
-                }],
-            },
-        }),
-        "the sync egress stand-in",
-    )
+    node::sync_egress(c, ns).map_err(e("the sync egress stand-in"))
 }
 
 fn refused(p: &Probe, what: &str) -> Result<(), String> {
