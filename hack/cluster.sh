@@ -318,7 +318,10 @@ EOF
 # address (the `kubernetes` Service's endpoint, kept by the lease reconciler), and the Node
 # authorizer beside RBAC for the kubelet; without one, loopback only and no endpoint.
 launch_kube_apiserver() {
-  local node_flags=(--bind-address=127.0.0.1 --authorization-mode=RBAC --endpoint-reconciler-type=none)
+  # Without a node, no ServiceAccount admission either: nothing would mount its tokens, and
+  # Pods of a service account not created yet stay creatable.
+  local node_flags=(--bind-address=127.0.0.1 --authorization-mode=RBAC --endpoint-reconciler-type=none
+    --disable-admission-plugins=ServiceAccount)
   if [[ ${CLUSTER_NODE:-0} == 1 ]]; then
     node_flags=(--bind-address=0.0.0.0 --advertise-address="$NODE_IP" --authorization-mode=Node,RBAC
       --endpoint-reconciler-type=lease
@@ -339,7 +342,6 @@ launch_kube_apiserver() {
     --service-cluster-ip-range=10.0.0.0/16 \
     "${node_flags[@]}" \
     --allow-privileged=true \
-    --disable-admission-plugins=ServiceAccount \
     --service-account-issuer="https://127.0.0.1:$api_port/" \
     --service-account-key-file="$pki/sa.pub" \
     --service-account-signing-key-file="$pki/sa.key" \
@@ -412,6 +414,13 @@ cmd_start() {
   etcd_peer_port=$(pick_port etcd-peer)
   while [[ $etcd_peer_port == "$etcd_port" ]]; do etcd_peer_port=$(free_port); done
   api_port=$(pick_port kube-apiserver)
+  if [[ ${CLUSTER_NODE:-0} == 1 ]]; then
+    # Pods reach the API through the kubernetes Service (443), and NetworkPolicies see the port
+    # it is translated to: the one real clusters use, so that policies written for them (the
+    # controllers' egress to 443 and 6443) hold here too.
+    api_port=6443
+    port_is_free "$api_port" || die "port $api_port, the node's kube-apiserver port, is taken"
+  fi
   kcm_port=$(pick_port kube-controller-manager)
   local etcd_url api_url etcd_pid api_pid kcm_pid
   local kubeconfig=$dir/admin.kubeconfig

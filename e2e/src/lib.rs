@@ -396,8 +396,9 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Registers the APIService at the port the apiserver bound (so after its first start).
-    fn register_apiservice(&self) -> Result<()> {
+    /// Registers this cluster's mcp-access-apiserver process behind the APIService (an
+    /// ExternalName Service to localhost) at the port it bound (so after its first start).
+    pub fn register_apiservice(&self) -> Result<()> {
         let root = repo_root();
         let ca_bundle = std::fs::read(
             self.env

@@ -42,9 +42,18 @@ pub fn demo_python() -> Result<PathBuf> {
     crate::mcp::python()
 }
 
-/// Builds the gateway image ([`NODE_GATEWAY_IMAGE`], from `gateway_bin`, the binary under test
-/// or hack/up.sh's release build; `hack/image.sh` wants it named `mcp-access-gateway`) and the
-/// demo images, and imports them into the node.
+/// What [`import_images`] builds and imports (`hack/image.sh` names).
+const IMAGES: &[&str] = &[
+    "mcp-access-apiserver",
+    "mcp-access-controllers",
+    "mcp-access-gateway",
+    "demo-mcp-server",
+    "demo-host",
+];
+
+/// Builds the project's images tagged as [`NODE_GATEWAY_IMAGE`] is (from the binaries beside
+/// `gateway_bin`: the ones under test, or hack/up.sh's release build) and the demo images, and
+/// imports them into the node.
 pub fn import_images(c: &LocalCluster, gateway_bin: &Path) -> Result<()> {
     let started = Instant::now();
     let bin_dir = gateway_bin
@@ -64,7 +73,7 @@ pub fn import_images(c: &LocalCluster, gateway_bin: &Path) -> Result<()> {
         .args(["--tag", tag])
         .arg("--oci-dir")
         .arg(&oci)
-        .args(["mcp-access-gateway", "demo-mcp-server", "demo-host"])
+        .args(IMAGES)
         .current_dir(&root)
         .stderr(Stdio::inherit())
         .output()?;
@@ -74,7 +83,7 @@ pub fn import_images(c: &LocalCluster, gateway_bin: &Path) -> Result<()> {
             String::from_utf8_lossy(&out.stdout)
         );
     }
-    let archives: Vec<PathBuf> = ["mcp-access-gateway", "demo-mcp-server", "demo-host"]
+    let archives: Vec<PathBuf> = IMAGES
         .iter()
         .map(|n| oci.join(format!("{n}.oci.tar")))
         .collect();
@@ -243,8 +252,20 @@ pub fn spawn_sdk_client_in_pod(
     crate::mcp::ClientProcess::spawn(cmd, crate::mcp::Sdk::PythonLegacy, log, Some(token))
 }
 
-/// Waits until Deployment `ns/name` has `want` ready replicas; on timeout, the Pods' state.
+/// Waits until Deployment `ns/name` has a ready replica ([`wait_replicas`]).
 pub fn wait_ready(c: &LocalCluster, ns: &str, name: &str, timeout: Duration) -> Result<()> {
+    wait_replicas(c, ns, name, 1, timeout)
+}
+
+/// Waits until Deployment `ns/name` has at least `want` ready replicas; on timeout, the Pods'
+/// state and the namespace's Events.
+pub fn wait_replicas(
+    c: &LocalCluster,
+    ns: &str,
+    name: &str,
+    want: u32,
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let out = c.kubectl(&[
@@ -256,16 +277,31 @@ pub fn wait_ready(c: &LocalCluster, ns: &str, name: &str, timeout: Duration) -> 
             "-o",
             "jsonpath={.status.readyReplicas}",
         ]);
-        if out.success && out.stdout.trim() == "1" {
+        if out.success && out.stdout.trim().parse::<u32>().is_ok_and(|n| n >= want) {
             return Ok(());
         }
         if Instant::now() > deadline {
             let pods = c.kubectl(&["get", "pods", "-n", ns, "-o", "wide"]);
             let events = c.kubectl(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+            let deploy = format!("deployment/{name}");
+            let mut logs = c.kubectl(&[
+                "logs",
+                "-n",
+                ns,
+                &deploy,
+                "--all-containers",
+                "--previous",
+                "--tail=20",
+            ]);
+            if !logs.success {
+                logs = c.kubectl(&["logs", "-n", ns, &deploy, "--all-containers", "--tail=20"]);
+            }
             bail!(
-                "Deployment {ns}/{name} not ready within {timeout:?}:\n{}\n{}",
+                "Deployment {ns}/{name} has not {want} ready replicas within {timeout:?}:\n{}\n{}\nlogs:\n{}{}",
                 pods.stdout,
-                events.stdout
+                events.stdout,
+                logs.stdout,
+                logs.stderr
             );
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -539,4 +575,59 @@ pub fn sync_egress(c: &LocalCluster, ns: &str) -> Result<()> {
             },
         }),
     )
+}
+
+/// A TCP forwarder on `listen` (an address Pods reach, e.g. [`NODE_IP`], port chosen by the
+/// kernel) to `target` on this machine: how Pods reach the test's PostgreSQL, which listens on
+/// loopback only. Stops accepting on drop; open connections end with either side.
+pub struct TcpForward {
+    pub port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    listen: std::net::SocketAddr,
+}
+
+impl TcpForward {
+    pub fn start(listen: &str, target: std::net::SocketAddr) -> Result<Self> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind((listen, 0))?;
+        let local = listener.local_addr()?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(inbound) = conn else { continue };
+                let Ok(outbound) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (inbound.try_clone(), outbound.try_clone()),
+                    (Ok(outbound), Ok(inbound)),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Ok(Self {
+            port: local.port(),
+            stop,
+            listen: local,
+        })
+    }
+}
+
+impl Drop for TcpForward {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop so that it sees the flag.
+        let _ = std::net::TcpStream::connect(self.listen);
+    }
 }

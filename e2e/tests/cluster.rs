@@ -426,6 +426,11 @@ const NODE_SCENARIOS: &[(&str, Scenario)] = &[
         "node_egress_reaches_only_the_bound_address",
         node::egress_reaches_only_the_bound_address,
     ),
+    // Last: it takes the APIService and the controllers' Lease while it runs.
+    (
+        "node_deploy_manifests_run_as_installed",
+        node::deploy_manifests_run_as_installed,
+    ),
 ];
 
 fn main() {

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use e2e::node::{self, Probe};
-use e2e::LocalCluster;
+use e2e::{LocalCluster, NODE_IP as NODE_IP_STR};
 use serde_json::{json, Value};
 
 use super::{create_namespace, ok};
@@ -296,6 +296,7 @@ pub fn revocation_cuts_a_host_pod_within_a_second(c: &mut LocalCluster) -> Resul
         "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: Revocation\nmetadata: {{name: rvk-agent-a, namespace: {}}}\nspec: {{target: {{session: agent-a}}, cause: compromised}}\n",
         t.server_ns
     );
+    let asked = Instant::now();
     ok(
         &c.kubectl_as(&c.kubeconfig, &["create", "-f", "-"], Some(&revocation)),
         "kubectl create revocation",
@@ -307,7 +308,9 @@ pub fn revocation_cuts_a_host_pod_within_a_second(c: &mut LocalCluster) -> Resul
     let after = run.ended.saturating_duration_since(written);
     let r = &run.result;
     eprintln!(
-        "    host Pod's stream cut {after:?} after kubectl create revocation returned ({} steps)",
+        "    host Pod's stream cut {after:?} after kubectl create revocation returned, {:?} after \
+         it started ({} steps)",
+        run.ended.saturating_duration_since(asked),
         run.progress.len()
     );
     ensure!(
@@ -404,5 +407,254 @@ pub fn egress_reaches_only_the_bound_address(c: &mut LocalCluster) -> Result<(),
         dns.connected,
         "the cluster DNS is not reachable from the server: {dns:?}"
     );
+    Ok(())
+}
+
+/// `deploy/` as a user installs it (kustomize), on the node, with the images built from what is
+/// under test: the apiserver Deployment (two replicas) behind its APIService, the controllers
+/// (two replicas, leader-elected) with their RBAC and NetworkPolicy, against the test's
+/// PostgreSQL. kubectl then works through the apiserver Pods. Runs last: it takes the APIService
+/// and the controllers' Lease, and gives the APIService back to the harness's process after.
+pub fn deploy_manifests_run_as_installed(c: &mut LocalCluster) -> Result<(), String> {
+    let result = deploy_and_use(c);
+    // Whatever happened: the harness's apiserver behind the APIService again, no controllers of
+    // deploy/ left to hold the Lease.
+    let _ = c.kubectl(&[
+        "delete",
+        "deployment",
+        "mcp-access-controllers",
+        "mcp-access-apiserver",
+        "-n",
+        "mcp-access",
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    let _ = c.kubectl(&[
+        "delete",
+        "service",
+        "mcp-access-apiserver",
+        "-n",
+        "mcp-access",
+        "--ignore-not-found",
+    ]);
+    c.register_apiservice()
+        .map_err(e("giving the APIService back"))?;
+    result
+}
+
+fn deploy_and_use(c: &mut LocalCluster) -> Result<(), String> {
+    let env = |k: &str| {
+        c.env
+            .get(k)
+            .cloned()
+            .ok_or_else(|| format!("{k} missing from the cluster env"))
+    };
+    // The test's PostgreSQL listens on loopback; Pods reach it through a forwarder on the node's
+    // address.
+    let dsn = c.database_url.clone();
+    let field = |k: &str| {
+        dsn.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(str::to_string))
+            .ok_or_else(|| format!("the test DSN has no {k}= (key=value form expected)"))
+    };
+    let target: std::net::SocketAddr = format!("{}:{}", field("host")?, field("port")?)
+        .parse()
+        .map_err(e("the test DSN's address"))?;
+    let forward =
+        node::TcpForward::start(NODE_IP_STR, target).map_err(e("the PostgreSQL forwarder"))?;
+    let pod_dsn = dsn
+        .split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some(("host", _)) => format!("host={NODE_IP_STR}"),
+            Some(("port", _)) => format!("port={}", forward.port),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+
+    let overlay = c.dir.join("deploy-overlay");
+    std::fs::create_dir_all(&overlay).map_err(e("the overlay directory"))?;
+    let copy = |from: &str, to: &str| {
+        std::fs::copy(env(from)?, overlay.join(to))
+            .map(|_| ())
+            .map_err(e(to))
+    };
+    copy("MCP_ACCESS_TLS_CERT_FILE", "apiserver-tls.crt")?;
+    copy("MCP_ACCESS_TLS_PRIVATE_KEY_FILE", "apiserver-tls.key")?;
+    copy("AGGREGATED_CA_FILE", "sync-ca.crt")?;
+    copy("SESSION_TOKEN_SIGNING_KEY_FILE", "signing-key.pem")?;
+    copy("HOST_API_TLS_CERT_FILE", "host-api-tls.crt")?;
+    copy("HOST_API_TLS_KEY_FILE", "host-api-tls.key")?;
+    copy("HOST_TOKEN_PUBLIC_KEY_FILE", "public-key.pem")?;
+    let ca_bundle = {
+        use base64::Engine;
+        let pem = std::fs::read(env("AGGREGATED_CA_FILE")?).map_err(e("the aggregated CA"))?;
+        base64::engine::general_purpose::STANDARD.encode(pem)
+    };
+    // Relative: kustomize takes bases by path from the overlay.
+    let root = e2e::repo_root();
+    let up = "../".repeat(overlay.components().count() - 1);
+    let base = |d: &str| {
+        format!(
+            "{up}{}",
+            root.join(d).display().to_string().trim_start_matches('/')
+        )
+    };
+    let image_tag = e2e::NODE_GATEWAY_IMAGE
+        .rsplit_once(':')
+        .map(|(_, t)| t)
+        .unwrap_or("local");
+    let kustomization = format!(
+        r#"apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - {base_dir}
+  - {controllers_dir}
+images:
+  - {{name: ghcr.io/mcp-runtime/mcp-access-apiserver, newTag: {image_tag}}}
+  - {{name: ghcr.io/mcp-runtime/mcp-access-controllers, newTag: {image_tag}}}
+generatorOptions: {{disableNameSuffixHash: true}}
+secretGenerator:
+  - name: mcp-access-apiserver-tls
+    namespace: mcp-access
+    type: kubernetes.io/tls
+    files: [tls.crt=apiserver-tls.crt, tls.key=apiserver-tls.key]
+  - name: mcp-access-database
+    namespace: mcp-access
+    literals: ["url={pod_dsn}"]
+  - name: mcp-access-session-token
+    namespace: mcp-access
+    files: [signing-key.pem]
+  - name: mcp-access-host-api-tls
+    namespace: mcp-access
+    type: kubernetes.io/tls
+    files: [tls.crt=host-api-tls.crt, tls.key=host-api-tls.key]
+configMapGenerator:
+  - name: mcp-access-session-token
+    namespace: mcp-access
+    behavior: replace
+    literals: ["issuer={issuer}"]
+  - name: mcp-access-sync-ca
+    namespace: mcp-access
+    files: [ca.crt=sync-ca.crt]
+  - name: mcp-access-host-token
+    namespace: mcp-access
+    files: [public-key.pem]
+    literals: ["issuer={host_issuer}", "audience={host_audience}"]
+patches:
+  - target: {{kind: APIService, name: v1alpha1.access.mcp-runtime.dev}}
+    patch: |
+      - {{op: add, path: /spec/caBundle, value: "{ca_bundle}"}}
+  - target: {{kind: Deployment, name: mcp-access-controllers}}
+    patch: |
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata: {{name: mcp-access-controllers, namespace: mcp-access}}
+      spec:
+        template:
+          spec:
+            containers:
+              - name: controllers
+                env:
+                  - {{name: MCP_ACCESS_GATEWAY_IMAGE, value: "{gateway_image}"}}
+"#,
+        base_dir = base("deploy/base"),
+        controllers_dir = base("deploy/controllers"),
+        issuer = env("SESSION_TOKEN_ISSUER")?,
+        host_issuer = env("HOST_TOKEN_ISSUER")?,
+        host_audience = env("HOST_TOKEN_AUDIENCE")?,
+        gateway_image = e2e::NODE_GATEWAY_IMAGE,
+    );
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization).map_err(e("the overlay"))?;
+
+    // The harness's ExternalName Service of the same name gives way to deploy/'s.
+    ok(
+        &c.kubectl(&[
+            "delete",
+            "service",
+            "mcp-access-apiserver",
+            "-n",
+            "mcp-access",
+            "--ignore-not-found",
+        ]),
+        "delete the harness's Service",
+    )?;
+    let overlay_path = overlay.display().to_string();
+    ok(
+        &c.kubectl(&["apply", "-k", &overlay_path]),
+        "kubectl apply -k (deploy/ with the overlay)",
+    )?;
+
+    for name in ["mcp-access-apiserver", "mcp-access-controllers"] {
+        node::wait_replicas(
+            c,
+            "mcp-access",
+            name,
+            if name == "mcp-access-apiserver" { 2 } else { 1 },
+            READY_TIMEOUT,
+        )
+        .map_err(e(name))?;
+    }
+    ok(
+        &c.kubectl(&[
+            "wait",
+            "--for=condition=Available",
+            "apiservice/v1alpha1.access.mcp-runtime.dev",
+            "--timeout=60s",
+        ]),
+        "the APIService served by the Pods",
+    )?;
+    // No Pod of deploy/ restarts: every container started from its manifest and stayed up.
+    let restarts = ok(
+        &c.kubectl(&["get", "pods", "-n", "mcp-access", "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.status.containerStatuses[*].restartCount}{\"\\n\"}{end}"]),
+        "the Pods of deploy/",
+    )?;
+    let pods: Vec<&str> = restarts.lines().filter(|l| !l.trim().is_empty()).collect();
+    ensure!(
+        pods.len() >= 4,
+        "want 2 apiserver and 2 controllers Pods, got {pods:?}"
+    );
+    ensure!(
+        pods.iter().all(|l| l.ends_with(" Running 0")),
+        "a Pod of deploy/ is not running or restarted: {pods:?}"
+    );
+
+    // kubectl through kube-apiserver, the APIService and the Pods.
+    let ns = "node-deploy";
+    create_namespace(c, ns)?;
+    let session = format!(
+        "apiVersion: access.mcp-runtime.dev/v1alpha1\nkind: AccessSession\nmetadata: {{name: through-pods, namespace: {ns}}}\nspec:\n  server: {{name: github, uid: 7d4c0d2e-0000-4000-8000-000000000001}}\n  subject: {{user: alice@example.com}}\n  teams: [payments]\n  expiresAt: \"2099-01-01T00:00:00Z\"\n"
+    );
+    ok(
+        &c.kubectl_as(&c.kubeconfig, &["create", "-f", "-"], Some(&session)),
+        "kubectl create accesssession",
+    )?;
+    let listed = ok(
+        &c.kubectl(&["get", "accesssessions", "-n", ns, "-o", "name"]),
+        "kubectl get accesssessions",
+    )?;
+    ensure!(
+        listed.trim() == "accesssession.access.mcp-runtime.dev/through-pods",
+        "kubectl get accesssessions -n {ns} listed {listed:?}"
+    );
+    let logs = ok(
+        &c.kubectl(&[
+            "logs",
+            "-n",
+            "mcp-access",
+            "-l",
+            "app=mcp-access-apiserver",
+            "--tail=-1",
+            "--prefix",
+        ]),
+        "the apiserver Pods' logs",
+    )?;
+    ensure!(
+        logs.lines()
+            .any(|l| l.contains("\"create\"") && l.contains(ns)),
+        "no apiserver Pod logged the create in {ns}: the request did not go through the Pods"
+    );
+    drop(forward);
     Ok(())
 }
