@@ -287,8 +287,10 @@ apiserver_ready() {
     "$1/readyz" >/dev/null 2>&1
 }
 
-write_kubeconfig() { # PATH SERVER
-  local b64='base64 -w0'
+# write_kubeconfig PATH SERVER [USER]: a kubeconfig for the client certificate pki/USER.{crt,key}
+# (admin by default).
+write_kubeconfig() {
+  local b64='base64 -w0' user=${3:-admin}
   cat >"$1.tmp" <<EOF
 apiVersion: v1
 kind: Config
@@ -298,15 +300,15 @@ clusters:
     server: $2
     certificate-authority-data: $($b64 <"$pki/ca.crt")
 users:
-- name: admin
+- name: $user
   user:
-    client-certificate-data: $($b64 <"$pki/admin.crt")
-    client-key-data: $($b64 <"$pki/admin.key")
+    client-certificate-data: $($b64 <"$pki/$user.crt")
+    client-key-data: $($b64 <"$pki/$user.key")
 contexts:
 - name: local
   context:
     cluster: local
-    user: admin
+    user: $user
 current-context: local
 EOF
   chmod 600 "$1.tmp"

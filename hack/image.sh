@@ -110,6 +110,19 @@ put() {
   cp -L "$path" "$root$path"
 }
 
+# base_files ROOT LIBS: what every image holds besides its programs: the libraries LIBS (paths
+# of this machine), the CA certificates, and the passwd/group of its non-root user with a home.
+base_files() {
+  local root=$1 lib
+  for lib in $2; do put "$root" "$lib"; done
+  put "$root" "$ca_bundle"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
+    "$uid" "$uid" >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
+  mkdir -p "$root/home/nonroot"
+  chown "$uid:$uid" "$root/home/nonroot"
+}
+
 build_image() {
   local name=$1 image=$2 bin=$bin_dir/$1
   [ -x "$bin" ] || { say "$bin: no such executable (build it, or pass --bin-dir)"; exit 1; }
@@ -123,16 +136,10 @@ build_image() {
   cp "$bin" "$root/usr/local/bin/$name"
   chmod 755 "$root/usr/local/bin/$name"
   # What the binary links, and the loader ldd names (the line without "=>").
-  local libs lib
+  local libs
   libs=$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
   [ -n "$libs" ] || { say "$bin: ldd found no libraries (not a dynamic executable?)"; exit 1; }
-  for lib in $libs; do put "$root" "$lib"; done
-  put "$root" "$ca_bundle"
-  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
-    "$uid" "$uid" >"$root/etc/passwd"
-  printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
-  mkdir -p "$root/home/nonroot"
-  chown "$uid:$uid" "$root/home/nonroot"
+  base_files "$root" "$libs"
   buildah umount "$c" >/dev/null
 
   buildah config \
@@ -150,7 +157,7 @@ build_image() {
 # was installed at, the SDK's venv at its own, every library their programs and extension
 # modules link, and e2e/mcp/*.py in /app.
 build_python_image() {
-  local image=$1 python base venv c root libs lib
+  local image=$1 python base venv c root libs
   # shellcheck source=hack/lib/mcp-sdk.sh
   . hack/lib/mcp-sdk.sh
   python=$(mcp_sdk_python)
@@ -174,13 +181,7 @@ build_python_image() {
     -type f \( -name '*.so*' -o -perm -u+x \) -print0 | xargs -0 -r ldd 2>/dev/null || true; } |
     awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
     grep -v -F -e "$base" -e "$venv" | sort -u)
-  for lib in $libs; do put "$root" "$lib"; done
-  put "$root" "$ca_bundle"
-  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%s:%s:nonroot:/home/nonroot:/sbin/nologin\n' \
-    "$uid" "$uid" >"$root/etc/passwd"
-  printf 'root:x:0:\nnonroot:x:%s:\n' "$uid" >"$root/etc/group"
-  mkdir -p "$root/home/nonroot"
-  chown "$uid:$uid" "$root/home/nonroot"
+  base_files "$root" "$libs"
   # The venv and CPython live under /root on this machine: the image's user must traverse it.
   chmod 755 "$root/root" 2>/dev/null || true
   buildah umount "$c" >/dev/null

@@ -102,18 +102,23 @@ node_binaries() {
   ln -sf "$CTR" "$node/bin/ctr"
 }
 
-# The one node of this machine: $rundir/owner names the DIR whose containerd runs.
+# The one node of this machine: $rundir/owner names the DIR whose node it is. Another DIR's
+# node is live while its containerd runs.
+other_node() {
+  [[ -s $rundir/owner ]] || return 1
+  local other pid
+  other=$(<"$rundir/owner")
+  [[ $other != "$dir" && -s $other/run/containerd.pid ]] || return 1
+  pid=$(<"$other/run/containerd.pid")
+  [[ -d /proc/$pid ]] || return 1
+  echo "$other"
+}
+
 claim_machine() {
   mkdir -p "$rundir"
-  if [[ -s $rundir/owner ]]; then
-    local other pid
-    other=$(<"$rundir/owner")
-    if [[ $other != "$dir" && -s $other/run/containerd.pid ]]; then
-      pid=$(<"$other/run/containerd.pid")
-      if [[ -d /proc/$pid ]]; then
-        die "a node of $other already runs on this machine (one node per machine: hack/node.sh stop $other)"
-      fi
-    fi
+  local other
+  if other=$(other_node); then
+    die "a node of $other already runs on this machine (one node per machine: hack/node.sh stop $other)"
   fi
   echo "$dir" >"$rundir/owner"
 }
@@ -129,32 +134,6 @@ node_pki() {
   have node-kube-scheduler || new_leaf node-kube-scheduler ca "/CN=system:kube-scheduler" clientAuth
   have node-kube-router || new_leaf node-kube-router ca "/CN=system:mcp-access:kube-router" clientAuth
   chmod 644 "$pki"/node-*.crt
-}
-
-# kubeconfig NAME: $node/NAME.kubeconfig for the client certificate pki/node-NAME.
-node_kubeconfig() {
-  local name=$1 b64='base64 -w0'
-  cat >"$node/$name.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: $api_url
-    certificate-authority-data: $($b64 <"$pki/ca.crt")
-users:
-- name: $name
-  user:
-    client-certificate-data: $($b64 <"$pki/node-$name.crt")
-    client-key-data: $($b64 <"$pki/node-$name.key")
-contexts:
-- name: local
-  context:
-    cluster: local
-    user: $name
-current-context: local
-EOF
-  chmod 600 "$node/$name.kubeconfig"
 }
 
 host_network() {
@@ -433,9 +412,13 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Start and stop
 
+# Ready, as reported by a kubelet since $1 (UTC, %Y-%m-%dT%H:%M:%SZ): a Node object left by an
+# earlier start stays Ready for a while after its kubelet is gone.
 node_ready() {
-  [[ $(kubectl --kubeconfig "$kubeconfig" get node "$NODE_NAME" \
-    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+  local state
+  state=$(kubectl --kubeconfig "$kubeconfig" get node "$NODE_NAME" \
+    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}' 2>/dev/null)
+  [[ ${state%% *} == True && ! ${state#* } < $1 ]]
 }
 
 cmd_node_start() {
@@ -446,13 +429,17 @@ cmd_node_start() {
   check_host
   mkdir -p "$node" "$logs" "$run"
   node_binaries
+  # What this DIR left running, gone (never another DIR's live node: see cmd_node_stop), then
+  # the machine is ours or the start fails naming whose it is.
   cmd_node_stop quiet
   claim_machine
   trap 'rc=$?; if ((rc != 0)); then log "start failed; stopping what was started"; cmd_node_stop quiet; fi' EXIT
 
   node_pki
   local n
-  for n in kubelet kube-proxy kube-scheduler kube-router; do node_kubeconfig "$n"; done
+  for n in kubelet kube-proxy kube-scheduler kube-router; do
+    write_kubeconfig "$node/$n.kubeconfig" "$api_url" "node-$n"
+  done
   host_network
   kubelet_port=$(pick_port kubelet)
   kubelet_healthz_port=$(pick_port kubelet-healthz)
@@ -479,6 +466,8 @@ cmd_node_start() {
     --cert-dir="$node/kube-scheduler"
   wait_for kube-scheduler "$launched_pid" healthy curl -fsSk --max-time 5 "https://127.0.0.1:$scheduler_port/healthz"
 
+  local kubelet_since
+  kubelet_since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   launch kubelet "$KUBELET" \
     --config="$node/kubelet/config.yaml" \
     --kubeconfig="$node/kubelet.kubeconfig" \
@@ -487,7 +476,7 @@ cmd_node_start() {
     --root-dir="$node/kubelet/root" \
     --cert-dir="$node/kubelet/pki" \
     --v=1
-  if ! wait_for_ready_node "$launched_pid"; then
+  if ! wait_for_ready_node "$launched_pid" "$kubelet_since"; then
     tail -n 40 "$logs/kubelet.log" >&2 || true
     die "node $NODE_NAME was not Ready after ${timeout}s (kubelet log: $logs/kubelet.log)"
   fi
@@ -531,9 +520,9 @@ cmd_node_start() {
   log "node $NODE_NAME Ready in $((SECONDS - t0))s ($NODE_IP, Pods $POD_CIDR, logs $logs/)"
 }
 
-wait_for_ready_node() { # KUBELET_PID
-  local pid=$1 start=$SECONDS
-  until node_ready; do
+wait_for_ready_node() { # KUBELET_PID SINCE
+  local pid=$1 since=$2 start=$SECONDS
+  until node_ready "$since"; do
     if [[ ! -d /proc/$pid ]]; then
       log "kubelet exited"
       return 1
@@ -570,7 +559,12 @@ print("\n".join(l for l in lines if not mine(l)))
 # Everything the node made, gone: processes, containers and their network namespaces, mounts under
 # DIR/node, the bridge, and the iptables chains and ipsets of kube-proxy and kube-router.
 cmd_node_stop() {
-  local quiet=${1:-}
+  local quiet=${1:-} other
+  if other=$(other_node); then
+    # The machine's bridge, chains and sockets are that node's: only this DIR's processes go.
+    for other in kube-router kube-proxy kubelet kube-scheduler containerd; do stop_one "$other"; done
+    return 0
+  fi
   stop_one kube-router
   stop_one kube-proxy
   stop_one kubelet

@@ -201,28 +201,9 @@ pub fn sdk_client_in_pod(
     token: &str,
     scenario: &str,
 ) -> Result<Value> {
-    let out = exec_python(
-        c,
-        ns,
-        pod,
-        &[
-            "/app/client.py",
-            "--url",
-            url,
-            "--token-file",
-            "/dev/stdin",
-            "--mode",
-            "legacy",
-            "--scenario",
-            scenario,
-        ],
-        Some(token),
-    )?;
-    out.lines()
-        .rev()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["kind"] == "result")
-        .with_context(|| format!("client.py printed no result: {out}"))
+    let run = spawn_sdk_client_in_pod(c, ns, pod, url, token, scenario, &[])?
+        .finish(Duration::from_secs(120))?;
+    Ok(run.result)
 }
 
 /// Starts the official SDK's client (`client.py`) inside Pod `ns/pod` for `scenario` with

@@ -426,10 +426,19 @@ const NODE_SCENARIOS: &[(&str, Scenario)] = &[
         "node_egress_reaches_only_the_bound_address",
         node::egress_reaches_only_the_bound_address,
     ),
-    // Last: it takes the APIService and the controllers' Lease while it runs.
+    (
+        "node_second_node_on_the_machine_is_refused",
+        node::second_node_on_the_machine_is_refused,
+    ),
+    // Near the end: it takes the APIService and the controllers' Lease while it runs.
     (
         "node_deploy_manifests_run_as_installed",
         node::deploy_manifests_run_as_installed,
+    ),
+    // Last: it stops and restarts the node.
+    (
+        "node_kubelet_never_ready_fails_the_start_loudly",
+        node::kubelet_never_ready_fails_the_start_loudly,
     ),
 ];
 

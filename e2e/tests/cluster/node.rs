@@ -429,17 +429,26 @@ pub fn deploy_manifests_run_as_installed(c: &mut LocalCluster) -> Result<(), Str
         "--ignore-not-found",
         "--wait=false",
     ]);
-    let _ = c.kubectl(&[
-        "delete",
-        "service",
-        "mcp-access-apiserver",
-        "-n",
-        "mcp-access",
-        "--ignore-not-found",
-    ]);
+    let _ = delete_apiserver_service(c);
     c.register_apiservice()
         .map_err(e("giving the APIService back"))?;
     result
+}
+
+/// Service `mcp-access/mcp-access-apiserver`, the harness's (ExternalName) or deploy/'s.
+fn delete_apiserver_service(c: &LocalCluster) -> Result<(), String> {
+    ok(
+        &c.kubectl(&[
+            "delete",
+            "service",
+            "mcp-access-apiserver",
+            "-n",
+            "mcp-access",
+            "--ignore-not-found",
+        ]),
+        "delete Service mcp-access/mcp-access-apiserver",
+    )
+    .map(|_| ())
 }
 
 fn deploy_and_use(c: &mut LocalCluster) -> Result<(), String> {
@@ -568,17 +577,7 @@ patches:
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).map_err(e("the overlay"))?;
 
     // The harness's ExternalName Service of the same name gives way to deploy/'s.
-    ok(
-        &c.kubectl(&[
-            "delete",
-            "service",
-            "mcp-access-apiserver",
-            "-n",
-            "mcp-access",
-            "--ignore-not-found",
-        ]),
-        "delete the harness's Service",
-    )?;
+    delete_apiserver_service(c)?;
     let overlay_path = overlay.display().to_string();
     ok(
         &c.kubectl(&["apply", "-k", &overlay_path]),
@@ -656,5 +655,132 @@ patches:
         "no apiserver Pod logged the create in {ns}: the request did not go through the Pods"
     );
     drop(forward);
+    Ok(())
+}
+
+/// `hack/node.sh` with `args`, its environment plus `env`: (success, stdout + stderr, how long).
+fn node_sh(
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Result<(bool, String, Duration), String> {
+    let started = Instant::now();
+    let out = std::process::Command::new("bash")
+        .arg(e2e::repo_root().join("hack/node.sh"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .map_err(e("bash hack/node.sh"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.success(), text, started.elapsed()))
+}
+
+fn node_is_ready(c: &LocalCluster) -> bool {
+    c.kubectl(&[
+        "get",
+        "node",
+        "mcp-access-node",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ])
+    .stdout
+    .trim()
+        == "True"
+}
+
+/// One node per machine: starting a second one, from another cluster directory, fails naming
+/// the first and touches nothing of it (its bridge, chains and address stay; it stays Ready and
+/// its DNS answers).
+pub fn second_node_on_the_machine_is_refused(c: &mut LocalCluster) -> Result<(), String> {
+    let other = c.dir.join("second-cluster");
+    std::fs::create_dir_all(&other).map_err(e("the second directory"))?;
+    for f in ["admin.kubeconfig", "ports"] {
+        std::fs::copy(c.dir.join(f), other.join(f)).map_err(e(f))?;
+    }
+    let (started, text, _) = node_sh(&["start".as_ref(), other.as_os_str()], &[])?;
+    ensure!(!started, "a second node started beside the first:\n{text}");
+    let first = c.dir.display().to_string();
+    ensure!(
+        text.contains("already runs on this machine") && text.contains(&first),
+        "the refusal does not name the running node {first}:\n{text}"
+    );
+    let (_, _, _) = node_sh(&["stop".as_ref(), other.as_os_str()], &[])?;
+    ensure!(
+        node_is_ready(c),
+        "the first node is not Ready after the refused start and its stop"
+    );
+    ok(
+        &c.kubectl(&[
+            "rollout",
+            "status",
+            "deployment/coredns",
+            "-n",
+            "kube-system",
+            "--timeout=30s",
+        ]),
+        "CoreDNS after the refused start",
+    )?;
+    Ok(())
+}
+
+/// A kubelet that never makes its node Ready fails `hack/node.sh start` within
+/// `NODE_START_TIMEOUT`, loudly, with the kubelet's last lines, and leaves nothing running;
+/// the real one then starts again. (After the others: it restarts the node.)
+pub fn kubelet_never_ready_fails_the_start_loudly(c: &mut LocalCluster) -> Result<(), String> {
+    let fake = c.dir.join("fake-kubelet");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'fake kubelet: registering nothing' >&2\nexec sleep 600\n",
+    )
+    .map_err(e("the fake kubelet"))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755))
+            .map_err(e("chmod the fake kubelet"))?;
+    }
+    let dir = c.dir.as_os_str();
+    let (stopped, text, _) = node_sh(&["stop".as_ref(), dir], &[])?;
+    ensure!(stopped, "hack/node.sh stop failed:\n{text}");
+    let (started, text, took) = node_sh(
+        &["start".as_ref(), dir],
+        &[
+            ("KUBELET", fake.as_os_str()),
+            ("NODE_START_TIMEOUT", "15".as_ref()),
+        ],
+    )?;
+    ensure!(
+        !started,
+        "the start succeeded with a kubelet that never registers:\n{text}"
+    );
+    ensure!(
+        text.contains("was not Ready after 15s")
+            && text.contains("fake kubelet: registering nothing"),
+        "the failure does not say the node was not Ready, with the kubelet's last lines:\n{text}"
+    );
+    ensure!(
+        took < Duration::from_secs(60),
+        "the failed start took {took:?} (timeout 15s)"
+    );
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &fake.display().to_string()])
+        .output()
+        .map_err(e("pgrep"))?;
+    ensure!(
+        left.stdout.is_empty(),
+        "the fake kubelet outlived the failed start: pids {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let (again, text, _) = node_sh(&["start".as_ref(), dir], &[])?;
+    ensure!(
+        again,
+        "the node did not start again with the real kubelet:\n{text}"
+    );
+    ensure!(
+        node_is_ready(c),
+        "the node is not Ready after starting again"
+    );
     Ok(())
 }
