@@ -578,9 +578,12 @@ cmd_node_stop() {
   fi
   stop_one containerd
   # Shims outlive containerd by design; the ones of this node go too.
-  pkill -KILL -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null || true
+  pkill -KILL -f "containerd-shim-runc-v2.* -address $sock" 2>/dev/null || true
   local ns m
-  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }'); do ip netns delete "$ns" 2>/dev/null || true; done
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ { print $1 }'); do
+    umount -l "/run/netns/$ns" 2>/dev/null || true
+    ip netns delete "$ns" 2>/dev/null || true
+  done
   if [[ -d $node ]]; then
     # Deepest first: volume tmpfs of Pods, overlay rootfs of containers, netns bind mounts.
     awk -v p="$node/" 'index($2, p) == 1 { print $2 }' /proc/self/mounts | sort -r |

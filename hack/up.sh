@@ -32,6 +32,10 @@ elif [ "$(id -u)" != 0 ]; then
   echo "up.sh: not root, so no node (kubelet, containerd and iptables need root): Pods stay Pending" >&2
 else
   hack/build-node.sh >/dev/null
+  # The demo images and the printed command hold the official MCP Python SDK's venv.
+  . hack/lib/mcp-sdk.sh
+  MCP_ACCESS_MCP_PYTHON=$(mcp_sdk_python)
+  export MCP_ACCESS_MCP_PYTHON
   node=(--node --gateway-bin target/release/mcp-access-gateway)
 fi
 exec target/release/mcp-access-local --dir "$dir" \

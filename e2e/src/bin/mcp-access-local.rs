@@ -129,8 +129,13 @@ fn demo(cluster: &LocalCluster) -> anyhow::Result<Vec<String>> {
             token_file.display()
         ),
         format!(
-            "demo: then revoke it and call again (401 session_revoked):\n  \
-             kubectl create -n {DEMO_SERVER_NS} -f - <<<'{{apiVersion: access.mcp-runtime.dev/v1alpha1, kind: Revocation, metadata: {{name: demo}}, spec: {{target: {{session: agent}}, cause: compromised}}}}'"
+            "demo: then revoke it, and the same call is refused (session_revoked):\n  \
+             kubectl create -n {DEMO_SERVER_NS} -f - <<'EOF'\n  \
+             apiVersion: access.mcp-runtime.dev/v1alpha1\n  \
+             kind: Revocation\n  \
+             metadata: {{name: demo}}\n  \
+             spec: {{target: {{session: agent}}, cause: compromised}}\n  \
+             EOF"
         ),
     ])
 }
