@@ -154,8 +154,9 @@ build_image() {
 }
 
 # The MCP Python SDK image: CPython (without its tests, IDLE, Tk and build files) at the path it
-# was installed at, the SDK's venv at its own, every library their programs and extension
-# modules link, and e2e/mcp/*.py in /app.
+# was installed at (its libpython is found there), the SDK's venv at $image_venv, every library
+# their programs and extension modules link, and e2e/mcp/*.py in /app.
+image_venv=/opt/mcp-sdk
 build_python_image() {
   local image=$1 python base venv c root libs
   # shellcheck source=hack/lib/mcp-sdk.sh
@@ -167,14 +168,16 @@ build_python_image() {
   c=$(buildah from --name "image-sh-mcp-sdk-python-$$" scratch)
   containers+=("$c")
   root=$(buildah mount "$c")
-  mkdir -p "$root$base" "$root$venv" "$root/app" "$root/etc" "$root/tmp"
+  # The venv at a fixed path of its own: where the cache is on this machine (under /tmp, say)
+  # may be where a Pod mounts a volume. Python finds a venv from the path it is started by.
+  mkdir -p "$root$base" "$root$image_venv" "$root/app" "$root/etc" "$root/tmp"
   chmod 1777 "$root/tmp"
   tar -C "$base" --exclude='lib/python3.*/test' --exclude='lib/python3.*/site-packages' \
     --exclude='lib/python3.*/idlelib' --exclude='lib/python3.*/tkinter' \
     --exclude='lib/python3.*/ensurepip' --exclude='lib/python3.*/lib2to3' \
     --exclude='lib/python3.*/turtledemo' --exclude='lib/python3.*/config-*' \
     --exclude='*.a' --exclude=share --exclude=include -cf - . | tar -C "$root$base" -xf -
-  tar -C "$venv" -cf - . | tar -C "$root$venv" -xf -
+  tar -C "$venv" -cf - . | tar -C "$root$image_venv" -xf -
   cp e2e/mcp/*.py "$root/app/"
   # (ldd fails on the scripts among them: its status is not the point, its output is.)
   libs=$({ find "$base"/bin/python3* "$base"/lib/libpython3* "$base"/lib/python3.*/lib-dynload "$venv/lib" \
@@ -182,15 +185,15 @@ build_python_image() {
     awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' |
     grep -v -F -e "$base" -e "$venv" | sort -u)
   base_files "$root" "$libs"
-  # The venv and CPython live under /root on this machine: the image's user must traverse it.
+  # CPython lives under /root on this machine: the image's user must traverse it.
   chmod 755 "$root/root" 2>/dev/null || true
   buildah umount "$c" >/dev/null
-  buildah config --user "$uid:$uid" --entrypoint "[\"$venv/bin/python\"]" --workingdir /app \
+  buildah config --user "$uid:$uid" --entrypoint "[\"$image_venv/bin/python\"]" --workingdir /app \
     --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 \
     --label org.opencontainers.image.title=mcp-sdk-python "$c"
   buildah commit --quiet --rm "$c" "$image" >/dev/null
-  sdk_python=$venv/bin/python
-  say "built $image: CPython $base, the SDK venv $venv, $(wc -w <<<"$libs") libraries, e2e/mcp/*.py"
+  sdk_python=$image_venv/bin/python
+  say "built $image: CPython $base, the SDK venv $venv at $image_venv, $(wc -w <<<"$libs") libraries, e2e/mcp/*.py"
 }
 
 # demo_image NAME IMAGE: one of the demo images, the SDK image with the command NAME runs.

@@ -37,9 +37,9 @@ pub fn demo_host_image() -> Result<String> {
     Ok(format!("localhost/mcp-access/demo-host:{}", demo_tag()?))
 }
 
-/// The Python of the demo images: the SDK venv, at the same path inside as on this machine.
+/// The Python of the demo images: the SDK venv at its fixed path in them (`hack/image.sh`).
 pub fn demo_python() -> Result<PathBuf> {
-    crate::mcp::python()
+    Ok(PathBuf::from("/opt/mcp-sdk/bin/python"))
 }
 
 /// What [`import_images`] builds and imports (`hack/image.sh` names).
