@@ -547,6 +547,25 @@ pub fn policy_bytes(policy: &ToolPolicy) -> usize {
     serde_json::to_vec(&policy.spec).map_or(usize::MAX, |b| b.len())
 }
 
+/// The fact `Read::PolicySizes` answers from a store's policies: the name and [`policy_bytes`]
+/// of each policy of `server` in `namespace`.
+pub fn policy_sizes(
+    policies: impl IntoIterator<Item = ToolPolicy>,
+    namespace: &str,
+    server: &str,
+) -> std::collections::HashMap<String, u32> {
+    policies
+        .into_iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace) && p.spec.server.name == server
+        })
+        .map(|p| {
+            let bytes = policy_bytes(&p) as u32;
+            (p.metadata.name.clone().unwrap_or_default(), bytes)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,6 +153,25 @@ impl Sync {
         }
     }
 
+    /// `body` sent to the API listener as the admin: a write through the whole API path.
+    async fn admin(&self, method: Method, uri: &str, body: &Value) -> Raw {
+        Raw::of(
+            self.api
+                .clone()
+                .handle(
+                    Request::builder()
+                        .method(method)
+                        .uri(uri)
+                        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+                        .header("content-type", "application/json")
+                        .body(Body::from(body.to_string()))
+                        .unwrap(),
+                )
+                .await,
+        )
+        .await
+    }
+
     async fn send(&self, method: Method, token: &str, path: &str, accept: &str) -> (u16, Value) {
         let response = self
             .sync
@@ -450,20 +469,7 @@ async fn create_policy(s: &Sync, ns: &str, name: &str, server: &str) {
             "tools": [{"name": "delete_*", "sideEffect": "destructive"}],
         },
     });
-    let response = s
-        .api
-        .clone()
-        .handle(
-            Request::builder()
-                .method(Method::POST)
-                .uri(ns_policies(ns))
-                .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-                .header("content-type", "application/json")
-                .body(Body::from(body.to_string()))
-                .unwrap(),
-        )
-        .await;
-    let raw = Raw::of(response).await;
+    let raw = s.admin(Method::POST, &ns_policies(ns), &body).await;
     assert_eq!(raw.code, 201, "{}", String::from_utf8_lossy(&raw.body));
 }
 
@@ -683,21 +689,7 @@ async fn drift_reports_are_taken_for_the_gateways_own_pins_only() {
             "spec": {"server": {"name": server},
                      "tools": [{"name": "echo", "sideEffect": "read", "digest": pinned}]},
         });
-        let raw = Raw::of(
-            s.api
-                .clone()
-                .handle(
-                    Request::builder()
-                        .method(Method::POST)
-                        .uri(ns_policies(NS))
-                        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-                        .header("content-type", "application/json")
-                        .body(Body::from(body.to_string()))
-                        .unwrap(),
-                )
-                .await,
-        )
-        .await;
+        let raw = s.admin(Method::POST, &ns_policies(NS), &body).await;
         assert_eq!(raw.code, 201, "{}", String::from_utf8_lossy(&raw.body));
     }
     let report = |policy: &str, body: String| {
@@ -776,21 +768,7 @@ async fn a_servers_policies_are_capped_together() {
     let send = |method: Method, uri: String, body: Value| {
         let s = &s;
         async move {
-            let raw = Raw::of(
-                s.api
-                    .clone()
-                    .handle(
-                        Request::builder()
-                            .method(method)
-                            .uri(uri)
-                            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-                            .header("content-type", "application/json")
-                            .body(Body::from(body.to_string()))
-                            .unwrap(),
-                    )
-                    .await,
-            )
-            .await;
+            let raw = s.admin(method, &uri, &body).await;
             (raw.code, raw.json())
         }
     };

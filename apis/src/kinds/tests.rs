@@ -88,19 +88,13 @@ impl World {
                     .take(*limit as usize)
                     .collect(),
             ),
-            Read::PolicySizes { namespace, server } => Fact::Counts(
-                self.all::<crate::types::ToolPolicy>()
-                    .into_iter()
-                    .filter(|p| {
-                        p.metadata.namespace.as_deref() == Some(namespace)
-                            && p.spec.server.name == *server
-                    })
-                    .map(|p| {
-                        let bytes = crate::tool_policy::policy_bytes(&p) as u32;
-                        (p.metadata.name.clone().unwrap_or_default(), bytes)
-                    })
-                    .collect(),
-            ),
+            Read::PolicySizes { namespace, server } => {
+                Fact::Counts(crate::tool_policy::policy_sizes(
+                    self.all::<crate::types::ToolPolicy>(),
+                    namespace,
+                    server,
+                ))
+            }
             Read::ActiveSessions { agent_uids, at } => {
                 let mut counts = HashMap::new();
                 for s in self.all::<AccessSession>() {

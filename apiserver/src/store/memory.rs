@@ -104,16 +104,7 @@ impl State {
                     .collect(),
             ),
             Read::PolicySizes { namespace, server } => Fact::Counts(
-                self.all::<apis::ToolPolicy>()
-                    .filter(|p| {
-                        p.metadata.namespace.as_deref() == Some(namespace)
-                            && p.spec.server.name == *server
-                    })
-                    .map(|p| {
-                        let bytes = apis::tool_policy::policy_bytes(&p) as u32;
-                        (p.metadata.name.clone().unwrap_or_default(), bytes)
-                    })
-                    .collect(),
+                apis::tool_policy::policy_sizes(self.all::<apis::ToolPolicy>(), namespace, server),
             ),
             Read::ActiveSessions { agent_uids, at } => {
                 let mut counts = std::collections::HashMap::new();
