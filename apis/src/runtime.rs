@@ -55,6 +55,96 @@ pub struct MCPServerSpec {
     /// Context's grant is checked: one key of a Secret in the server's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_credential: Option<SecretKeyRef>,
+    /// Which namespaces' Contexts may grant this server to their hosts. Absent: only Contexts
+    /// of the server's own namespace (`from: Same`). A Context of another namespace that names
+    /// the server grants nothing (no route, no session, no credential) until the server's
+    /// owners consent here, as a Gateway's `allowedRoutes` consents to routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_contexts: Option<AllowedContexts>,
+}
+
+/// The consent of a server's owners to Contexts of other namespaces.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedContexts {
+    /// The namespaces whose Contexts may grant the server.
+    #[serde(default)]
+    pub namespaces: ContextNamespaces,
+}
+
+/// Namespaces by relation to the server's, as Gateway API's `RouteNamespaces`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextNamespaces {
+    /// `Same` (the default): only the server's namespace. `All`: every namespace. `Selector`:
+    /// the server's namespace and the namespaces whose labels `selector` matches.
+    #[serde(default)]
+    pub from: NamespacesFrom,
+    /// The namespaces' labels, with `from: Selector` (required then; ignored otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+/// See [`ContextNamespaces::from`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NamespacesFrom {
+    #[default]
+    Same,
+    All,
+    Selector,
+}
+
+impl MCPServer {
+    /// Whether a Context of `context_namespace` may grant this server. `namespace_labels` are
+    /// that namespace's labels (None when unknown: a `Selector` then admits nothing). A
+    /// `Selector` without a selector, or with one that cannot be evaluated, admits nothing
+    /// beyond the server's own namespace: consent fails closed.
+    pub fn admits_context_from(
+        &self,
+        context_namespace: &str,
+        namespace_labels: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> bool {
+        if self.metadata.namespace.as_deref() == Some(context_namespace) {
+            return true;
+        }
+        let Some(allowed) = &self.spec.allowed_contexts else {
+            return false;
+        };
+        match allowed.namespaces.from {
+            NamespacesFrom::Same => false,
+            NamespacesFrom::All => true,
+            NamespacesFrom::Selector => match (&allowed.namespaces.selector, namespace_labels) {
+                (Some(selector), Some(labels)) => label_selector_matches(selector, labels),
+                _ => false,
+            },
+        }
+    }
+}
+
+/// Whether `selector` matches `labels`, by the rules of metav1.LabelSelector. A selector that
+/// is not valid (an unknown operator, `In` without values, `Exists` with values) matches
+/// nothing, where kube-apiserver would refuse it.
+pub fn label_selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => !values.is_empty() && value.is_some_and(|v| values.contains(v)),
+            "NotIn" => !values.is_empty() && value.is_none_or(|v| !values.contains(v)),
+            "Exists" => values.is_empty() && value.is_some(),
+            "DoesNotExist" => values.is_empty() && value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
 }
 
 /// One key of a Secret in the referring object's namespace.
@@ -202,8 +292,11 @@ pub struct ResolvedEgress {
     singular = "context",
     shortname = "mctx",
     namespaced,
+    status = "ContextStatus",
     doc = "A group of MCP hosts (pods of this namespace chosen by hostSelector) and the MCPServers they may use.",
     printcolumn = r#"{"name":"Servers","type":"string","jsonPath":".spec.mcpServers[*].name"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Granted","type":"integer","jsonPath":".status.readyServers"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -214,6 +307,43 @@ pub struct ContextSpec {
     /// The host pods, in the Context's namespace (never an MCPServer's pods). An empty selector
     /// selects every other pod there.
     pub host_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    /// The authority teams the hosts act for: the `teams` of every AccessSession the
+    /// controllers keep for a Host bound to this Context.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub teams: Vec<String>,
+}
+
+/// What the controllers observed of a Context's servers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextStatus {
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// How many of the referenced servers are granted and Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_servers: Option<i32>,
+    /// Each referenced server, in `spec.mcpServers` order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ContextServerStatus>,
+    /// `Ready`, by Kubernetes condition conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+/// One referenced server as the controllers see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextServerStatus {
+    pub name: String,
+    pub namespace: String,
+    /// `Ready`, `NotReady`, `Missing`, `Disabled` (being deleted or retiring) or `NotAllowed`
+    /// (the server's `allowedContexts` does not consent to this Context's namespace).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A reference to an MCPServer.
@@ -328,10 +458,31 @@ pub struct HostStatus {
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `SecretResolved`, `ContextResolved`, by Kubernetes condition conventions.
+    /// `Ready`, `SecretResolved`, `ContextResolved`, `SessionsReady`, `RuntimeTokenReady`, by
+    /// Kubernetes condition conventions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// The AccessSession the controllers keep for each server the Context grants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<HostSessionStatus>,
+}
+
+/// A Host's AccessSession for one server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostSessionStatus {
+    /// The MCPServer, and the session's namespace (a session lives beside its server).
+    pub server: String,
+    pub namespace: String,
+    /// The AccessSession's name; absent until one is issued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// Its phase: `Active`, `Revoked`, `Expired`, or `Pending` before it exists.
+    pub phase: String,
+    /// The Revocation that revoked it, while one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<String>,
 }
 
 /// Every CRD this project defines, with the file it is kept in under `deploy/crds/`.
@@ -432,6 +583,107 @@ mod tests {
         let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
             ["status"]["properties"];
         assert!(props.get("resolvedEgressIPs").is_some(), "{props}");
+    }
+
+    fn server_in(ns: &str, allowed: Option<AllowedContexts>) -> MCPServer {
+        let mut server = MCPServer::new(
+            "github",
+            serde_json::from_value(serde_json::json!({"image": "i", "port": 1})).unwrap(),
+        );
+        server.metadata.namespace = Some(ns.into());
+        server.spec.allowed_contexts = allowed;
+        server
+    }
+
+    #[test]
+    fn cross_namespace_grants_need_the_servers_consent() {
+        use std::collections::BTreeMap;
+        let team = BTreeMap::from([("team".to_string(), "a".to_string())]);
+        let other = BTreeMap::from([("team".to_string(), "b".to_string())]);
+        let same = server_in("tools", None);
+        assert!(same.admits_context_from("tools", None));
+        assert!(!same.admits_context_from("team-a", Some(&team)));
+        let explicit_same = server_in("tools", Some(AllowedContexts::default()));
+        assert!(!explicit_same.admits_context_from("team-a", Some(&team)));
+        let all = server_in(
+            "tools",
+            Some(AllowedContexts {
+                namespaces: ContextNamespaces {
+                    from: NamespacesFrom::All,
+                    selector: None,
+                },
+            }),
+        );
+        assert!(all.admits_context_from("team-a", None));
+        let selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+            serde_json::from_value(serde_json::json!({"matchLabels": {"team": "a"}})).unwrap();
+        let by_label = server_in(
+            "tools",
+            Some(AllowedContexts {
+                namespaces: ContextNamespaces {
+                    from: NamespacesFrom::Selector,
+                    selector: Some(selector),
+                },
+            }),
+        );
+        assert!(by_label.admits_context_from("team-a", Some(&team)));
+        assert!(!by_label.admits_context_from("team-b", Some(&other)));
+        assert!(
+            !by_label.admits_context_from("team-a", None),
+            "unknown labels admit nothing"
+        );
+        let no_selector = server_in(
+            "tools",
+            Some(AllowedContexts {
+                namespaces: ContextNamespaces {
+                    from: NamespacesFrom::Selector,
+                    selector: None,
+                },
+            }),
+        );
+        assert!(!no_selector.admits_context_from("team-a", Some(&team)));
+        assert!(no_selector.admits_context_from("tools", None));
+    }
+
+    #[test]
+    fn label_selectors_match_as_kubernetes_does() {
+        use std::collections::BTreeMap;
+        let labels = BTreeMap::from([
+            ("app".to_string(), "agent".to_string()),
+            ("tier".to_string(), "dev".to_string()),
+        ]);
+        let matches = |json: serde_json::Value| {
+            label_selector_matches(&serde_json::from_value(json).unwrap(), &labels)
+        };
+        assert!(matches(serde_json::json!({})), "empty selects everything");
+        assert!(matches(
+            serde_json::json!({"matchLabels": {"app": "agent"}})
+        ));
+        assert!(!matches(
+            serde_json::json!({"matchLabels": {"app": "other"}})
+        ));
+        let expr = |op: &str, values: Option<Vec<&str>>| {
+            let mut e = serde_json::json!({"key": "tier", "operator": op});
+            if let Some(v) = values {
+                e["values"] = serde_json::json!(v);
+            }
+            matches(serde_json::json!({"matchExpressions": [e]}))
+        };
+        assert!(expr("In", Some(vec!["dev", "prod"])));
+        assert!(!expr("In", Some(vec!["prod"])));
+        assert!(!expr("In", Some(vec![])), "In without values is invalid");
+        assert!(expr("NotIn", Some(vec!["prod"])));
+        assert!(!expr("NotIn", Some(vec!["dev"])));
+        assert!(expr("Exists", None));
+        assert!(
+            !expr("Exists", Some(vec!["dev"])),
+            "Exists with values is invalid"
+        );
+        assert!(!expr("DoesNotExist", None));
+        assert!(
+            !expr("Matches", Some(vec!["dev"])),
+            "an unknown operator matches nothing"
+        );
     }
 
     #[test]

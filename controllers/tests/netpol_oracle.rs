@@ -98,6 +98,7 @@ fn mk_server(ns: &str, name: &str, port: i32, bindings: Vec<EgressBinding>) -> M
             host_credential: None,
             egress_bindings: bindings,
             network: None,
+            allowed_contexts: None,
         },
     );
     s.metadata.namespace = Some(ns.into());
@@ -128,6 +129,7 @@ fn mk_context(name: &str, host_role: &str, servers: &[(&str, &str)]) -> Context 
                 })
                 .collect(),
             host_selector: selector(&[("role", host_role)]),
+            teams: vec![],
         },
     );
     c.metadata.namespace = Some("hosts".into());

@@ -419,6 +419,7 @@ mod tests {
         let mut s = MCPServer::new(
             name,
             MCPServerSpec {
+                allowed_contexts: None,
                 image: "img".into(),
                 port,
                 transport: Default::default(),

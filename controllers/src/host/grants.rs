@@ -110,6 +110,7 @@ mod tests {
         let mut c = Context::new(
             name,
             ContextSpec {
+                teams: vec![],
                 mcp_servers: refs
                     .iter()
                     .map(|(ns, n)| ServerRef {
@@ -128,6 +129,7 @@ mod tests {
         let mut s = MCPServer::new(
             name,
             MCPServerSpec {
+                allowed_contexts: None,
                 image: "img".into(),
                 port: 8080,
                 transport: Default::default(),

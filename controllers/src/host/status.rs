@@ -237,6 +237,7 @@ mod tests {
             ready.message
         );
         let previous = HostStatus {
+            sessions: vec![],
             observed_generation: Some(1),
             conditions: c,
         };
@@ -272,6 +273,7 @@ mod tests {
     fn transition_time_moves_only_with_the_status() {
         let first = conditions(None, Some(1), &observed(Some(false), true, false), t(10));
         let previous = HostStatus {
+            sessions: vec![],
             observed_generation: Some(1),
             conditions: first.clone(),
         };

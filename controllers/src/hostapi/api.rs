@@ -658,6 +658,7 @@ mod tests {
         let mut s = MCPServer::new(
             "github",
             apis::runtime::MCPServerSpec {
+                allowed_contexts: None,
                 image: "img".into(),
                 port: 8080,
                 transport: Transport::StreamableHttp,

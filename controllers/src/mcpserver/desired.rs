@@ -219,6 +219,7 @@ mod tests {
         let mut s = MCPServer::new(
             "github",
             MCPServerSpec {
+                allowed_contexts: None,
                 image: "ghcr.io/acme/github-mcp:2".into(),
                 port: 8080,
                 transport: Transport::StreamableHttp,

@@ -598,6 +598,7 @@ mod tests {
         let mut s = MCPServer::new(
             name,
             MCPServerSpec {
+                allowed_contexts: None,
                 image: "ghcr.io/acme/mcp:1".into(),
                 port,
                 transport: Transport::StreamableHttp,
@@ -616,6 +617,7 @@ mod tests {
         let mut c = Context::new(
             name,
             ContextSpec {
+                teams: vec![],
                 mcp_servers: servers
                     .iter()
                     .map(|(ns, n)| ServerRef {
