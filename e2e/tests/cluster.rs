@@ -409,6 +409,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "mcp_gateway_retired_and_republished_server_refuses_the_old_token",
         mcp_gateway::retired_and_republished_server_refuses_the_old_token,
     ),
+    (
+        "mcp_gateway_host_sessions_through_the_gateway",
+        mcp_gateway::host_sessions_through_the_gateway,
+    ),
 ];
 
 /// The scenarios of a cluster with a node (`MCP_ACCESS_E2E_NODE=1`, `hack/node.sh`): Pods run

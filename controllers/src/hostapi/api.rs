@@ -157,6 +157,12 @@ pub struct CredentialRequest {
 /// The gateway URL hosts reach a server at: the gateway's resource URI (its Service on the
 /// gateway port, the `--public-url` the gateway runs with and the audience of session tokens)
 /// with the transport's path. That port is the one the host egress and L2 policies open.
+/// Namespace labels are not read here: a server consenting by namespace `Selector` is not
+/// offered through the Host API (fails closed).
+fn no_namespace_labels(_: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    None
+}
+
 pub fn server_url(server: &MCPServer, gateway_port: u16) -> String {
     let path = match server.spec.transport {
         Transport::StreamableHttp => "mcp",
@@ -418,7 +424,7 @@ impl HostApi {
         let mut items = Vec::new();
         if let Some(context) = self.context(&host).await? {
             let servers = self.granted_servers(&context).await?;
-            for server in grants::granted(&host, &context, &servers) {
+            for server in grants::granted(&host, &context, &servers, no_namespace_labels) {
                 let revision = self.read_credential(server).await?.map(|c| c.revision);
                 items.push(json!({
                     "name": server.name_any(),
@@ -464,7 +470,7 @@ impl HostApi {
             .server(&ns, &name)
             .await?
             .ok_or(not_found("no server"))?;
-        if grants::granted(&host, &context, [&server]).is_empty() {
+        if grants::granted(&host, &context, [&server], no_namespace_labels).is_empty() {
             return Err(not_found("not granted or disabled"));
         }
         let Some(credential_ref) = server.spec.host_credential.clone() else {
@@ -491,7 +497,13 @@ impl HostApi {
             && context_again.metadata.uid == context.metadata.uid
             && server_again.metadata.uid == server.metadata.uid
             && server_again.spec.host_credential.as_ref() == Some(&credential_ref)
-            && !grants::granted(&host_again, &context_again, [&server_again]).is_empty();
+            && !grants::granted(
+                &host_again,
+                &context_again,
+                [&server_again],
+                no_namespace_labels,
+            )
+            .is_empty();
         if !same {
             return Err(not_found("grant changed during the request"));
         }
