@@ -334,6 +334,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         hosts::orphan_sweep_respects_the_caps,
     ),
     (
+        "hosts_binding_a_context_needs_use",
+        hosts::binding_a_context_needs_use,
+    ),
+    (
         "kubectl_access_who_can_lists_the_sessions_that_grant_now",
         kubectl_access::who_can_lists_the_sessions_that_grant_now,
     ),

@@ -769,7 +769,10 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     apply(c, &server(a, "plain", None))?;
     apply(c, &server(a, "nokey", Some(("sa-cred", "missing"))))?;
     apply(c, &server(b, "sb", Some(("sb-cred", "token"))))?;
-    apply(c, &server(other, "sc", Some(("sc-cred", "token"))))?;
+    // sc consents to Contexts of every namespace: B's grant of it holds (issue 33 item 2).
+    let mut sc = server(other, "sc", Some(("sc-cred", "token")));
+    sc["spec"]["allowedContexts"] = json!({"namespaces": {"from": "All"}});
+    apply(c, &sc)?;
     apply(
         c,
         &context(
