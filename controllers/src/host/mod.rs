@@ -904,6 +904,34 @@ async fn list_children(
         .collect())
 }
 
+/// Sessions of Hosts that no longer exist (a finalizer removed by hand, or a Host deleted while
+/// the sessions API was down): deleted, whatever their number, since deleting a session only
+/// ever narrows access. `sessions` were listed before `hosts`, so a Host created meanwhile
+/// keeps its sessions.
+async fn sweep_sessions(
+    ctx: &Ctx,
+    sessions: Vec<PartialObjectMeta<AccessSession>>,
+    hosts: &[LiveHost],
+) -> Result<(), ReconcileError> {
+    for s in sessions {
+        let owner = s.labels().get(sessions::HOST_UID_LABEL).cloned();
+        if hosts.iter().any(|h| Some(&h.uid) == owner.as_ref()) {
+            continue;
+        }
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &ns);
+        if children::delete_exact(&api, &s.name_any(), s.metadata.uid.clone()).await? {
+            ctx.metrics.write(CONTROLLER, "SessionDelete");
+            tracing::info!(
+                namespace = ns,
+                name = s.name_any(),
+                "deleted the session of a Host that no longer exists"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// One sweep: the children are listed before the Hosts, so a Host created meanwhile has
 /// none listed and none of its objects can look orphaned.
 async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
@@ -912,6 +940,14 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
     for kind in desired::KINDS {
         live.extend(list_children(&ctx.client, kind, &selector).await?);
     }
+    let host_sessions = Api::<AccessSession>::all(ctx.client.clone())
+        .list_metadata(&ListParams::default().labels(&format!(
+            "{},{}",
+            children::managed_selector(&[]),
+            sessions::HOST_UID_LABEL
+        )))
+        .await?
+        .items;
     let hosts: Vec<LiveHost> = Api::<Host>::all(ctx.client.clone())
         .list_metadata(&ListParams::default())
         .await?
@@ -925,6 +961,7 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
             })
         })
         .collect();
+    sweep_sessions(ctx, host_sessions, &hosts).await?;
     let plan = sweep::plan(&live, &hosts, ctx.caps);
     ctx.own.over_cap.set(plan.withheld.len() as i64);
     if !plan.withheld.is_empty() {
