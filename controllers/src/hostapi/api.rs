@@ -836,10 +836,10 @@ mod kube_tests {
             server_path("team", "github"),
             server_object("team", "github", Some("gh")),
         );
-        put(
-            server_path("shared", "jira"),
-            server_object("shared", "jira", Some("jira")),
-        );
+        // jira, in another namespace, consents to team's Contexts.
+        let mut jira = server_object("shared", "jira", Some("jira"));
+        jira["spec"]["allowedContexts"] = json!({"namespaces": {"from": "All"}});
+        put(server_path("shared", "jira"), jira);
         put(
             server_path("team", "plain"),
             server_object("team", "plain", None),

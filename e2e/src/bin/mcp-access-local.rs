@@ -172,6 +172,7 @@ fn main() -> anyhow::Result<()> {
         e2e::node::import_images(&cluster, &std::path::absolute(gateway)?)?;
     }
     let mut controller_args = cluster.host_api_args()?;
+    controller_args.extend(cluster.runtime_token_args()?);
     if cli.node {
         controller_args.push(format!("--runtime-namespace={DEMO_SERVER_NS}"));
     }
