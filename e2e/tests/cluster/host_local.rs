@@ -333,8 +333,18 @@ pub(super) fn runtime_token_kept_for_each_host(c: &mut LocalCluster) -> Result<(
         format!(
             "{e}\n--- controllers ---\n{}\n--- secrets ---\n{}\n--- host ---\n{}",
             e2e::mcp::tail(&controllers.log, 20),
-            c.kubectl(&["get", "secrets", "-n", ns, "--show-labels"]).stdout,
-            c.kubectl(&["get", "host", "dev-host", "-n", ns, "-o", "jsonpath={.status}"]).stdout
+            c.kubectl(&["get", "secrets", "-n", ns, "--show-labels"])
+                .stdout,
+            c.kubectl(&[
+                "get",
+                "host",
+                "dev-host",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.status}"
+            ])
+            .stdout
         )
     });
     let _ = c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
