@@ -59,7 +59,10 @@ fn demo(cluster: &LocalCluster) -> anyhow::Result<Vec<String>> {
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "MCPServer",
             "metadata": {"name": "demo", "namespace": DEMO_SERVER_NS},
-            "spec": {"image": node::demo_server_image()?, "port": 8080},
+            // Contexts of demo-agents may grant it (a server's consent to another namespace).
+            "spec": {"image": node::demo_server_image()?, "port": 8080,
+                     "allowedContexts": {"namespaces": {"from": "Selector", "selector":
+                         {"matchLabels": {"kubernetes.io/metadata.name": DEMO_HOST_NS}}}}},
         }),
     )?;
     node::context(
