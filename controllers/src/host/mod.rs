@@ -1125,6 +1125,66 @@ mod tests {
     }
 
     #[test]
+    fn a_hosts_session_names_it_and_is_owned_only_beside_it() {
+        let mut host = Host::new(
+            "agent",
+            serde_json::from_value(serde_json::json!({
+                "contextRef": {"name": "dev"}, "image": "img"
+            }))
+            .unwrap(),
+        );
+        host.metadata.namespace = Some("team".into());
+        host.metadata.uid = Some("host-uid".into());
+        let teams = vec!["payments".to_string()];
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let want = |ns: &str| sessions::Issue {
+            namespace: ns.into(),
+            server: "github".into(),
+            server_uid: "srv-uid".into(),
+        };
+        let same = session_object(&host, &want("team"), &teams, "dev", now).unwrap();
+        let name = same.metadata.name.clone().unwrap();
+        assert!(
+            name.starts_with("agent-github-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(same.metadata.namespace.as_deref(), Some("team"));
+        let owners = same.metadata.owner_references.clone().unwrap();
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].uid.as_str()),
+            ("Host", "host-uid")
+        );
+        let labels = same.metadata.labels.clone().unwrap();
+        assert_eq!(labels[sessions::HOST_UID_LABEL], "host-uid");
+        assert_eq!(labels[sessions::HOST_NAMESPACE_LABEL], "team");
+        assert_eq!(labels[children::MANAGED_BY_LABEL], children::MANAGED_BY);
+        assert_eq!(
+            same.spec.subject.as_ref().map(|s| s.user.as_str()),
+            Some("system:serviceaccount:team:agent-host")
+        );
+        assert_eq!(same.spec.teams, teams);
+        assert_eq!(same.spec.server.uid, "srv-uid");
+        assert_eq!(
+            same.spec.expires_at.as_ref().map(|t| t.0.as_second()),
+            Some(1_800_000_000 + 24 * 3600)
+        );
+        // In the server's other namespace: no owner reference (the garbage collector would
+        // look for the Host there and delete the session); the finalizer covers it.
+        let other = session_object(&host, &want("tools"), &teams, "dev", now).unwrap();
+        assert!(other.metadata.owner_references.is_none_or(|o| o.is_empty()));
+        // A later successor gets another name: names are reserved forever once used.
+        let later = session_object(
+            &host,
+            &want("team"),
+            &teams,
+            "dev",
+            now + k8s_openapi::jiff::SignedDuration::from_secs(1),
+        )
+        .unwrap();
+        assert_ne!(later.metadata.name, same.metadata.name);
+    }
+
+    #[test]
     fn settings_fail_closed() {
         let parse = |args: &[&str]| {
             let mut all = vec!["t"];
