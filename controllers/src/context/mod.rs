@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use apis::runtime::{Context, MCPServer};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -174,11 +174,28 @@ async fn reconcile_one(context: &Context, ctx: &Ctx) -> Result<Action, Reconcile
     // Events first: were the status write to fail, the retry publishes them again rather
     // than never.
     for notice in status::notices(previous, &wanted) {
-        let (type_, note) = match notice {
-            Notice::ServerUnavailable { ref note } => (EventType::Warning, note.clone()),
-            Notice::Ready { ref note } => (EventType::Normal, note.clone()),
+        let (type_, related) = match &notice {
+            Notice::ServerUnavailable {
+                namespace, name, ..
+            } => {
+                let live = live
+                    .iter()
+                    .find(|s| s.namespace().as_deref() == Some(namespace) && s.name_any() == *name);
+                (EventType::Warning, Some(server_ref(namespace, name, live)))
+            }
+            Notice::Ready { .. } => (EventType::Normal, None),
         };
-        publish(ctx, context, type_, notice.reason(), note).await?;
+        let event = Event {
+            type_,
+            reason: notice.reason().into(),
+            note: Some(notice.note().to_string()),
+            action: notice.action().into(),
+            secondary: related,
+        };
+        ctx.recorder
+            .publish(&event, &context.object_ref(&()))
+            .await?;
+        ctx.metrics.write(CONTROLLER, "Event");
     }
     if !status::current(previous, &wanted) {
         let body = json!({
@@ -193,23 +210,17 @@ async fn reconcile_one(context: &Context, ctx: &Ctx) -> Result<Action, Reconcile
     Ok(Action::requeue(RESYNC))
 }
 
-async fn publish(
-    ctx: &Ctx,
-    context: &Context,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) -> Result<(), ReconcileError> {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Resolve".into(),
-        secondary: None,
-    };
-    ctx.recorder
-        .publish(&event, &context.object_ref(&()))
-        .await?;
-    ctx.metrics.write(CONTROLLER, "Event");
-    Ok(())
+/// The related object of a server's Event: the live one (with its uid) or, when it is missing,
+/// the one the Context names.
+fn server_ref(namespace: &str, name: &str, live: Option<&MCPServer>) -> ObjectReference {
+    match live {
+        Some(server) => server.object_ref(&()),
+        None => ObjectReference {
+            api_version: Some(MCPServer::api_version(&()).into_owned()),
+            kind: Some(MCPServer::kind(&()).into_owned()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+    }
 }

@@ -34,6 +34,19 @@ pub enum ServerState {
 }
 
 impl ServerState {
+    const ALL: [ServerState; 5] = [
+        ServerState::Ready,
+        ServerState::NotReady,
+        ServerState::Missing,
+        ServerState::Disabled,
+        ServerState::NotAllowed,
+    ];
+
+    /// The state named `name` (as `status.servers[].state` says it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ServerState::Ready => "Ready",
@@ -214,8 +227,14 @@ pub fn current(previous: Option<&ContextStatus>, wanted: &ContextStatus) -> bool
 /// An Event a change of status calls for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    /// Warning `ServerUnavailable`: a server became Missing, Disabled or NotAllowed.
-    ServerUnavailable { note: String },
+    /// Warning `ServerUnavailable`: server `namespace/name` became Missing, Disabled or
+    /// NotAllowed.
+    ServerUnavailable {
+        namespace: String,
+        name: String,
+        state: ServerState,
+        note: String,
+    },
     /// Normal `Ready`: the Context became Ready.
     Ready { note: String },
 }
@@ -225,6 +244,27 @@ impl Notice {
         match self {
             Notice::ServerUnavailable { .. } => "ServerUnavailable",
             Notice::Ready { .. } => "Ready",
+        }
+    }
+
+    /// The Event's action: the check that failed. One per state, because kube's recorder folds
+    /// an Event into an earlier one of the same reason, action and related object (whatever
+    /// its note) as a series: a server gone from NotAllowed to Missing must say so anew.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Notice::ServerUnavailable { state, .. } => match state {
+                ServerState::Missing => "FindServer",
+                ServerState::Disabled => "CheckServerEnabled",
+                ServerState::NotAllowed => "CheckConsent",
+                ServerState::Ready | ServerState::NotReady => "Resolve",
+            },
+            Notice::Ready { .. } => "Resolve",
+        }
+    }
+
+    pub fn note(&self) -> &str {
+        match self {
+            Notice::ServerUnavailable { note, .. } | Notice::Ready { note } => note,
         }
     }
 }
@@ -242,13 +282,17 @@ pub fn notices(previous: Option<&ContextStatus>, wanted: &ContextStatus) -> Vec<
     let mut out: Vec<Notice> = wanted
         .servers
         .iter()
-        .filter(|s| UNAVAILABLE.iter().any(|u| u.as_str() == s.state))
         .filter(|s| before(s) != Some(s.state.as_str()))
-        .map(|s| Notice::ServerUnavailable {
-            note: s
-                .message
-                .clone()
-                .unwrap_or_else(|| format!("MCPServer {}/{}: {}", s.namespace, s.name, s.state)),
+        .filter_map(|s| {
+            let state = ServerState::from_name(&s.state).filter(|st| UNAVAILABLE.contains(st))?;
+            Some(Notice::ServerUnavailable {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                state,
+                note: s.message.clone().unwrap_or_else(|| {
+                    format!("MCPServer {}/{}: {}", s.namespace, s.name, s.state)
+                }),
+            })
         })
         .collect();
     let ready_of = |s: &ContextStatus| {
@@ -564,12 +608,22 @@ mod tests {
             got,
             [
                 Notice::ServerUnavailable {
+                    namespace: "team".into(),
+                    name: "jira".into(),
+                    state: ServerState::Missing,
                     note: "team/jira why".into()
                 },
                 Notice::ServerUnavailable {
+                    namespace: "shared".into(),
+                    name: "x".into(),
+                    state: ServerState::NotAllowed,
                     note: "shared/x why".into()
                 },
             ]
+        );
+        assert_eq!(
+            got.iter().map(Notice::action).collect::<Vec<_>>(),
+            ["FindServer", "CheckConsent"]
         );
         // The same again: nothing.
         assert!(notices(Some(&first), &first).is_empty());
@@ -582,6 +636,8 @@ mod tests {
         let got = notices(Some(&first), &second);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].reason(), "ServerUnavailable");
+        assert_eq!(got[0].action(), "CheckServerEnabled");
+        assert_eq!(got[0].note(), "team/jira why");
         // Becoming Ready: one Normal Ready, and only once.
         let ready = s(vec![entry("team", "github", ServerState::Ready)]);
         let got = notices(Some(&second), &ready);

@@ -103,7 +103,11 @@ fn table_row(c: &LocalCluster, ns: &str, name: &str) -> Result<(String, String),
         .find(|cells| cells.first() == Some(&name))
         .ok_or(format!("no row {name} in:\n{out}"))?;
     // The SERVERS cell holds no blanks (a comma-separated list), so cells line up.
-    let cell = |i: usize| row.get(i).map(|s| s.to_string()).ok_or(format!("{out}"));
+    let cell = |i: usize| {
+        row.get(i)
+            .map(|s| s.to_string())
+            .ok_or(format!("short row in:\n{out}"))
+    };
     Ok((cell(ready)?, cell(granted)?))
 }
 
