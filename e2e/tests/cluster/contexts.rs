@@ -102,7 +102,7 @@ fn table_row(c: &LocalCluster, ns: &str, name: &str) -> Result<(String, String),
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .find(|cells| cells.first() == Some(&name))
         .ok_or(format!("no row {name} in:\n{out}"))?;
-    // The SERVERS cell holds no blanks (a comma-separated list), so cells line up.
+    // The SERVERS cell holds no blanks (kube-apiserver shows the first name), so cells line up.
     let cell = |i: usize| {
         row.get(i)
             .map(|s| s.to_string())
