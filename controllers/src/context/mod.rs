@@ -211,10 +211,14 @@ async fn reconcile_one(context: &Context, ctx: &Ctx) -> Result<Action, Reconcile
 }
 
 /// The related object of a server's Event: the live one (with its uid) or, when it is missing,
-/// the one the Context names.
+/// the one the Context names. Without a resourceVersion: the same server is the same related
+/// object from one Event to the next.
 fn server_ref(namespace: &str, name: &str, live: Option<&MCPServer>) -> ObjectReference {
     match live {
-        Some(server) => server.object_ref(&()),
+        Some(server) => ObjectReference {
+            resource_version: None,
+            ..server.object_ref(&())
+        },
         None => ObjectReference {
             api_version: Some(MCPServer::api_version(&()).into_owned()),
             kind: Some(MCPServer::kind(&()).into_owned()),
