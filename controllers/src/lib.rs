@@ -5,6 +5,7 @@
 //!   gateway container), secret validation, the image allow-list, status and Events;
 //! - [`host`]: a Host's runtime (Deployment, Service, workspace PVC, ServiceAccount and Role,
 //!   NetworkPolicy) and the startup sweep of deleted Hosts' objects;
+//! - [`context`]: a Context's status: where each server it names stands, and `Ready`;
 //! - [`hostapi`]: the host-scoped HTTPS API (inventory and credentials, RS256 host tokens);
 //! - [`children`]: what the three share about their children: labels, the digest and the
 //!   compare-before-apply check, owner references, apply, prune, and one [`children::ReconcileError`];
@@ -18,6 +19,7 @@ pub const BINARY: &str = "mcp-access-controllers";
 pub mod children;
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod host;
 pub mod hostapi;
 pub mod leader;

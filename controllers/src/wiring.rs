@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 use crate::cli::Cli;
 use crate::config::Config;
 use crate::metrics::{Health, ReconcileMetrics};
-use crate::{host, hostapi, leader, mcpserver, metrics, netpol, retire};
+use crate::{context, host, hostapi, leader, mcpserver, metrics, netpol, retire};
 
 /// Entry point of the binary.
 pub fn main() -> anyhow::Result<()> {
@@ -59,6 +59,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         reconcile.clone(),
         &mut registry,
     )?;
+    let contexts = context::controller(client.clone(), reconcile.clone());
     let host_api =
         hostapi::server(client.clone(), config.host_api, gateway_port, &mut registry).await?;
     let health = health.requiring(synced);
@@ -71,7 +72,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         client,
         &config.leader,
         health,
-        supervise(workloads, retirement, policies, hosts),
+        supervise(workloads, retirement, policies, hosts, contexts),
         process::shutdown_signal(),
     );
     let host_api = async move {
@@ -92,11 +93,13 @@ async fn supervise(
     retirement: impl Future<Output = anyhow::Result<()>>,
     policies: impl Future<Output = anyhow::Result<()>>,
     hosts: impl Future<Output = anyhow::Result<()>>,
+    contexts: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     tokio::select! {
         ended = hosts => ended.context("the Host operator ended"),
         ended = workloads => ended.context("the MCPServer workload controller ended"),
         ended = retirement => ended.context("the retirement controller ended"),
         ended = policies => ended.context("the NetworkPolicy controller ended"),
+        ended = contexts => ended.context("the Context status controller ended"),
     }
 }

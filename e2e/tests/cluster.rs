@@ -33,6 +33,8 @@ macro_rules! ensure {
     };
 }
 
+#[path = "cluster/contexts.rs"]
+mod contexts;
 #[path = "cluster/controllers.rs"]
 mod controllers;
 #[path = "cluster/deploy_manifests.rs"]
@@ -336,6 +338,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "hosts_binding_a_context_needs_use",
         hosts::binding_a_context_needs_use,
+    ),
+    (
+        "contexts_status_follows_servers_and_consent",
+        contexts::status_follows_servers_and_consent,
     ),
     (
         "kubectl_access_who_can_lists_the_sessions_that_grant_now",
