@@ -111,7 +111,16 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
         }
         let token = host_token(c, "dev-host")?;
 
-        let (code, body) = call(c, &base, &token, None)?;
+        // The API answers from watch caches: polled until they hold the new objects.
+        let mut reply = (0, String::new());
+        for _ in 0..50 {
+            reply = call(c, &base, &token, None)?;
+            if reply.0 == 200 && reply.1.contains(r#""name":"github""#) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let (code, body) = reply;
         ensure!(code == 200, "inventory: {code} {body}");
         let inventory: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
         let names: Vec<&str> = inventory["items"]
@@ -126,12 +135,44 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
             "the inventory names the Secret: {body}"
         );
 
+        // The host's session for github, as the controllers label the ones they keep.
+        let host_uid = ok(
+            &c.kubectl(&["get", "host", "dev-host", "-n", NS, "-o", "jsonpath={.metadata.uid}"]),
+            "host uid",
+        )?;
+        let server_uid = ok(
+            &c.kubectl(&["get", "mcpserver", "github", "-n", NS, "-o", "jsonpath={.metadata.uid}"]),
+            "server uid",
+        )?;
+        let expires = k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(1))
+            .map_err(|e| e.to_string())?;
+        apply(
+            c,
+            &json!({
+                "apiVersion": "access.mcp-runtime.dev/v1alpha1", "kind": "AccessSession",
+                "metadata": {"name": "dev-host-github", "namespace": NS, "labels": {
+                    "mcp-runtime.dev/managed-by": "mcp-access-controllers",
+                    "mcp-runtime.dev/host-uid": host_uid.trim(),
+                    "mcp-runtime.dev/host-namespace": NS}},
+                "spec": {"server": {"name": "github", "uid": server_uid.trim()},
+                         "teams": ["hosts"], "expiresAt": expires.to_string()},
+            }),
+        )?;
         let credential = format!("{base}/credential");
-        let (code, body) = call(c, &credential, &token, Some(r#"{"serverName":"github"}"#))?;
+        let mut answer = (0, String::new());
+        for _ in 0..50 {
+            answer = call(c, &credential, &token, Some(r#"{"serverName":"github"}"#))?;
+            if answer.0 == 200 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let (code, body) = answer;
         ensure!(code == 200, "credential: {code} {body}");
         let answer: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
         ensure!(
-            answer["credential"] == "ghp-local",
+            answer["token"] == "ghp-local" && answer["session"]["token"].is_string(),
             "credential answer: {body}"
         );
 
