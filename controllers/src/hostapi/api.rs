@@ -371,9 +371,7 @@ impl HostApi {
                 self.count(endpoint, &response);
                 return response;
             }
-            (Route::Inventory, &Method::GET) => {
-                self.timed(self.inventory(request.headers())).await
-            }
+            (Route::Inventory, &Method::GET) => self.timed(self.inventory(request.headers())).await,
             (Route::Credential, &Method::POST) => self.timed(self.credential(request)).await,
             (Route::Health | Route::Inventory, _) => Err(Failure::MethodNotAllowed("GET")),
             (Route::Credential, _) => Err(Failure::MethodNotAllowed("POST")),
@@ -545,19 +543,25 @@ impl HostApi {
         // A server's reference is whatever its author wrote: one that is not a Kubernetes
         // name names nothing, and never becomes part of a request path.
         if !kube_name(&ns, &credential.name) {
-            return Err(Failure::Unavailable("hostCredential names no Secret".into()));
+            return Err(Failure::Unavailable(
+                "hostCredential names no Secret".into(),
+            ));
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
         let secret = api
             .get_opt(&credential.name)
             .await
             .map_err(|e| unavailable("get secret", e))?
-            .ok_or_else(|| Failure::Unavailable(format!("secret {ns}/{} missing", credential.name)))?;
+            .ok_or_else(|| {
+                Failure::Unavailable(format!("secret {ns}/{} missing", credential.name))
+            })?;
         let value = secret
             .data
             .as_ref()
             .and_then(|d| d.get(&credential.key))
-            .ok_or_else(|| Failure::Unavailable(format!("secret {ns}/{} lacks its key", credential.name)))
+            .ok_or_else(|| {
+                Failure::Unavailable(format!("secret {ns}/{} lacks its key", credential.name))
+            })
             .and_then(|v| {
                 String::from_utf8(v.0.clone()).map_err(|_| {
                     Failure::Unavailable(format!("secret {ns}/{}: key not UTF-8", credential.name))
@@ -947,7 +951,6 @@ mod tests {
     }
 }
 
-
 /// The handler against caches filled by hand and a fake Kubernetes API for the live requests
 /// (a tower service answering Secret GETs and TokenRequests, recording every request): what is
 /// read live and when, every answer, fail-closed errors, and the rate limit as a host sees it.
@@ -1179,11 +1182,43 @@ mod kube_tests {
             secret_object("team", "gh", b"gh-secret"),
             secret_object("shared", "jira", b"jira-secret"),
             secret_object("other", "gh", b"foreign-secret"),
-            session_object("team", "agent-github", "uid-agent", "github", 60, 3600, "Active"),
-            session_object("shared", "agent-jira", "uid-agent", "jira", 60, 3600, "Active"),
-            session_object("team", "agent-plain", "uid-agent", "plain", 60, 3600, "Active"),
+            session_object(
+                "team",
+                "agent-github",
+                "uid-agent",
+                "github",
+                60,
+                3600,
+                "Active",
+            ),
+            session_object(
+                "shared",
+                "agent-jira",
+                "uid-agent",
+                "jira",
+                60,
+                3600,
+                "Active",
+            ),
+            session_object(
+                "team",
+                "agent-plain",
+                "uid-agent",
+                "plain",
+                60,
+                3600,
+                "Active",
+            ),
             // Another host's session for the same server is never this host's.
-            session_object("team", "else-github", "uid-else", "github", 1, 3600, "Revoked"),
+            session_object(
+                "team",
+                "else-github",
+                "uid-else",
+                "github",
+                1,
+                3600,
+                "Revoked",
+            ),
         ]
     }
 
@@ -1318,8 +1353,10 @@ mod kube_tests {
         );
         assert_eq!(
             w.lock().unwrap().token_requests,
-            [json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                    "spec": {"expirationSeconds": 600}})]
+            [
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 600}})
+            ]
         );
 
         // Not granted (another namespace's server of the same name), a missing server, a
@@ -1386,10 +1423,10 @@ mod kube_tests {
         w.lock()
             .unwrap()
             .put(secret_object("shared", "jira", b"jira-secret"));
-        w.lock()
-            .unwrap()
-            .answers
-            .insert(secret_path("shared", "jira"), (403, kube_status(403, "Forbidden")));
+        w.lock().unwrap().answers.insert(
+            secret_path("shared", "jira"),
+            (403, kube_status(403, "Forbidden")),
+        );
         let (status, _) = post(&api, &token("uid-agent"), json!({"serverName": "jira"})).await;
         assert_eq!(status, 503);
         let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "plain"})).await;
@@ -1495,7 +1532,10 @@ mod kube_tests {
                 (404, json!({"error": "not_found"})),
                 "{what}"
             );
-            assert!(take_log(&w).iter().any(|l| l.contains("/secrets/gh")), "{what}");
+            assert!(
+                take_log(&w).iter().any(|l| l.contains("/secrets/gh")),
+                "{what}"
+            );
         }
     }
 
@@ -1544,9 +1584,17 @@ mod kube_tests {
             "Revoked",
         ));
         w.lock().unwrap().put(session_object(
-            "shared", "agent-jira", "uid-agent", "jira", 60, -5, "Active",
+            "shared",
+            "agent-jira",
+            "uid-agent",
+            "jira",
+            60,
+            -5,
+            "Active",
         ));
-        w.lock().unwrap().remove("AccessSession", "team", "agent-plain");
+        w.lock()
+            .unwrap()
+            .remove("AccessSession", "team", "agent-plain");
         let (_, body) = get(&api, &token("uid-agent")).await;
         let sessions: Vec<&Value> = body["items"]
             .as_array()
@@ -1602,17 +1650,22 @@ mod kube_tests {
         let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "github"})).await;
         assert_eq!(
             (status, body),
-            (
-                409,
-                json!({"error": "session_revoked", "revocation": null})
-            )
+            (409, json!({"error": "session_revoked", "revocation": null}))
         );
 
         // Only an expired session, or none: pending, retry in a second.
         w.lock().unwrap().put(session_object(
-            "shared", "agent-jira", "uid-agent", "jira", 60, -5, "Active",
+            "shared",
+            "agent-jira",
+            "uid-agent",
+            "jira",
+            60,
+            -5,
+            "Active",
         ));
-        w.lock().unwrap().remove("AccessSession", "team", "agent-plain");
+        w.lock()
+            .unwrap()
+            .remove("AccessSession", "team", "agent-plain");
         for server in ["jira", "plain"] {
             let r = post_raw(&api, &token("uid-agent"), json!({"serverName": server})).await;
             assert_eq!(r.headers()[header::RETRY_AFTER], "1", "{server}");

@@ -162,9 +162,13 @@ pub async fn run(client: kube::Client, caches: Caches, writers: Writers) -> anyh
     ));
     watches.spawn(follow(
         "Secrets",
-        kube::runtime::metadata_watcher(Api::<Secret>::all(client), Default::default())
-            .default_backoff()
-            .reflect(writers.secrets),
+        // `Api<PartialObjectMeta<_>>` lists and watches metadata only (PartialObjectMetadata).
+        watcher(
+            Api::<PartialObjectMeta<Secret>>::all(client),
+            Default::default(),
+        )
+        .default_backoff()
+        .reflect(writers.secrets),
     ));
     tokio::select! {
         ended = watches.join_next() => match ended {

@@ -88,7 +88,8 @@ mod tests {
         // Another host has its own window.
         assert!(limiter.check(&"b", t0 + Duration::from_secs(4)).is_ok());
         // Refused requests do not extend the window; it ends 10 s after it began.
-        assert!(limiter.check(&"a", t0 + Duration::from_millis(9999))
+        assert!(limiter
+            .check(&"a", t0 + Duration::from_millis(9999))
             .is_err());
         assert!(limiter.check(&"a", t0 + Duration::from_secs(10)).is_ok());
         assert!(limiter.check(&"a", t0 + Duration::from_secs(11)).is_ok());

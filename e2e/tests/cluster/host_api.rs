@@ -817,7 +817,12 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     let listed = |r: &Reply, n: usize| {
         r.json().ok().and_then(|v| {
             let items = v["items"].as_array()?.clone();
-            Some(items.len() == n && items.iter().all(|i| !i["session"].is_null() || i["name"] == "nokey"))
+            Some(
+                items.len() == n
+                    && items
+                        .iter()
+                        .all(|i| !i["session"].is_null() || i["name"] == "nokey"),
+            )
         }) == Some(true)
     };
 
@@ -864,7 +869,12 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     let inv_b = until_reply(
         "B's inventory lists its servers",
         || api.inventory(&token_b),
-        |r| listed(r, 2) || r.json().ok().and_then(|v| v["items"].as_array().map(Vec::len)) == Some(2),
+        |r| {
+            r.json().ok().is_some_and(|v| {
+                v["items"].as_array().map(Vec::len) == Some(2)
+                    && !v["items"][1]["session"].is_null()
+            })
+        },
     )?;
     let names_b: Vec<String> = inv_b.json()?["items"]
         .as_array()
@@ -1389,14 +1399,20 @@ pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Re
             && got["session"]["name"].is_string(),
         "github's credential: {got}"
     );
-    let session_name = got["session"]["name"].as_str().unwrap_or_default().to_string();
-    let session_token = got["session"]["token"].as_str().unwrap_or_default().to_string();
+    let session_name = got["session"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let session_token = got["session"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let claims = verified_session_claims(c, &session_token)?;
     let private = &claims["access.mcp-runtime.dev"];
     ensure!(
         claims["sub"] == format!("system:accesssession:{ns}:{session_name}")
             && private["server"]["uid"] == server_uid
-            && private["session"]["uid"] == uid(c, "accesssession", ns, &session_name)?,
+            && private["session"]["uid"] == uid(c, "accesssessions", ns, &session_name)?,
         "the session token's claims: {claims}"
     );
     let audiences = claims["aud"].as_array().cloned().unwrap_or_default();
@@ -1486,4 +1502,3 @@ pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Re
     }
     Ok(())
 }
-

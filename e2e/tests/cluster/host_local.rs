@@ -137,11 +137,27 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
 
         // The host's session for github, as the controllers label the ones they keep.
         let host_uid = ok(
-            &c.kubectl(&["get", "host", "dev-host", "-n", NS, "-o", "jsonpath={.metadata.uid}"]),
+            &c.kubectl(&[
+                "get",
+                "host",
+                "dev-host",
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ]),
             "host uid",
         )?;
         let server_uid = ok(
-            &c.kubectl(&["get", "mcpserver", "github", "-n", NS, "-o", "jsonpath={.metadata.uid}"]),
+            &c.kubectl(&[
+                "get",
+                "mcpserver",
+                "github",
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ]),
             "server uid",
         )?;
         let expires = k8s_openapi::jiff::Timestamp::now()
