@@ -510,7 +510,8 @@ pub fn host(c: &LocalCluster, ns: &str, name: &str, context: &str) -> Result<()>
         &json!({
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "Host",
-            "metadata": {"name": name, "namespace": ns},
+            // The label its Context's hostSelector selects ([`context`]).
+            "metadata": {"name": name, "namespace": ns, "labels": {"agents": context}},
             "spec": {
                 "contextRef": {"name": context},
                 "image": demo_host_image()?,

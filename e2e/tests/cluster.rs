@@ -334,6 +334,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         hosts::orphan_sweep_respects_the_caps,
     ),
     (
+        "hosts_binding_a_context_needs_use",
+        hosts::binding_a_context_needs_use,
+    ),
+    (
         "kubectl_access_who_can_lists_the_sessions_that_grant_now",
         kubectl_access::who_can_lists_the_sessions_that_grant_now,
     ),
@@ -416,6 +420,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "mcp_gateway_retired_and_republished_server_refuses_the_old_token",
         mcp_gateway::retired_and_republished_server_refuses_the_old_token,
+    ),
+    (
+        "mcp_gateway_host_sessions_through_the_gateway",
+        mcp_gateway::host_sessions_through_the_gateway,
     ),
 ];
 

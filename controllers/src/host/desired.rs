@@ -108,7 +108,7 @@ pub fn labels(host: &str) -> Value {
     json!({MANAGED_BY_LABEL: MANAGED_BY, HOST_LABEL: host_label(host)})
 }
 
-/// Whether a Context's `hostSelector` label may be put on host pods: not one of the
+/// Whether a Host's label may be put on its pods: not one of the
 /// prefixes Kubernetes and this project reserve (`mcp-runtime.dev/`, `kubernetes.io/`,
 /// `k8s.io/` and their subdomains), whose meaning is another controller's.
 pub fn copyable_label(key: &str) -> bool {
@@ -135,9 +135,10 @@ pub struct Inputs<'a> {
     /// The servers the Host's Context grants, enabled and existing (`grants::granted`);
     /// empty when the Context is missing.
     pub servers: &'a [&'a MCPServer],
-    /// Labels of the Context's `hostSelector.matchLabels`, put on the host pods so the
-    /// server side of L2 (which admits the Context's hosts by that selector) admits them.
-    pub context_labels: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// The Host's own labels, put on the host pods (outside the reserved prefixes): the
+    /// Context's `hostSelector` admits the Host by them (`grants::selects`) and the server
+    /// side of L2 admits its pods by the same selector.
+    pub host_labels: Option<&'a std::collections::BTreeMap<String, String>>,
     /// The size the live workspace claim asks for, if it exists (a claim never shrinks).
     pub live_workspace: Option<&'a str>,
 }
@@ -260,8 +261,8 @@ pub fn children(
         }
     }
     let mut pod_labels = labels(name);
-    for (k, v) in inputs.context_labels.into_iter().flatten() {
-        // Our own labels are never overridden by a Context's selector, and no reserved label
+    for (k, v) in inputs.host_labels.into_iter().flatten() {
+        // Our own labels are never overridden by the Host's, and no reserved label
         // is copied: with `mcp-runtime.dev/mcpserver` a host pod would be one of that
         // server's pods (its Service, its egress and external egress), with
         // `mcp-runtime.dev/kube-api-access` it would reach the Kubernetes API.
@@ -436,7 +437,7 @@ mod tests {
     fn none() -> Inputs<'static> {
         Inputs {
             servers: &[],
-            context_labels: None,
+            host_labels: None,
             live_workspace: None,
         }
     }
@@ -597,7 +598,7 @@ mod tests {
         let servers = [&b, &a, &a];
         let inputs = Inputs {
             servers: &servers,
-            context_labels: None,
+            host_labels: None,
             live_workspace: None,
         };
         let children = children(&host("agent", None, None), &settings(), &inputs).unwrap();
@@ -645,12 +646,12 @@ mod tests {
     }
 
     #[test]
-    fn context_labels_go_on_the_pods_but_never_replace_ours() {
+    fn host_labels_go_on_the_pods_but_never_replace_ours() {
         let labels = std::collections::BTreeMap::from([
             ("host".to_string(), "dev".to_string()),
             ("team.example.org/tier".to_string(), "agents".to_string()),
             (HOST_LABEL.to_string(), "someone-else".to_string()),
-            // A Context could otherwise make its hosts pods of a server (its Service, its
+            // A Host could otherwise make its pods pods of a server (its Service, its
             // external egress) or give them the Kubernetes API.
             (SERVER_LABEL.to_string(), "github".to_string()),
             (
@@ -666,7 +667,7 @@ mod tests {
         ]);
         let inputs = Inputs {
             servers: &[],
-            context_labels: Some(&labels),
+            host_labels: Some(&labels),
             live_workspace: None,
         };
         let children = children(&host("agent", None, None), &settings(), &inputs).unwrap();
@@ -692,7 +693,7 @@ mod tests {
         let claim = |size: Option<&str>, live: Option<&str>| {
             let inputs = Inputs {
                 servers: &[],
-                context_labels: None,
+                host_labels: None,
                 live_workspace: live,
             };
             let children = children(&host("agent", None, size), &settings(), &inputs).unwrap();
@@ -770,7 +771,7 @@ mod tests {
         let servers = [&server];
         let inputs = Inputs {
             servers: &servers,
-            context_labels: None,
+            host_labels: None,
             live_workspace: Some("2Gi"),
         };
         let got: Vec<String> = children(

@@ -13,6 +13,7 @@
 
 pub mod desired;
 pub mod grants;
+pub mod sessions;
 pub mod status;
 pub mod sweep;
 
@@ -20,14 +21,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apis::duration::GoDuration;
-use apis::runtime::{Context, Host, MCPServer};
+use apis::runtime::{Context, Host, HostSessionStatus, MCPServer};
+use apis::types::AccessSession;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -178,6 +182,8 @@ impl Metrics {
 
 struct Ctx {
     client: kube::Client,
+    /// Namespaces (metadata): a Context's namespace labels, for a server's consent.
+    namespaces: Store<PartialObjectMeta<Namespace>>,
     settings: HostSettings,
     policy: ImagePolicy,
     caps: SweepCaps,
@@ -205,7 +211,16 @@ pub fn controller(
             controller: "mcp-access-controllers".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let (namespaces, namespaces_w) = reflector::store::<PartialObjectMeta<Namespace>>();
+        let namespace_cache = watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            Default::default(),
+        )
+        .default_backoff()
+        .reflect(namespaces_w)
+        .for_each(|_| std::future::ready(()));
         let ctx = Arc::new(Ctx {
+            namespaces,
             recorder: Recorder::new(client.clone(), reporter),
             client: client.clone(),
             settings,
@@ -237,7 +252,8 @@ pub fn controller(
             Controller::new(Api::<Host>::all(client.clone()), watcher::Config::default())
                 .with_config(kube::runtime::controller::Config::default().concurrency(8));
         let hosts = controller.store();
-        let (by_context, by_server, by_secret) = (hosts.clone(), hosts.clone(), hosts);
+        let (by_context, by_server, by_secret, by_session) =
+            (hosts.clone(), hosts.clone(), hosts.clone(), hosts);
         let running = controller
             .owns(Api::<Deployment>::all(client.clone()), managed.clone())
             .owns(Api::<Service>::all(client.clone()), managed.clone())
@@ -292,6 +308,19 @@ pub fn controller(
                     })
                 },
             )
+            // A Host's sessions (a revocation, an expiry, a deletion) re-queue it.
+            .watches(
+                Api::<AccessSession>::all(client.clone()),
+                watcher::Config::default().labels(&format!(
+                    "{},{}",
+                    children::managed_selector(&[]),
+                    sessions::HOST_UID_LABEL
+                )),
+                move |session| {
+                    let uid = session.labels().get(sessions::HOST_UID_LABEL).cloned();
+                    hosts_where(&by_session, |h| h.metadata.uid == uid)
+                },
+            )
             .run(reconcile_host, error_policy, ctx)
             .for_each(|result| async move {
                 if let Err(e) = result {
@@ -301,6 +330,7 @@ pub fn controller(
         tokio::select! {
             _ = running => anyhow::bail!("the Host watch ended"),
             _ = context_cache => anyhow::bail!("the Context watch of the Host operator ended"),
+            _ = namespace_cache => anyhow::bail!("the Namespace watch of the Host operator ended"),
             _ = sweeping => anyhow::bail!("the Host orphan sweep ended"),
         }
     })
@@ -335,13 +365,21 @@ async fn reconcile_host(host: Arc<Host>, ctx: Arc<Ctx>) -> Result<Action, Reconc
 }
 
 async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError> {
-    // A Host being deleted: the garbage collector removes its children.
-    if host.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
     let namespace = children::namespace_of(host)?;
     let name = host.name_any();
     let client = ctx.client.clone();
+    // A Host being deleted: its sessions go first, in every namespace (which cuts it at the
+    // gateways), then the finalizer; the garbage collector removes its other children.
+    if host.metadata.deletion_timestamp.is_some() {
+        if host.finalizers().iter().any(|f| f == sessions::FINALIZER) {
+            delete_sessions(ctx, host).await?;
+            set_finalizer(ctx, host, false).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !host.finalizers().iter().any(|f| f == sessions::FINALIZER) {
+        set_finalizer(ctx, host, true).await?;
+    }
 
     // 1. The Secret first: without it there is no workload.
     let secret = match &host.spec.secret_ref {
@@ -373,9 +411,16 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         }
     }
     let granted: Vec<&MCPServer> = match &context {
-        Some(c) => grants::granted(host, c, &servers),
+        Some(c) => grants::granted(host, c, &servers, |ns| namespace_labels(ctx, ns)),
         None => Vec::new(),
     };
+    let selected = context.as_ref().is_none_or(|c| grants::selects(c, host));
+    // 2b. One AccessSession per granted server.
+    let teams = context
+        .as_ref()
+        .map(|c| c.spec.teams.clone())
+        .unwrap_or_default();
+    let kept = keep_sessions(ctx, host, &granted, &teams, context_name).await?;
     let live_claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
         .get_opt(&desired::workspace_name(&name))
         .await?;
@@ -386,9 +431,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         .map(|q| q.0.clone());
     let inputs = Inputs {
         servers: &granted,
-        context_labels: context
-            .as_ref()
-            .and_then(|c| c.spec.host_selector.match_labels.as_ref()),
+        host_labels: host.metadata.labels.as_ref(),
         live_workspace: live_size.as_deref(),
     };
     let secret_resolved = secret.as_ref().is_none_or(|(_, found)| *found);
@@ -516,6 +559,24 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         .await?;
     }
 
+    let revoked: Vec<String> = kept
+        .plan
+        .revoked()
+        .iter()
+        .map(|s| revoked_note(s))
+        .collect();
+    if !revoked.is_empty() && status::ready_reason(previous) != Some(status::SESSION_REVOKED) {
+        publish(
+            ctx,
+            host,
+            EventType::Warning,
+            status::SESSION_REVOKED,
+            "KeepSessions",
+            status::revoked_message(&revoked),
+        )
+        .await?;
+    }
+
     let name_conflict = !conflicts.is_empty();
     let any_refused = !refused.is_empty();
     let observed = status::Observed {
@@ -524,8 +585,20 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         conflicts,
         refused,
         context: (context_name.clone(), context.is_some()),
+        selected,
         servers: granted.len(),
         workload_observed,
+        sessions: status::SessionsObserved {
+            issued: kept
+                .plan
+                .status
+                .iter()
+                .filter(|s| s.phase == "Active")
+                .count()
+                + kept.issued,
+            revoked,
+            refused: kept.refused.clone(),
+        },
     };
     let generation = host.metadata.generation;
     let wanted = status::conditions(
@@ -534,11 +607,17 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         &observed,
         Time(k8s_openapi::jiff::Timestamp::now()),
     );
-    if !status::current(previous, generation, &wanted) {
+    if !status::current(previous, generation, &wanted)
+        || previous.map(|p| &p.sessions) != Some(&kept.status)
+    {
         let body = json!({
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "Host",
-            "status": {"observedGeneration": generation, "conditions": wanted},
+            "status": {
+                "observedGeneration": generation,
+                "conditions": wanted,
+                "sessions": kept.status,
+            },
         });
         let api = Api::<Host>::namespaced(client, namespace);
         children::apply_status(&api, FIELD_MANAGER, &name, &body).await?;
@@ -546,15 +625,238 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
     }
     // A name held by another object: look again in 10 s (its removal wakes nothing here). Not
     // observed yet: soon (the Deployment's status change also wakes us).
-    Ok(Action::requeue(if name_conflict {
+    let next = if name_conflict {
         children::NAME_CONFLICT_RETRY
-    } else if any_refused {
+    } else if any_refused || !kept.refused.is_empty() {
         REFUSED_RETRY
     } else if workload_observed {
         Duration::from_secs(300)
     } else {
         Duration::from_secs(30)
-    }))
+    };
+    // Back when the next session successor is due.
+    let roll = kept.plan.next_roll.map(|t| {
+        let left = t.duration_since(k8s_openapi::jiff::Timestamp::now());
+        Duration::from_secs(left.as_secs().max(1) as u64)
+    });
+    Ok(Action::requeue(roll.map_or(next, |r| r.min(next))))
+}
+
+/// A Namespace's labels, from the watch cache (None while unknown).
+fn namespace_labels(
+    ctx: &Ctx,
+    namespace: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    ctx.namespaces
+        .get(&ObjectRef::new(namespace))
+        .map(|n| n.metadata.labels.clone().unwrap_or_default())
+}
+
+/// What keeping a Host's sessions did.
+struct Kept {
+    plan: sessions::Plan,
+    /// Sessions issued by this reconcile.
+    issued: usize,
+    /// Issuances the aggregated API refused (`server: its message`).
+    refused: Vec<String>,
+    /// The status entries, with the names of sessions issued now.
+    status: Vec<HostSessionStatus>,
+}
+
+/// Issues, deletes and reports the Host's sessions by [`sessions::plan`].
+async fn keep_sessions(
+    ctx: &Ctx,
+    host: &Host,
+    granted: &[&MCPServer],
+    teams: &[String],
+    context_name: &str,
+) -> Result<Kept, ReconcileError> {
+    let uid = host.metadata.uid.clone().unwrap_or_default();
+    let live = Api::<AccessSession>::all(ctx.client.clone())
+        .list(&ListParams::default().labels(&sessions::selector(&uid)))
+        .await?
+        .items;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let plan = sessions::plan(granted, teams, &live, now);
+    for gone in &plan.delete {
+        let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &gone.namespace);
+        if children::delete_exact(&api, &gone.name, gone.uid.clone()).await? {
+            ctx.metrics.write(CONTROLLER, "SessionDelete");
+        }
+    }
+    let mut status = plan.status.clone();
+    let mut refused = Vec::new();
+    let mut issued = 0;
+    for want in &plan.issue {
+        let session = session_object(host, want, teams, context_name, now)?;
+        let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &want.namespace);
+        match api.create(&PostParams::default(), &session).await {
+            Ok(made) => {
+                issued += 1;
+                ctx.metrics.write(CONTROLLER, "SessionCreate");
+                if let Some(entry) = status
+                    .iter_mut()
+                    .find(|s| s.namespace == want.namespace && s.server == want.server)
+                {
+                    if entry.phase != "Active" {
+                        entry.session = made.metadata.name.clone();
+                        entry.phase = "Active".into();
+                    }
+                }
+            }
+            // Refused (a fenced server: 409, not allowed: 403, invalid: 422): said in the
+            // status and tried again; any other failure fails the reconcile.
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 409 | 422) => {
+                refused.push(format!("{}/{}: {}", want.namespace, want.server, s.message));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Kept {
+        plan,
+        issued,
+        refused,
+        status,
+    })
+}
+
+/// The AccessSession for one (Host, server). Owned by the Host when they share a namespace (an
+/// owner reference cannot cross namespaces; the finalizer covers both).
+fn session_object(
+    host: &Host,
+    want: &sessions::Issue,
+    teams: &[String],
+    context_name: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<AccessSession, ReconcileError> {
+    let host_ns = children::namespace_of(host)?;
+    let name = host.name_any();
+    // Session names are reserved forever once used: a successor needs a new one. A digest of
+    // the Host, the server and the instant is unique and tells nothing guessable about either.
+    let seed = format!(
+        "{}/{}/{}",
+        host.metadata.uid.as_deref().unwrap_or_default(),
+        want.server_uid,
+        now.as_nanosecond()
+    );
+    let digest = ring::digest::digest(&ring::digest::SHA256, seed.as_bytes());
+    let suffix: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let session_name =
+        desired::fit_label(&format!("{name}-{}", want.server), &format!("-{suffix}"));
+    let mut labels = std::collections::BTreeMap::from([
+        (
+            children::MANAGED_BY_LABEL.to_string(),
+            children::MANAGED_BY.to_string(),
+        ),
+        (HOST_LABEL.to_string(), desired::host_label(&name)),
+        (
+            sessions::HOST_UID_LABEL.to_string(),
+            host.metadata.uid.clone().unwrap_or_default(),
+        ),
+        (
+            sessions::HOST_NAMESPACE_LABEL.to_string(),
+            host_ns.to_string(),
+        ),
+    ]);
+    labels.retain(|_, v| !v.is_empty());
+    let owner = (want.namespace == host_ns).then(|| {
+        vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "mcp-runtime.dev/v1alpha1".into(),
+                kind: "Host".into(),
+                name: name.clone(),
+                uid: host.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            },
+        ]
+    });
+    let expires = now + sessions::REQUESTED_TTL;
+    let value = json!({
+        "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+        "kind": "AccessSession",
+        "metadata": {
+            "name": session_name,
+            "namespace": want.namespace,
+            "labels": labels,
+            "ownerReferences": owner,
+        },
+        "spec": {
+            "server": {"name": want.server, "uid": want.server_uid},
+            "subject": {"user": sessions::subject(host_ns, &name)},
+            "teams": teams,
+            "grant": {"name": format!("context/{context_name}")},
+            "expiresAt": expires.to_string(),
+        },
+    });
+    serde_json::from_value(value).map_err(|e| ReconcileError::Encode("AccessSession", e))
+}
+
+/// Deletes every session of a Host (all namespaces).
+async fn delete_sessions(ctx: &Ctx, host: &Host) -> Result<(), ReconcileError> {
+    let uid = host.metadata.uid.clone().unwrap_or_default();
+    let live = Api::<AccessSession>::all(ctx.client.clone())
+        .list_metadata(&ListParams::default().labels(&sessions::selector(&uid)))
+        .await?
+        .items;
+    for s in live {
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &ns);
+        if children::delete_exact(&api, &s.name_any(), s.metadata.uid.clone()).await? {
+            ctx.metrics.write(CONTROLLER, "SessionDelete");
+        }
+    }
+    Ok(())
+}
+
+/// Adds or removes the sessions finalizer, with the Host's resourceVersion as precondition
+/// (another writer's finalizers are never lost: a conflict retries the reconcile).
+async fn set_finalizer(ctx: &Ctx, host: &Host, present: bool) -> Result<(), ReconcileError> {
+    let mut finalizers: Vec<String> = host
+        .finalizers()
+        .iter()
+        .filter(|f| *f != sessions::FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(sessions::FINALIZER.into());
+    }
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": host.resource_version(),
+        }
+    });
+    let api = Api::<Host>::namespaced(ctx.client.clone(), children::namespace_of(host)?);
+    match api
+        .patch(
+            &host.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.write(CONTROLLER, "HostFinalizer");
+            Ok(())
+        }
+        // Gone already (removing): nothing left to hold.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn revoked_note(s: &HostSessionStatus) -> String {
+    format!(
+        "session {}/{} for server {} revoked by Revocation {}",
+        s.namespace,
+        s.session.as_deref().unwrap_or("?"),
+        s.server,
+        s.revocation.as_deref().unwrap_or("?")
+    )
 }
 
 /// How often a Host with a refused child tries again (what made kube-apiserver refuse, a
@@ -602,6 +904,34 @@ async fn list_children(
         .collect())
 }
 
+/// Sessions of Hosts that no longer exist (a finalizer removed by hand, or a Host deleted while
+/// the sessions API was down): deleted, whatever their number, since deleting a session only
+/// ever narrows access. `sessions` were listed before `hosts`, so a Host created meanwhile
+/// keeps its sessions.
+async fn sweep_sessions(
+    ctx: &Ctx,
+    sessions: Vec<PartialObjectMeta<AccessSession>>,
+    hosts: &[LiveHost],
+) -> Result<(), ReconcileError> {
+    for s in sessions {
+        let owner = s.labels().get(sessions::HOST_UID_LABEL).cloned();
+        if hosts.iter().any(|h| Some(&h.uid) == owner.as_ref()) {
+            continue;
+        }
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &ns);
+        if children::delete_exact(&api, &s.name_any(), s.metadata.uid.clone()).await? {
+            ctx.metrics.write(CONTROLLER, "SessionDelete");
+            tracing::info!(
+                namespace = ns,
+                name = s.name_any(),
+                "deleted the session of a Host that no longer exists"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// One sweep: the children are listed before the Hosts, so a Host created meanwhile has
 /// none listed and none of its objects can look orphaned.
 async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
@@ -610,6 +940,14 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
     for kind in desired::KINDS {
         live.extend(list_children(&ctx.client, kind, &selector).await?);
     }
+    let host_sessions = Api::<AccessSession>::all(ctx.client.clone())
+        .list_metadata(&ListParams::default().labels(&format!(
+            "{},{}",
+            children::managed_selector(&[]),
+            sessions::HOST_UID_LABEL
+        )))
+        .await?
+        .items;
     let hosts: Vec<LiveHost> = Api::<Host>::all(ctx.client.clone())
         .list_metadata(&ListParams::default())
         .await?
@@ -623,6 +961,7 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
             })
         })
         .collect();
+    sweep_sessions(ctx, host_sessions, &hosts).await?;
     let plan = sweep::plan(&live, &hosts, ctx.caps);
     ctx.own.over_cap.set(plan.withheld.len() as i64);
     if !plan.withheld.is_empty() {

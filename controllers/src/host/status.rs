@@ -11,7 +11,27 @@ pub const SECRET_RESOLVED: &str = "SecretResolved";
 pub const CONTEXT_RESOLVED: &str = "ContextResolved";
 /// `Ready=False` reason: kube-apiserver refused a child (invalid, forbidden).
 pub const APPLY_REFUSED: &str = "ApplyRefused";
-pub const OWNED: [&str; 4] = [READY, SECRET_RESOLVED, IMAGE_ALLOWED, CONTEXT_RESOLVED];
+pub const SESSIONS_READY: &str = "SessionsReady";
+/// `Ready=False` reason (and Warning Event): a session of the Host is revoked.
+pub const SESSION_REVOKED: &str = "SessionRevoked";
+pub const OWNED: [&str; 5] = [
+    READY,
+    SECRET_RESOLVED,
+    IMAGE_ALLOWED,
+    CONTEXT_RESOLVED,
+    SESSIONS_READY,
+];
+
+/// What keeping the Host's sessions found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionsObserved {
+    /// Servers with a usable session.
+    pub issued: usize,
+    /// Revoked sessions, each described (`session ... revoked by Revocation ...`).
+    pub revoked: Vec<String>,
+    /// Issuances the aggregated API refused (`namespace/server: message`).
+    pub refused: Vec<String>,
+}
 
 /// What a reconcile observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,10 +46,14 @@ pub struct Observed {
     pub refused: Vec<String>,
     /// The Context's name and whether it exists.
     pub context: (String, bool),
+    /// Whether the Context's `hostSelector` admits the Host (true when there is no Context).
+    pub selected: bool,
     /// Servers the Context grants that exist and are enabled (routes opened).
     pub servers: usize,
     /// The Deployment exists and its controller observed its current generation.
     pub workload_observed: bool,
+    /// The Host's AccessSessions.
+    pub sessions: SessionsObserved,
 }
 
 impl Observed {
@@ -63,7 +87,16 @@ pub fn conditions(
     };
     let image = observed.image.condition();
     let (ctx_name, ctx_found) = &observed.context;
-    let context = if *ctx_found {
+    let context = if *ctx_found && !observed.selected {
+        (
+            false,
+            "HostNotSelected",
+            format!(
+                "Context {ctx_name}'s hostSelector does not select this Host's labels: no \
+                 server is reachable"
+            ),
+        )
+    } else if *ctx_found {
         (
             true,
             "ContextFound",
@@ -79,6 +112,25 @@ pub fn conditions(
             format!("Context {ctx_name} not found: no server is reachable"),
         )
     };
+    let sessions = &observed.sessions;
+    let sessions_cond = if !sessions.revoked.is_empty() {
+        (false, SESSION_REVOKED, revoked_message(&sessions.revoked))
+    } else if !sessions.refused.is_empty() {
+        (
+            false,
+            "SessionRefused",
+            format!(
+                "the aggregated API refused to issue: {}; retried every 30s",
+                sessions.refused.join("; ")
+            ),
+        )
+    } else {
+        (
+            true,
+            "SessionsIssued",
+            format!("{} server(s) with a usable session", sessions.issued),
+        )
+    };
     let ready = if !observed.conflicts.is_empty() {
         (
             false,
@@ -92,7 +144,9 @@ pub fn conditions(
     } else if !observed.image.deployable() {
         (false, "ImageNotAllowed", image.2.clone())
     } else if !context.0 {
-        (false, "ContextNotFound", context.2.clone())
+        (false, context.1, context.2.clone())
+    } else if !sessions_cond.0 {
+        (false, sessions_cond.1, sessions_cond.2.clone())
     } else if !observed.workload_observed {
         (
             false,
@@ -107,6 +161,7 @@ pub fn conditions(
         (SECRET_RESOLVED, secret),
         (IMAGE_ALLOWED, image),
         (CONTEXT_RESOLVED, context),
+        (SESSIONS_READY, sessions_cond),
     ]
     .into_iter()
     .map(|(type_, (ok, reason, message))| {
@@ -126,6 +181,15 @@ pub fn conditions(
         }
     })
     .collect()
+}
+
+/// The message of `SessionRevoked`: each revoked session and how to restore it.
+pub fn revoked_message(revoked: &[String]) -> String {
+    format!(
+        "{}: not replaced while revoked; withdraw the Revocation (kubectl delete revocation) to \
+         restore",
+        revoked.join("; ")
+    )
 }
 
 /// The message of `Ready=False ApplyRefused`.
@@ -173,9 +237,47 @@ mod tests {
             conflicts: Vec::new(),
             refused: Vec::new(),
             context: ("dev".into(), context),
+            selected: true,
             servers: 2,
             workload_observed: deployed,
+            sessions: SessionsObserved {
+                issued: 2,
+                ..Default::default()
+            },
         }
+    }
+
+    #[test]
+    fn a_revoked_session_keeps_the_host_not_ready_naming_the_revocation() {
+        let mut o = observed(Some(true), true, true);
+        o.sessions.revoked = vec![
+            "session tools/dev-github-1a2b for server github revoked by Revocation cut".into(),
+        ];
+        let c = conditions(None, Some(1), &o, t(10));
+        let ready = get(&c, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", SESSION_REVOKED)
+        );
+        assert!(
+            ready.message.contains("Revocation cut"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(get(&c, SESSIONS_READY).status, "False");
+        o.sessions.revoked.clear();
+        o.sessions.refused = vec!["tools/github: server uid is fenced".into()];
+        let c = conditions(None, Some(1), &o, t(10));
+        assert_eq!(get(&c, READY).reason, "SessionRefused");
+    }
+
+    #[test]
+    fn a_host_its_context_does_not_select_is_not_ready() {
+        let mut o = observed(Some(true), true, true);
+        o.selected = false;
+        let c = conditions(None, Some(1), &o, t(10));
+        assert_eq!(get(&c, CONTEXT_RESOLVED).reason, "HostNotSelected");
+        assert_eq!(get(&c, READY).reason, "HostNotSelected");
     }
 
     fn get<'a>(c: &'a [Condition], type_: &str) -> &'a Condition {

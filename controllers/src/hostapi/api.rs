@@ -509,7 +509,8 @@ impl HostApi {
             .caches
             .server(&ns, &name)
             .ok_or(not_found("no server"))?;
-        if grants::granted(host, &context, [server.as_ref()]).is_empty() {
+        let labels = |ns: &str| self.caches.namespace_labels(ns);
+        if grants::granted(host, &context, [server.as_ref()], labels).is_empty() {
             return Err(not_found("not granted or disabled"));
         }
         Ok((context, server))
@@ -616,7 +617,13 @@ impl HostApi {
         let mut items = Vec::new();
         if let Some(context) = self.context(&host) {
             let servers = self.granted_servers(&context);
-            for server in grants::granted(&host, &context, servers.iter().map(Arc::as_ref)) {
+            let granted = grants::granted(
+                &host,
+                &context,
+                servers.iter().map(Arc::as_ref),
+                |ns: &str| self.caches.namespace_labels(ns),
+            );
+            for server in granted {
                 let sessions = self.sessions(&id.uid, server);
                 let shown = match session::choose(
                     sessions.iter().map(Arc::as_ref),
@@ -960,8 +967,9 @@ mod kube_tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::host::sessions::{HOST_NAMESPACE_LABEL, HOST_UID_LABEL};
     use crate::hostapi::cache::testing::{mark_synced, relist};
-    use crate::hostapi::cache::{Writers, HOST_NAMESPACE_LABEL, HOST_UID_LABEL};
+    use crate::hostapi::cache::Writers;
     use crate::hostapi::settings::{load_public_key, tests::keys};
     use crate::hostapi::token::CAPABILITY;
     use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -1020,6 +1028,12 @@ mod kube_tests {
             relist(&mut self.writers.servers, servers);
             relist(&mut self.writers.sessions, sessions);
             relist(&mut self.writers.secrets, secrets);
+            let namespaces = self
+                .of_kind::<k8s_openapi::api::core::v1::Namespace>("Namespace")
+                .into_iter()
+                .map(|n| n.metadata.into_response_partial())
+                .collect();
+            relist(&mut self.writers.namespaces, namespaces);
         }
 
         /// Creates or replaces `object` (same kind, namespace and name).
@@ -1219,6 +1233,8 @@ mod kube_tests {
                 3600,
                 "Revoked",
             ),
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": "team", "labels": {"grants": "jira"}}}),
         ]
     }
 
@@ -1610,6 +1626,41 @@ mod kube_tests {
                 &Value::Null,
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_server_of_another_namespace_needs_its_consent_by_namespace_labels() {
+        let (api, w) = api(100);
+        let mut jira = server_object("shared", "jira", Some("jira"));
+        jira["spec"]["allowedContexts"] = json!({"namespaces": {"from": "Selector",
+            "selector": {"matchLabels": {"grants": "jira"}}}});
+        w.lock().unwrap().put(jira.clone());
+        let names = |body: &Value| -> Vec<String> {
+            body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // The Context's namespace (team) carries the label jira's consent selects.
+        let (_, body) = get(&api, &token("uid-agent")).await;
+        assert_eq!(names(&body), ["github", "jira", "plain"]);
+        // Without it, or without any consent, jira is neither listed nor handed out.
+        for consent in [
+            json!({"namespaces": {"from": "Selector",
+                   "selector": {"matchLabels": {"grants": "other"}}}}),
+            json!({"namespaces": {"from": "Same"}}),
+            Value::Null,
+        ] {
+            jira["spec"]["allowedContexts"] = consent.clone();
+            w.lock().unwrap().put(jira.clone());
+            let (_, body) = get(&api, &token("uid-agent")).await;
+            assert_eq!(names(&body), ["github", "plain"], "{consent}");
+            let (status, _) = post(&api, &token("uid-agent"), json!({"serverName": "jira"})).await;
+            assert_eq!(status, 404, "{consent}");
+        }
+        assert!(take_log(&w).is_empty());
     }
 
     #[tokio::test]

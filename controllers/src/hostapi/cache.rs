@@ -1,29 +1,26 @@
 //! The watch caches the Host API answers from: Hosts, Contexts, MCPServers, the controllers'
-//! host AccessSessions, and Secrets as metadata only (their values are never listed or
-//! watched; the credential endpoint GETs the one Secret it hands out).
+//! host AccessSessions, and Namespaces and Secrets as metadata only (Secret values are never
+//! listed or watched; the credential endpoint GETs the one Secret it hands out).
 //!
 //! Every replica has its own caches (the API is not leader-gated). Nothing is answered before
 //! all of them hold a complete first list ([`Caches::synced`]); after that a watch that breaks
 //! is resumed with backoff, and answers come from the last state it delivered.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use apis::runtime::{Context, Host, MCPServer};
 use apis::types::AccessSession;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 
 use crate::children::{MANAGED_BY, MANAGED_BY_LABEL};
-
-/// Label on a host AccessSession: the `metadata.uid` of the Host it is for.
-pub const HOST_UID_LABEL: &str = "mcp-runtime.dev/host-uid";
-/// Label on a host AccessSession: the namespace of the Host it is for.
-pub const HOST_NAMESPACE_LABEL: &str = "mcp-runtime.dev/host-namespace";
+use crate::host::sessions::HOST_UID_LABEL;
 
 /// Read handles on the caches; cheap to clone.
 #[derive(Clone)]
@@ -35,6 +32,8 @@ pub struct Caches {
     pub sessions: Store<AccessSession>,
     /// Metadata only: uid and resourceVersion feed `credentialRevision`.
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Metadata only: the labels a server's `allowedContexts` selector may ask for.
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
     synced: Arc<AtomicBool>,
 }
 
@@ -45,6 +44,7 @@ pub struct Writers {
     pub servers: reflector::store::Writer<MCPServer>,
     pub sessions: reflector::store::Writer<AccessSession>,
     pub secrets: reflector::store::Writer<PartialObjectMeta<Secret>>,
+    pub namespaces: reflector::store::Writer<PartialObjectMeta<Namespace>>,
 }
 
 impl Caches {
@@ -55,6 +55,7 @@ impl Caches {
         let (servers, servers_w) = reflector::store();
         let (sessions, sessions_w) = reflector::store();
         let (secrets, secrets_w) = reflector::store();
+        let (namespaces, namespaces_w) = reflector::store();
         (
             Self {
                 hosts,
@@ -62,6 +63,7 @@ impl Caches {
                 servers,
                 sessions,
                 secrets,
+                namespaces,
                 synced: Arc::default(),
             },
             Writers {
@@ -70,6 +72,7 @@ impl Caches {
                 servers: servers_w,
                 sessions: sessions_w,
                 secrets: secrets_w,
+                namespaces: namespaces_w,
             },
         )
     }
@@ -82,14 +85,15 @@ impl Caches {
     /// Marks the caches synced once every store is ready; returns an error if a writer was
     /// dropped first.
     pub async fn mark_synced_when_ready(&self) -> anyhow::Result<()> {
-        let (a, b, c, d, e) = tokio::join!(
+        let (a, b, c, d, e, f) = tokio::join!(
             self.hosts.wait_until_ready(),
             self.contexts.wait_until_ready(),
             self.servers.wait_until_ready(),
             self.sessions.wait_until_ready(),
             self.secrets.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
         );
-        for ready in [a, b, c, d, e] {
+        for ready in [a, b, c, d, e, f] {
             ready.map_err(|e| anyhow::anyhow!("a Host API cache was dropped: {e}"))?;
         }
         self.synced.store(true, Ordering::Release);
@@ -115,6 +119,13 @@ impl Caches {
     /// The metadata of Secret `namespace/name`, as cached.
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
         self.secrets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The labels of namespace `name`, as cached; `None` when it is not in the cache.
+    pub fn namespace_labels(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        self.namespaces
+            .get(&ObjectRef::new(name))
+            .map(|n| n.metadata.labels.clone().unwrap_or_default())
     }
 
     /// The cached sessions of the Host of UID `host_uid` in `namespace` (the server's).
@@ -164,11 +175,20 @@ pub async fn run(client: kube::Client, caches: Caches, writers: Writers) -> anyh
         "Secrets",
         // `Api<PartialObjectMeta<_>>` lists and watches metadata only (PartialObjectMetadata).
         watcher(
-            Api::<PartialObjectMeta<Secret>>::all(client),
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             Default::default(),
         )
         .default_backoff()
         .reflect(writers.secrets),
+    ));
+    watches.spawn(follow(
+        "Namespaces",
+        watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client),
+            Default::default(),
+        )
+        .default_backoff()
+        .reflect(writers.namespaces),
     ));
     tokio::select! {
         ended = watches.join_next() => match ended {

@@ -785,7 +785,7 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     apply(c, &server(a, "plain", None))?;
     apply(c, &server(a, "nokey", Some(("sa-cred", "missing"))))?;
     apply(c, &server(b, "sb", Some(("sb-cred", "token"))))?;
-    // sc consents to Contexts of every namespace (B's grants it from another namespace).
+    // sc consents to Contexts of every namespace: B's grant of it holds (issue 33 item 2).
     let mut sc = server(other, "sc", Some(("sc-cred", "token")));
     sc["spec"]["allowedContexts"] = json!({"namespaces": {"from": "All"}});
     apply(c, &sc)?;
@@ -810,19 +810,12 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     let (uid_a, uid_b) = (uid(c, "host", a, "host")?, uid(c, "host", b, "host")?);
     let token_a = api.sign(&claims(a, "host", &uid_a))?;
     let token_b = api.sign(&claims(b, "host", &uid_b))?;
-    // The sessions the controllers keep for hosts, made here.
-    host_session(c, a, "host-sa", (a, &uid_a), "sa")?;
-    host_session(c, a, "host-plain", (a, &uid_a), "plain")?;
-    host_session(c, other, "host-b-sc", (b, &uid_b), "sc")?;
+    // Each host's sessions are the Host operator's (this replica is its leader): every
+    // granted server gets one.
     let listed = |r: &Reply, n: usize| {
         r.json().ok().and_then(|v| {
             let items = v["items"].as_array()?.clone();
-            Some(
-                items.len() == n
-                    && items
-                        .iter()
-                        .all(|i| !i["session"].is_null() || i["name"] == "nokey"),
-            )
+            Some(items.len() == n && items.iter().all(|i| i["session"]["phase"] == "Active"))
         }) == Some(true)
     };
 
@@ -852,12 +845,14 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
             && sa["url"] == format!("http://sa.{a}.svc:{GATEWAY_PORT}/mcp")
             && sa["ready"].is_boolean()
             && sa["credentialRevision"].is_string()
-            && sa["session"] == json!({"namespace": a, "name": "host-sa", "phase": "Active"}),
+            && sa["session"]["namespace"] == a
+            && sa["session"]["name"].is_string(),
         "A's sa entry: {sa}"
     );
     ensure!(
-        items[1]["credentialRevision"].is_null() && items[2]["session"].is_null(),
-        "a server without hostCredential has a null revision, one without a session a null session: {items}"
+        items[1]["credentialRevision"].is_null() && items[2]["credentialRevision"].is_string(),
+        "a server without hostCredential has a null revision, one whose Secret exists (metadata \
+         only: whatever its keys) a revision: {items}"
     );
     for leak in ["sa-cred", "value-of", b, other] {
         ensure!(
@@ -920,7 +915,7 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
             "token": "value-of-sa",
             "credentialRevision": sa["credentialRevision"],
             "url": sa["url"],
-            "session": {"namespace": a, "name": "host-sa"},
+            "session": {"namespace": a, "name": sa["session"]["name"]},
         }) && session_token.is_string()
             && expires_at.is_string(),
         "A's sa credential: {got}"
@@ -931,7 +926,7 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
         plain.status == 200
             && plain.json()?["token"].is_null()
             && plain.json()?["credentialRevision"].is_null()
-            && plain.json()?["session"]["name"] == "host-plain",
+            && plain.json()?["session"]["name"] == items[1]["session"]["name"],
         "A's plain credential: {} {}",
         plain.status,
         plain.body
@@ -1195,35 +1190,6 @@ fn until_reply(
     reached.map_err(|e| format!("{e}; last answer {last:?}"))
 }
 
-/// An AccessSession of Host `host_ns/host_name` (UID `host_uid`) for MCPServer `ns/server`,
-/// labelled as the controllers label the sessions they keep for hosts, expiring in an hour.
-fn host_session(
-    c: &LocalCluster,
-    ns: &str,
-    name: &str,
-    (host_ns, host_uid): (&str, &str),
-    server: &str,
-) -> Result<(), String> {
-    let server_uid = uid(c, "mcpserver", ns, server)?;
-    let expires = k8s_openapi::jiff::Timestamp::from_second(now() + 3600)
-        .map_err(|e| e.to_string())?
-        .to_string();
-    apply(
-        c,
-        &json!({
-            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
-            "kind": "AccessSession",
-            "metadata": {"name": name, "namespace": ns, "labels": {
-                "mcp-runtime.dev/managed-by": "mcp-access-controllers",
-                "mcp-runtime.dev/host-uid": host_uid,
-                "mcp-runtime.dev/host-namespace": host_ns,
-            }},
-            "spec": {"server": {"name": server, "uid": server_uid},
-                     "teams": ["hosts"], "expiresAt": expires},
-        }),
-    )
-}
-
 /// The claims of session token `token`, its ES256 signature verified with the aggregated
 /// API's published JWKS.
 fn verified_session_claims(c: &LocalCluster, token: &str) -> Result<Value, String> {
@@ -1329,8 +1295,9 @@ pub(super) fn healthz_and_legacy_routes(c: &mut LocalCluster) -> Result<(), Stri
     Ok(())
 }
 
-/// The host's session through the credential endpoint: none yet is 503 session_pending; one
-/// the controllers' labels name is handed out with a freshly minted token that verifies
+/// The host's session through the credential endpoint, the sessions being the Host
+/// operator's: while a Revocation of the server refuses issuance there is none, 503
+/// session_pending; the one issued is handed out with a freshly minted token that verifies
 /// against the aggregated API's JWKS; a Revocation of it is 409 naming the Revocation; a
 /// granted server without hostCredential answers token null. No token reaches the log.
 pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Result<(), String> {
@@ -1340,6 +1307,18 @@ pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Re
     secret(c, ns, "gh-cred", "token", "value-of-gh")?;
     apply(c, &server(ns, "github", Some(("gh-cred", "token"))))?;
     apply(c, &server(ns, "plain", None))?;
+    // No session may be issued for plain while this stands.
+    let plain_uid = uid(c, "mcpserver", ns, "plain")?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "Revocation",
+            "metadata": {"name": "hold-plain", "namespace": ns},
+            "spec": {"target": {"server": {"name": "plain", "uid": plain_uid}},
+                     "cause": "manual"},
+        }),
+    )?;
     apply(
         c,
         &context(ns, "ctx", json!([{"name": "github"}, {"name": "plain"}])),
@@ -1347,39 +1326,35 @@ pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Re
     apply(c, &host(ns, "agent", "ctx"))?;
     let host_uid = uid(c, "host", ns, "agent")?;
     let token = api.sign(&claims(ns, "agent", &host_uid))?;
-    until_reply(
-        "the inventory lists both servers",
+    let inventory = until_reply(
+        "the inventory lists github's session",
         || api.inventory(&token),
         |r| {
-            r.json()
-                .ok()
-                .and_then(|v| v["items"].as_array().map(Vec::len))
-                == Some(2)
+            r.json().ok().is_some_and(|v| {
+                v["items"].as_array().map(Vec::len) == Some(2)
+                    && v["items"][0]["session"]["phase"] == "Active"
+            })
         },
-    )?;
+    )?
+    .json()?;
+    ensure!(
+        inventory["items"][1]["session"].is_null(),
+        "plain has a session despite the Revocation: {inventory}"
+    );
+    let pending = api.credential(&token, &json!({"serverName": "plain"}))?;
+    ensure!(
+        pending.status == 503 && pending.body == r#"{"error":"session_pending"}"#,
+        "plain without a session: {} {}",
+        pending.status,
+        pending.body
+    );
+    ensure!(
+        pending.header("retry-after") == Some("1"),
+        "session_pending Retry-After {:?}",
+        pending.header("retry-after")
+    );
+    pending.check_common("session_pending")?;
 
-    // No session for plain yet (unless the controllers issued one already): pending.
-    let inventory = api.inventory(&token)?.json()?;
-    if inventory["items"][1]["session"].is_null() {
-        let pending = api.credential(&token, &json!({"serverName": "plain"}))?;
-        ensure!(
-            pending.status == 503 && pending.body == r#"{"error":"session_pending"}"#,
-            "plain without a session: {} {}",
-            pending.status,
-            pending.body
-        );
-        ensure!(
-            pending.header("retry-after") == Some("1"),
-            "session_pending Retry-After {:?}",
-            pending.header("retry-after")
-        );
-        pending.check_common("session_pending")?;
-    } else {
-        eprintln!("    the controllers had issued plain's session: no pending answer to see");
-    }
-
-    host_session(c, ns, "agent-github-e2e", (ns, &host_uid), "github")?;
-    host_session(c, ns, "agent-plain-e2e", (ns, &host_uid), "plain")?;
     let got = until_reply(
         "github's credential with a session",
         || api.credential(&token, &json!({"serverName": "github"})),
@@ -1438,7 +1413,16 @@ pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Re
         "github's inventory session: {inventory}"
     );
 
-    // A granted server without hostCredential: token null, and its own session.
+    // The Revocation withdrawn (the Host nudged so its operator tries at once): plain gets its
+    // session; a granted server without hostCredential answers token null.
+    ok(
+        &c.kubectl(&["delete", "revocation", "hold-plain", "-n", ns]),
+        "delete the Revocation",
+    )?;
+    ok(
+        &c.kubectl(&["annotate", "host", "agent", "-n", ns, "e2e/nudge=1"]),
+        "annotate the Host",
+    )?;
     let plain = until_reply(
         "plain's credential with a session",
         || api.credential(&token, &json!({"serverName": "plain"})),

@@ -135,46 +135,7 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
             "the inventory names the Secret: {body}"
         );
 
-        // The host's session for github, as the controllers label the ones they keep.
-        let host_uid = ok(
-            &c.kubectl(&[
-                "get",
-                "host",
-                "dev-host",
-                "-n",
-                NS,
-                "-o",
-                "jsonpath={.metadata.uid}",
-            ]),
-            "host uid",
-        )?;
-        let server_uid = ok(
-            &c.kubectl(&[
-                "get",
-                "mcpserver",
-                "github",
-                "-n",
-                NS,
-                "-o",
-                "jsonpath={.metadata.uid}",
-            ]),
-            "server uid",
-        )?;
-        let expires = k8s_openapi::jiff::Timestamp::now()
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(1))
-            .map_err(|e| e.to_string())?;
-        apply(
-            c,
-            &json!({
-                "apiVersion": "access.mcp-runtime.dev/v1alpha1", "kind": "AccessSession",
-                "metadata": {"name": "dev-host-github", "namespace": NS, "labels": {
-                    "mcp-runtime.dev/managed-by": "mcp-access-controllers",
-                    "mcp-runtime.dev/host-uid": host_uid.trim(),
-                    "mcp-runtime.dev/host-namespace": NS}},
-                "spec": {"server": {"name": "github", "uid": server_uid.trim()},
-                         "teams": ["hosts"], "expiresAt": expires.to_string()},
-            }),
-        )?;
+        // The host's session for github is the Host operator's: polled until it is issued.
         let credential = format!("{base}/credential");
         let mut answer = (0, String::new());
         for _ in 0..50 {

@@ -41,7 +41,8 @@ fn host(name: &str, context: &str, secret: Option<&str>) -> Value {
     let mut h = json!({
         "apiVersion": "mcp-runtime.dev/v1alpha1",
         "kind": "Host",
-        "metadata": {"name": name},
+        // The label its Context's hostSelector selects (`context` below).
+        "metadata": {"name": name, "labels": {"agents": context}},
         "spec": {
             "contextRef": {"name": context},
             "image": "ghcr.io/acme/agent:1",
@@ -678,6 +679,29 @@ pub fn egress_follows_the_context(c: &mut LocalCluster) -> Result<(), String> {
                 ns,
             ),
         )?;
+        // github lives in another namespace and has not consented: nothing opens.
+        let cond = wait_host_condition(c, ns, "agent", "ContextResolved", "True")?;
+        ensure!(
+            cond["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("grants 0 existing server(s)")),
+            "a server of another namespace was granted without its consent: {cond}"
+        );
+        let rules = wait_egress(c, ns, "no route without consent", |r| r.len() == 2)?;
+        ensure!(routes(&rules) == dns_and_api, "{:?}", routes(&rules));
+        ok(
+            &c.kubectl(&[
+                "patch",
+                "mcpserver",
+                "github",
+                "-n",
+                tools,
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"allowedContexts":{"namespaces":{"from":"All"}}}}"#,
+            ]),
+            "github consents",
+        )?;
         let rules = wait_egress(c, ns, "github opened", |r| r.len() == 3)?;
         // The gateway port (8086), never the server's spec.port (8080).
         let mut want = vec![format!("server {tools}/github TCP/8086")];
@@ -1031,4 +1055,116 @@ pub fn orphan_sweep_respects_the_caps(c: &mut LocalCluster) -> Result<(), String
     })();
     let _ = c.kubectl(&["delete", "hosts.mcp-runtime.dev", "--all", "-n", ns]);
     with_log(result, &controllers)
+}
+
+/// Issue 33 item 2: binding a Context is authorized by kube-apiserver itself (the
+/// ValidatingAdmissionPolicy of deploy/crds). A user who may create Hosts but may not `use` a
+/// Context is refused (403 naming the verb) and nothing is stored; `use` on one Context by
+/// name admits that one only; re-pointing an existing Host is checked again; an update that
+/// keeps the Context (a label, the controllers' finalizer) needs nothing more.
+pub fn binding_a_context_needs_use(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = "hosts-use";
+    create_namespace(c, ns)?;
+    let user = "dana@example.com";
+    // Dana may write Hosts in the namespace (the kubectl `edit`-like part), nothing about
+    // Contexts yet.
+    let rbac = json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "host-writer", "namespace": ns},
+             "rules": [{"apiGroups": ["mcp-runtime.dev"], "resources": ["hosts"],
+                        "verbs": ["get", "list", "create", "update", "patch", "delete"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "host-writer", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "host-writer"},
+             "subjects": [{"kind": "User", "name": user}]},
+        ]
+    });
+    apply(c, &rbac)?;
+    for name in ["dev", "prod"] {
+        apply(c, &in_ns(context(name, json!([])), ns))?;
+    }
+    let as_dana = |args: &[&str], stdin: Option<&str>| {
+        let mut full: Vec<&str> = args.to_vec();
+        full.extend(["--as", user]);
+        c.kubectl_as(&c.kubeconfig, &full, stdin)
+    };
+    let manifest = |name: &str, context: &str| in_ns(host(name, context, None), ns).to_string();
+
+    let out = as_dana(&["create", "-f", "-"], Some(&manifest("agent", "dev")));
+    ensure!(
+        !out.success
+            && out.stderr.contains("Forbidden")
+            && out.stderr.contains("may not use Context dev")
+            && out
+                .stderr
+                .contains("the RBAC verb use on contexts.mcp-runtime.dev"),
+        "creating a Host without `use`: {} {}",
+        out.stdout,
+        out.stderr
+    );
+    ensure!(
+        get_json(c, &["get", "host", "agent", "-n", ns])?.is_none(),
+        "a refused Host was stored"
+    );
+
+    // `use` on Context dev only (the shipped ClusterRole's verb, narrowed by resourceNames).
+    apply(
+        c,
+        &json!({
+            "apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": {"name": "use-dev", "namespace": ns},
+                 "rules": [{"apiGroups": ["mcp-runtime.dev"], "resources": ["contexts"],
+                            "resourceNames": ["dev"], "verbs": ["use"]}]},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": "use-dev", "namespace": ns},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "use-dev"},
+                 "subjects": [{"kind": "User", "name": user}]},
+            ]
+        }),
+    )?;
+    // RBAC is eventually consistent in kube-apiserver's authorizer cache: retry briefly.
+    until(Duration::from_secs(20), "create with use on dev", || {
+        let out = as_dana(&["create", "-f", "-"], Some(&manifest("agent", "dev")));
+        Ok(out.success.then_some(()))
+    })?;
+    let out = as_dana(&["create", "-f", "-"], Some(&manifest("other", "prod")));
+    ensure!(
+        !out.success && out.stderr.contains("may not use Context prod"),
+        "a Host naming a Context dana may not use: {}",
+        out.stderr
+    );
+    // Re-pointing the Host at prod is checked like a create.
+    let out = as_dana(
+        &[
+            "patch",
+            "host",
+            "agent",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"contextRef":{"name":"prod"}}}"#,
+        ],
+        None,
+    );
+    ensure!(
+        !out.success && out.stderr.contains("may not use Context prod"),
+        "re-pointing a Host: {}",
+        out.stderr
+    );
+    // An update that keeps the Context needs nothing more.
+    let out = as_dana(&["label", "host", "agent", "-n", ns, "team=payments"], None);
+    ensure!(out.success, "labelling the Host: {}", out.stderr);
+    // The shipped role grants exactly the verb.
+    let role = get_json(c, &["get", "clusterrole", "mcp-access-context-user"])?
+        .ok_or("ClusterRole mcp-access-context-user is not installed")?;
+    ensure!(
+        role["rules"]
+            == json!([{"apiGroups": ["mcp-runtime.dev"], "resources": ["contexts"], "verbs": ["use"]}]),
+        "mcp-access-context-user: {}",
+        role["rules"]
+    );
+    Ok(())
 }

@@ -1152,3 +1152,278 @@ pub fn retired_and_republished_server_refuses_the_old_token(
     );
     Ok(())
 }
+
+/// The decision a raw `tools/list` with `token` gets from the gateway: None when it passes the
+/// gateway (any answer but 401), else the deny reason.
+fn gateway_decision(s: &Served, token: &str) -> Result<Option<String>, String> {
+    let bearer = format!("Bearer {token}");
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+        ("Authorization", bearer.as_str()),
+    ];
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}"#;
+    let raw = mcp::http_request(s.gateway.addr, "POST", "/mcp", &headers, Some(body))
+        .map_err(e("a raw request to the gateway"))?;
+    Ok((raw.status == 401).then(|| {
+        raw.header("x-mcp-deny-reason")
+            .unwrap_or("(no reason)")
+            .to_string()
+    }))
+}
+
+/// Polls the gateway every 20 ms until `token` is denied with `reason`; how long it took.
+fn denied_within(
+    s: &Served,
+    token: &str,
+    reason: &str,
+    bound: Duration,
+) -> Result<Duration, String> {
+    let started = Instant::now();
+    loop {
+        let decision = gateway_decision(s, token)?;
+        if decision.as_deref() == Some(reason) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > bound {
+            return Err(format!(
+                "not denied with {reason} within {bound:?} (last: {decision:?})\n{}",
+                s.context()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The Host's `status.sessions` and its `Ready` condition.
+fn host_state(c: &LocalCluster, ns: &str, host: &str) -> Result<(Value, Value), String> {
+    let out = c.kubectl(&["get", "host", host, "-n", ns, "-o", "json"]);
+    let h: Value = serde_json::from_str(&ok(&out, "get host")?).map_err(e("host json"))?;
+    let ready = h["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned())
+        .unwrap_or(Value::Null);
+    Ok((h["status"]["sessions"].clone(), ready))
+}
+
+/// The AccessSessions carrying `host_uid`'s label, in every namespace: (namespace/name, phase).
+fn host_sessions(c: &LocalCluster, host_uid: &str) -> Result<Vec<(String, String)>, String> {
+    let selector = format!("mcp-runtime.dev/host-uid={host_uid}");
+    let out = c.kubectl(&["get", "accesssessions", "-A", "-l", &selector, "-o", "json"]);
+    let list: Value =
+        serde_json::from_str(&ok(&out, "get accesssessions")?).map_err(e("sessions json"))?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                format!(
+                    "{}/{}",
+                    s["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    s["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                s["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect())
+}
+
+/// Waits for the Host's session for its first server to be Active; its name.
+fn active_host_session(c: &LocalCluster, ns: &str, host: &str) -> Result<String, String> {
+    super::controllers::until(Duration::from_secs(30), "the Host's session", || {
+        let (sessions, _) = host_state(c, ns, host)?;
+        Ok(sessions[0]["session"]
+            .as_str()
+            .filter(|_| sessions[0]["phase"] == "Active")
+            .map(str::to_string))
+    })
+}
+
+/// Issue 33 item 1, through the gateway: a Host's access to its Context's server is an
+/// AccessSession the controllers keep (subject the Host's ServiceAccount, the Context's teams,
+/// beside the server); its token passes the gateway. A Revocation of it cuts the host and is
+/// never worked around (no new session; `Ready=False SessionRevoked` naming it) until withdrawn;
+/// removing the server from the Context, and deleting the Host, delete the session and so cut
+/// the host. A Context of another namespace grants nothing until the server consents
+/// (`allowedContexts`), and a Host the Context's `hostSelector` does not select gets nothing.
+pub fn host_sessions_through_the_gateway(c: &mut LocalCluster) -> Result<(), String> {
+    let s = Served::start(c, "e2e-host-sessions", "tools")?;
+    host_sessions_of(c, &s).map_err(|err| {
+        format!(
+            "{err}\n--- controllers ---\n{}",
+            mcp::tail(&s._controllers.log, 30)
+        )
+    })
+}
+
+fn host_sessions_of(c: &LocalCluster, s: &Served) -> Result<(), String> {
+    let ns = s.ns.clone();
+    let context = |name: &str, ns: &str, servers: Value| {
+        json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Context",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"hostSelector": {"matchLabels": {"tier": "dev"}}, "mcpServers": servers,
+                     "teams": ["payments"]},
+        })
+    };
+    let host = |name: &str, ns: &str, labels: Value| {
+        json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Host",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"contextRef": {"name": "dev"}, "image": "ghcr.io/acme/agent:1"},
+        })
+    };
+    let apply = |m: &Value| super::controllers::apply(c, m);
+    apply(&context("dev", &ns, json!([{"name": "tools"}])))?;
+    apply(&host("agent", &ns, json!({"tier": "dev"})))?;
+    // Named the Context but not selected by it: nothing.
+    apply(&host("stray", &ns, json!({"tier": "prod"})))?;
+
+    let name = active_host_session(c, &ns, "agent")?;
+    let session: Value = serde_json::from_str(&ok(
+        &c.kubectl(&["get", "accesssession", &name, "-n", &ns, "-o", "json"]),
+        "get the host's session",
+    )?)
+    .map_err(e("session json"))?;
+    ensure!(
+        session["spec"]["subject"]["user"]
+            == format!("system:serviceaccount:{ns}:agent-host").as_str()
+            && session["spec"]["teams"] == json!(["payments"])
+            && session["spec"]["server"]["uid"] == s.server_uid.as_str(),
+        "the host's session: {session}"
+    );
+    let agent_uid = jsonpath(c, &ns, &["host", "agent"], "{.metadata.uid}")?;
+    let stray_uid = jsonpath(c, &ns, &["host", "stray"], "{.metadata.uid}")?;
+    ensure!(
+        host_sessions(c, &stray_uid)?.is_empty(),
+        "a Host its Context does not select got a session"
+    );
+    let stray_context = jsonpath(
+        c,
+        &ns,
+        &["host", "stray"],
+        "{.status.conditions[?(@.type==\"ContextResolved\")].reason}",
+    )?;
+    ensure!(
+        stray_context == "HostNotSelected",
+        "the stray Host's ContextResolved reason: {stray_context}"
+    );
+
+    let token = s.token(c, &name, 600)?;
+    ensure!(
+        gateway_decision(s, &token)?.is_none(),
+        "the host's token did not pass the gateway\n{}",
+        s.context()
+    );
+
+    // Revoked: cut at the gateway, Ready=False naming the Revocation, no replacement.
+    let written = {
+        s.revoke(c, &name)?;
+        Instant::now()
+    };
+    let revoked_after = denied_within(s, &token, "session_revoked", CUT_BOUND)?;
+    let ready = super::controllers::until(Duration::from_secs(30), "Ready=False", || {
+        let (_, ready) = host_state(c, &ns, "agent")?;
+        Ok((ready["reason"] == "SessionRevoked").then_some(ready))
+    })?;
+    ensure!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("rvk-{name}"))),
+        "Ready does not name the Revocation: {ready}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let held = host_sessions(c, &agent_uid)?;
+    ensure!(
+        held == [(format!("{ns}/{name}"), "Revoked".to_string())],
+        "a revoked host session was replaced or removed: {held:?}"
+    );
+    // Withdrawn: the same session is usable again, and the Host Ready reason moves on.
+    ok(
+        &c.kubectl(&["delete", "revocation", &format!("rvk-{name}"), "-n", &ns]),
+        "withdraw the revocation",
+    )?;
+    super::controllers::until(Duration::from_secs(30), "the session restored", || {
+        let (_, ready) = host_state(c, &ns, "agent")?;
+        Ok((ready["reason"] != "SessionRevoked").then_some(()))
+    })?;
+    let token = s.token(c, &name, 600)?;
+    ensure!(
+        gateway_decision(s, &token)?.is_none(),
+        "the restored session's token did not pass"
+    );
+
+    // The server removed from the Context: the session is deleted and the host cut.
+    apply(&context("dev", &ns, json!([])))?;
+    let removed_after = denied_within(s, &token, "session_not_found", Duration::from_secs(10))?;
+    ensure!(
+        host_sessions(c, &agent_uid)?.is_empty(),
+        "the session outlived its grant"
+    );
+
+    // A Context of another namespace: nothing until the server consents.
+    let other = format!("{ns}-b");
+    create_namespace(c, &other)?;
+    apply(&context(
+        "dev",
+        &other,
+        json!([{"name": "tools", "namespace": ns}]),
+    ))?;
+    apply(&host("remote", &other, json!({"tier": "dev"})))?;
+    let remote_uid = super::controllers::until(Duration::from_secs(30), "the remote Host", || {
+        Ok(
+            Some(jsonpath(c, &other, &["host", "remote"], "{.metadata.uid}")?)
+                .filter(|u| !u.is_empty()),
+        )
+    })?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        host_sessions(c, &remote_uid)?.is_empty(),
+        "a Context of another namespace got a session without the server's consent"
+    );
+    ok(
+        &c.kubectl(&[
+            "patch",
+            "mcpserver",
+            "tools",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"allowedContexts":{"namespaces":{"from":"All"}}}}"#,
+        ]),
+        "consent to other namespaces",
+    )?;
+    let remote_session = active_host_session(c, &other, "remote")?;
+    let remote_token = s.token(c, &remote_session, 600)?;
+    ensure!(
+        gateway_decision(s, &remote_token)?.is_none(),
+        "the cross-namespace host's token did not pass"
+    );
+    // Deleting the Host deletes its session in the server's namespace (the finalizer).
+    let deleted = Instant::now();
+    ok(
+        &c.kubectl(&["delete", "host", "remote", "-n", &other, "--wait=false"]),
+        "delete the remote Host",
+    )?;
+    let deleted_after = denied_within(
+        s,
+        &remote_token,
+        "session_not_found",
+        Duration::from_secs(10),
+    )?;
+    super::controllers::until(Duration::from_secs(30), "the Host gone", || {
+        let out = c.kubectl(&["get", "host", "remote", "-n", &other]);
+        Ok((!out.success && out.stderr.contains("NotFound")).then_some(()))
+    })?;
+    eprintln!(
+        "    host cut: revocation {revoked_after:?} after the write ({:?} since), grant removed {removed_after:?}, host deleted {deleted_after:?} (deny at the gateway after kubectl returned; {:?} total)",
+        written.elapsed(),
+        deleted.elapsed()
+    );
+    Ok(())
+}
