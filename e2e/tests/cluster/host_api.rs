@@ -945,7 +945,7 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
         &json!({"serverName": "sc", "serverNamespace": other}),
     )?;
     ensure!(
-        sc.status == 200 && sc.json()?["credential"] == "value-of-sc",
+        sc.status == 200 && sc.json()?["token"] == "value-of-sc",
         "B's sc credential: {} {}",
         sc.status,
         sc.body
@@ -1190,8 +1190,8 @@ fn until_reply(
     reached.map_err(|e| format!("{e}; last answer {last:?}"))
 }
 
-/// The claims of session token `token`, its ES256 signature verified with the aggregated
-/// API's published JWKS.
+/// The claims of session token `token`, its ES256 signature verified with the public half of
+/// the key this cluster's mcp-access-apiserver signs session tokens with.
 fn verified_session_claims(c: &LocalCluster, token: &str) -> Result<Value, String> {
     let header = jsonwebtoken::decode_header(token).map_err(|e| e.to_string())?;
     ensure!(
@@ -1199,25 +1199,26 @@ fn verified_session_claims(c: &LocalCluster, token: &str) -> Result<Value, Strin
         "session token alg {:?}",
         header.alg
     );
-    let jwks: Value = serde_json::from_str(&ok(
-        &c.kubectl(&["get", "--raw", "/openid/v1/jwks"]),
-        "get the JWKS",
-    )?)
-    .map_err(|e| e.to_string())?;
-    let key = jwks["keys"]
-        .as_array()
-        .and_then(|keys| {
-            keys.iter()
-                .find(|k| k["kid"].as_str() == header.kid.as_deref())
-        })
-        .ok_or_else(|| format!("no JWKS key {:?}: {jwks}", header.kid))?;
-    let key = jsonwebtoken::DecodingKey::from_ec_components(
-        key["x"].as_str().unwrap_or_default(),
-        key["y"].as_str().unwrap_or_default(),
-    )
-    .map_err(|e| e.to_string())?;
+    let signing_key = c
+        .env
+        .get("SESSION_TOKEN_SIGNING_KEY_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| c.dir.join("session-token.key"));
+    let out = Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&signing_key)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("openssl: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "openssl pkey -pubout {}: {}",
+        signing_key.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = jsonwebtoken::DecodingKey::from_ec_pem(&out.stdout).map_err(|e| e.to_string())?;
     let mut validation = jsonwebtoken::Validation::new(Algorithm::ES256);
-    // The audience is the server's resource URI: checked below against the answer's url.
+    // The audience is the server's resource URI: checked against the answer's url.
     validation.validate_aud = false;
     jsonwebtoken::decode::<Value>(token, &key, &validation)
         .map(|d| d.claims)
