@@ -37,12 +37,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         reconcile.clone(),
         &mut registry,
     )?;
+    // The runtime tokens carry the claims the Host API of this process checks.
+    let claims = host::TokenClaims {
+        issuer: config.host_api.as_ref().map(|a| a.issuer.clone()),
+        audience: config
+            .host_api
+            .as_ref()
+            .map(|a| a.audience.iter().cloned().collect())
+            .unwrap_or_default(),
+        api_max_ttl: config.host_api.as_ref().map(|a| a.max_ttl),
+    };
     let hosts = host::controller(
         client.clone(),
         config.host,
-        config.netpol_settings,
-        image_policy,
-        config.orphan_caps,
+        host::Shared {
+            netpol: config.netpol_settings,
+            policy: image_policy,
+            orphan_caps: config.orphan_caps,
+            claims,
+        },
         reconcile.clone(),
         &mut registry,
     )?;

@@ -306,6 +306,26 @@ impl LocalCluster {
         ])
     }
 
+    /// With [`Self::host_api_args`]: the Host operator mints each Host's runtime token with the
+    /// local issuer's key (`hack/cluster.sh`'s `pki/host-token.key`), and the Host API accepts
+    /// its lifetime (1 h).
+    pub fn runtime_token_args(&self) -> Result<Vec<String>> {
+        let key = self
+            .env
+            .get("HOST_TOKEN_SIGNING_KEY_FILE")
+            .cloned()
+            .with_context(|| {
+                format!(
+                    "{} has no HOST_TOKEN_SIGNING_KEY_FILE: re-run hack/cluster.sh",
+                    self.dir.display()
+                )
+            })?;
+        Ok(vec![
+            format!("--host-runtime-token-key-file={key}"),
+            "--host-token-max-ttl=1h".to_string(),
+        ])
+    }
+
     /// The CA that signed the serving certificate of the API and sync listeners.
     pub fn sync_ca(&self) -> PathBuf {
         PathBuf::from(

@@ -394,6 +394,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         host_local::host_token_sh_signs_what_the_local_host_api_accepts,
     ),
     (
+        "host_runtime_token_kept_for_each_host",
+        host_local::runtime_token_kept_for_each_host,
+    ),
+    (
         "mcp_gateway_sdk_clients_initialize_list_and_call",
         mcp_gateway::sdk_clients_initialize_list_and_call,
     ),

@@ -12,7 +12,9 @@ pub const DESIRED_DIGEST: &str = "mcp-runtime.dev/desired-digest";
 /// Stamps the digest of `body` into its annotations.
 pub fn with_digest(mut body: Value) -> Value {
     let digest = digest(&body);
-    body["metadata"]["annotations"] = json!({ DESIRED_DIGEST: digest });
+    // Added beside the annotations the body has (the runtime-token Secret's); the others have
+    // none, so theirs are exactly the digest.
+    body["metadata"]["annotations"][DESIRED_DIGEST] = json!(digest);
     body
 }
 

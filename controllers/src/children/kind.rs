@@ -1,7 +1,9 @@
 //! The kinds of children the controllers write, and one child to apply.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::core::ApiResource;
@@ -14,6 +16,7 @@ use super::digest::with_digest;
 pub enum ChildKind {
     ServiceAccount,
     ConfigMap,
+    Secret,
     Role,
     RoleBinding,
     PersistentVolumeClaim,
@@ -24,9 +27,10 @@ pub enum ChildKind {
 
 impl ChildKind {
     /// Every kind.
-    pub const ALL: [ChildKind; 8] = [
+    pub const ALL: [ChildKind; 9] = [
         ChildKind::ServiceAccount,
         ChildKind::ConfigMap,
+        ChildKind::Secret,
         ChildKind::Role,
         ChildKind::RoleBinding,
         ChildKind::PersistentVolumeClaim,
@@ -40,6 +44,7 @@ impl ChildKind {
         match self {
             ChildKind::ServiceAccount => "ServiceAccount",
             ChildKind::ConfigMap => "ConfigMap",
+            ChildKind::Secret => "Secret",
             ChildKind::Role => "Role",
             ChildKind::RoleBinding => "RoleBinding",
             ChildKind::PersistentVolumeClaim => "PersistentVolumeClaim",
@@ -54,6 +59,7 @@ impl ChildKind {
         match self {
             ChildKind::ServiceAccount => ApiResource::erase::<ServiceAccount>(&()),
             ChildKind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
+            ChildKind::Secret => ApiResource::erase::<Secret>(&()),
             ChildKind::Role => ApiResource::erase::<Role>(&()),
             ChildKind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
             ChildKind::PersistentVolumeClaim => ApiResource::erase::<PersistentVolumeClaim>(&()),
@@ -103,6 +109,7 @@ mod tests {
             [
                 "/api/v1/namespaces/n/serviceaccounts",
                 "/api/v1/namespaces/n/configmaps",
+                "/api/v1/namespaces/n/secrets",
                 "/apis/rbac.authorization.k8s.io/v1/namespaces/n/roles",
                 "/apis/rbac.authorization.k8s.io/v1/namespaces/n/rolebindings",
                 "/api/v1/namespaces/n/persistentvolumeclaims",

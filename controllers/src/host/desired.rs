@@ -48,9 +48,14 @@ pub struct HostSettings {
     /// The cluster DNS (and the Kubernetes API addresses, if configured), as the
     /// NetworkPolicy controller has them.
     pub netpol: NetpolSettings,
+    /// Whether the operator keeps runtime tokens (`--host-runtime-token-key-file`): the
+    /// Deployment then mounts the Host's runtime-token Secret.
+    pub runtime_token: bool,
 }
 
-/// The kinds of children a Host has, in the order they are applied.
+/// The kinds of children [`children`] builds, in the order they are applied (the runtime-token
+/// Secret, minted only when due, is added before the Deployment by the operator; see
+/// [`SWEPT`]).
 pub const KINDS: [ChildKind; 7] = [
     ChildKind::ServiceAccount,
     ChildKind::Role,
@@ -89,6 +94,18 @@ pub fn host_label(name: &str) -> String {
     format!("{start}_{}", &digest[..16])
 }
 
+/// Every kind of child a Host may have: what the orphan sweep lists.
+pub const SWEPT: [ChildKind; 8] = [
+    KINDS[0],
+    KINDS[1],
+    KINDS[2],
+    KINDS[3],
+    KINDS[4],
+    KINDS[5],
+    KINDS[6],
+    ChildKind::Secret,
+];
+
 /// Names of a Host's children.
 pub fn workload_name(host: &str) -> String {
     fit_label(host, "")
@@ -98,6 +115,10 @@ pub fn identity_name(host: &str) -> String {
 }
 pub fn workspace_name(host: &str) -> String {
     fit_label(host, "-workspace")
+}
+/// The Secret holding the Host's runtime token.
+pub fn runtime_token_name(host: &str) -> String {
+    fit_label(host, "-runtime-token")
 }
 pub fn egress_policy_name(host: &str) -> String {
     fit_label(host, "-host-egress")
@@ -119,6 +140,35 @@ pub fn copyable_label(key: &str) -> bool {
     !["mcp-runtime.dev", "kubernetes.io", "k8s.io"]
         .iter()
         .any(|reserved| prefix == *reserved || prefix.ends_with(&format!(".{reserved}")))
+}
+
+/// The Secret holding a freshly minted runtime token (applied only when one is minted: the
+/// operator never reads a token back).
+pub fn runtime_token_secret(
+    host: &Host,
+    secret_name: &str,
+    host_uid: &str,
+    token: &str,
+    expires: k8s_openapi::jiff::Timestamp,
+) -> Result<Child, Incomplete> {
+    use super::runtime_token::{EXPIRES_ANNOTATION, HOST_UID_ANNOTATION, KEY};
+    use base64::Engine;
+    let mut meta = metadata(host, secret_name)?;
+    meta["annotations"] = json!({
+        HOST_UID_ANNOTATION: host_uid,
+        EXPIRES_ANNOTATION: expires.to_string(),
+    });
+    Ok(Child::new(
+        ChildKind::Secret,
+        secret_name,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": meta,
+            "type": "Opaque",
+            "data": {KEY: base64::engine::general_purpose::STANDARD.encode(token)},
+        }),
+    ))
 }
 
 /// The selector of a Host's pods.
@@ -240,6 +290,16 @@ pub fn children(
     if let Some(secret) = &spec.secret_ref {
         mounts.push(json!({"name": "secret", "mountPath": SECRET_MOUNT, "readOnly": true}));
         volumes.push(json!({"name": "secret", "secret": {"secretName": secret.name}}));
+    }
+    if settings.runtime_token {
+        use super::runtime_token::{KEY, MOUNT};
+        // A directory mount (not subPath): the kubelet replaces the file when the operator
+        // refreshes the token.
+        env.push(json!({"name": "MCP_HOST_RUNTIME_TOKEN_FILE", "value": format!("{MOUNT}/{KEY}")}));
+        mounts.push(json!({"name": "runtime-token", "mountPath": MOUNT, "readOnly": true}));
+        volumes.push(json!({"name": "runtime-token", "secret": {
+            "secretName": runtime_token_name(name),
+        }}));
     }
     let mut container = json!({
         "name": HOST_CONTAINER,
@@ -397,6 +457,7 @@ mod tests {
             api_port: 8443,
             container_port: 8080,
             netpol: args.settings(8086).unwrap().0,
+            runtime_token: false,
         }
     }
 

@@ -13,6 +13,7 @@
 
 pub mod desired;
 pub mod grants;
+pub mod runtime_token;
 pub mod sessions;
 pub mod status;
 pub mod sweep;
@@ -89,6 +90,21 @@ pub struct Args {
     /// How often the orphan sweep of Host objects runs after the one at start.
     #[arg(long, env = "MCP_ACCESS_HOST_SWEEP_INTERVAL", default_value = "5m")]
     pub host_sweep_interval: GoDuration,
+    /// The RSA private key (PEM) the operator signs each Host's runtime token with (the key
+    /// whose public half is the Host API's `--host-token-public-key-file`). Unset: no runtime
+    /// tokens (`RuntimeTokenReady=False`).
+    #[arg(long, env = "MCP_ACCESS_HOST_RUNTIME_TOKEN_KEY_FILE")]
+    pub host_runtime_token_key_file: Option<std::path::PathBuf>,
+    /// The lifetime of a runtime token.
+    #[arg(long, env = "MCP_ACCESS_HOST_RUNTIME_TOKEN_TTL", default_value = "1h")]
+    pub host_runtime_token_ttl: GoDuration,
+    /// How long before its expiry a runtime token is replaced.
+    #[arg(
+        long,
+        env = "MCP_ACCESS_HOST_RUNTIME_TOKEN_REFRESH_BEFORE",
+        default_value = "900s"
+    )]
+    pub host_runtime_token_refresh_before: GoDuration,
 }
 
 /// Settings that cannot work stop startup, naming the setting.
@@ -142,6 +158,7 @@ impl Args {
             api_port: self.host_api_port_for_hosts,
             container_port: self.host_container_port,
             netpol,
+            runtime_token: self.host_runtime_token_key_file.is_some(),
         })
     }
 }
@@ -182,6 +199,8 @@ impl Metrics {
 
 struct Ctx {
     client: kube::Client,
+    /// Mints the Hosts' runtime tokens, when configured.
+    signer: Option<runtime_token::Signer>,
     /// Namespaces (metadata): a Context's namespace labels, for a server's consent.
     namespaces: Store<PartialObjectMeta<Namespace>>,
     settings: HostSettings,
@@ -193,16 +212,51 @@ struct Ctx {
 }
 
 /// The Host operator, polled by the leader.
+/// The claims the Host API checks, for the runtime tokens: its issuer, its audience, and its
+/// `--host-token-max-ttl` when this process serves it.
+pub struct TokenClaims {
+    pub issuer: Option<String>,
+    pub audience: Vec<String>,
+    pub api_max_ttl: Option<Duration>,
+}
+
+/// What the Host operator shares with the other controllers.
+pub struct Shared {
+    /// The cluster DNS and API addresses, as the NetworkPolicy controller has them.
+    pub netpol: NetpolSettings,
+    /// The image allow-list MCPServers have.
+    pub policy: ImagePolicy,
+    /// The orphan sweep's caps.
+    pub orphan_caps: SweepCaps,
+    /// The claims of the runtime tokens.
+    pub claims: TokenClaims,
+}
+
 pub fn controller(
     client: kube::Client,
     args: Args,
-    netpol: NetpolSettings,
-    policy: ImagePolicy,
-    orphan_caps: SweepCaps,
+    shared: Shared,
     reconcile: ReconcileMetrics,
     registry: &mut prometheus_client::registry::Registry,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
+    let Shared {
+        netpol,
+        policy,
+        orphan_caps,
+        claims,
+    } = shared;
     let settings = args.settings(netpol)?;
+    let signer = match &args.host_runtime_token_key_file {
+        None => None,
+        Some(file) => Some(runtime_token::Signer::load(
+            file,
+            claims.issuer.as_deref(),
+            &claims.audience,
+            args.host_runtime_token_ttl.std(),
+            args.host_runtime_token_refresh_before.std(),
+            claims.api_max_ttl,
+        )?),
+    };
     let interval = args.host_sweep_interval.std();
     let own = Metrics::register(registry);
     reconcile.declare(CONTROLLER, &ReconcileError::REASONS);
@@ -220,6 +274,7 @@ pub fn controller(
         .reflect(namespaces_w)
         .for_each(|_| std::future::ready(()));
         let ctx = Arc::new(Ctx {
+            signer,
             namespaces,
             recorder: Recorder::new(client.clone(), reporter),
             client: client.clone(),
@@ -304,7 +359,8 @@ pub fn controller(
                     let name = secret.name_any();
                     hosts_where(&by_secret, |h| {
                         h.namespace() == ns
-                            && h.spec.secret_ref.as_ref().is_some_and(|s| s.name == name)
+                            && (h.spec.secret_ref.as_ref().is_some_and(|s| s.name == name)
+                                || desired::runtime_token_name(&h.name_any()) == name)
                     })
                 },
             )
@@ -438,6 +494,50 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
     // 3. The image, against the allow-list MCPServers have.
     let image = ctx.policy.check(&host.spec.image);
 
+    // 4. The runtime token, minted when due (absent, for another Host UID, or close to expiry).
+    let mut wanted_children = desired::children(host, &ctx.settings, &inputs)?;
+    let runtime_token = match &ctx.signer {
+        None => status::RuntimeToken::NotConfigured,
+        Some(signer) => {
+            let secret_name = desired::runtime_token_name(&name);
+            let live = Api::<Secret>::namespaced(client.clone(), namespace)
+                .get_metadata_opt(&secret_name)
+                .await?;
+            let uid = host.metadata.uid.clone().unwrap_or_default();
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let live_annotations = live.as_ref().map(|s| s.annotations().clone());
+            if signer.due(live_annotations.as_ref(), &uid, now) {
+                match signer.mint(namespace, &name, &uid, now) {
+                    Ok((token, expires)) => {
+                        let at = wanted_children
+                            .iter()
+                            .position(|c| c.kind == ChildKind::Deployment)
+                            .unwrap_or(wanted_children.len());
+                        wanted_children.insert(
+                            at,
+                            desired::runtime_token_secret(
+                                host,
+                                &secret_name,
+                                &uid,
+                                &token,
+                                expires,
+                            )?,
+                        );
+                        status::RuntimeToken::Current(expires)
+                    }
+                    Err(e) => status::RuntimeToken::Failed(format!("signing failed: {e}")),
+                }
+            } else {
+                let expires = live_annotations
+                    .as_ref()
+                    .and_then(|a| a.get(runtime_token::EXPIRES_ANNOTATION))
+                    .and_then(|e| e.parse().ok())
+                    .unwrap_or(now);
+                status::RuntimeToken::Current(expires)
+            }
+        }
+    };
+
     let mut applied_deployment = false;
     let mut workload_observed = false;
     // Children whose names are held by objects that are not this Host's: left alone, and the
@@ -446,7 +546,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
     // Children kube-apiserver refused (invalid, forbidden): said in `Ready`, retried, and no
     // reason to stop applying the others.
     let mut refused = Vec::new();
-    for child in desired::children(host, &ctx.settings, &inputs)? {
+    for child in wanted_children {
         let deployable = secret_resolved && image.deployable() && conflicts.is_empty();
         if child.kind == ChildKind::Deployment && !deployable {
             if children::prune_owned(&client, namespace, child.kind, &child.name, host).await? {
@@ -586,6 +686,7 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         refused,
         context: (context_name.clone(), context.is_some()),
         selected,
+        runtime_token: runtime_token.clone(),
         servers: granted.len(),
         workload_observed,
         sessions: status::SessionsObserved {
@@ -635,6 +736,13 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         Duration::from_secs(30)
     };
     // Back when the next session successor is due.
+    let refresh = match (&runtime_token, &ctx.signer) {
+        (status::RuntimeToken::Current(expires), Some(signer)) => {
+            Some(signer.next_refresh(*expires, k8s_openapi::jiff::Timestamp::now()))
+        }
+        _ => None,
+    };
+    let next = refresh.map_or(next, |r| r.min(next));
     let roll = kept.plan.next_roll.map(|t| {
         let left = t.duration_since(k8s_openapi::jiff::Timestamp::now());
         Duration::from_secs(left.as_secs().max(1) as u64)
@@ -937,7 +1045,7 @@ async fn sweep_sessions(
 async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
     let selector = children::managed_selector(&[HOST_LABEL]);
     let mut live = Vec::new();
-    for kind in desired::KINDS {
+    for kind in desired::SWEPT {
         live.extend(list_children(&ctx.client, kind, &selector).await?);
     }
     let host_sessions = Api::<AccessSession>::all(ctx.client.clone())
@@ -1014,6 +1122,66 @@ mod tests {
             n: crate::netpol::settings::Args,
         }
         N::parse_from(["t"]).n.settings(8086).unwrap().0
+    }
+
+    #[test]
+    fn a_hosts_session_names_it_and_is_owned_only_beside_it() {
+        let mut host = Host::new(
+            "agent",
+            serde_json::from_value(serde_json::json!({
+                "contextRef": {"name": "dev"}, "image": "img"
+            }))
+            .unwrap(),
+        );
+        host.metadata.namespace = Some("team".into());
+        host.metadata.uid = Some("host-uid".into());
+        let teams = vec!["payments".to_string()];
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let want = |ns: &str| sessions::Issue {
+            namespace: ns.into(),
+            server: "github".into(),
+            server_uid: "srv-uid".into(),
+        };
+        let same = session_object(&host, &want("team"), &teams, "dev", now).unwrap();
+        let name = same.metadata.name.clone().unwrap();
+        assert!(
+            name.starts_with("agent-github-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(same.metadata.namespace.as_deref(), Some("team"));
+        let owners = same.metadata.owner_references.clone().unwrap();
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].uid.as_str()),
+            ("Host", "host-uid")
+        );
+        let labels = same.metadata.labels.clone().unwrap();
+        assert_eq!(labels[sessions::HOST_UID_LABEL], "host-uid");
+        assert_eq!(labels[sessions::HOST_NAMESPACE_LABEL], "team");
+        assert_eq!(labels[children::MANAGED_BY_LABEL], children::MANAGED_BY);
+        assert_eq!(
+            same.spec.subject.as_ref().map(|s| s.user.as_str()),
+            Some("system:serviceaccount:team:agent-host")
+        );
+        assert_eq!(same.spec.teams, teams);
+        assert_eq!(same.spec.server.uid, "srv-uid");
+        assert_eq!(
+            same.spec.expires_at.as_ref().map(|t| t.0.as_second()),
+            Some(1_800_000_000 + 24 * 3600)
+        );
+        // In the server's other namespace: no owner reference (the garbage collector would
+        // look for the Host there and delete the session); the finalizer covers it.
+        let other = session_object(&host, &want("tools"), &teams, "dev", now).unwrap();
+        assert!(other.metadata.owner_references.is_none_or(|o| o.is_empty()));
+        // A later successor gets another name: names are reserved forever once used.
+        let later = session_object(
+            &host,
+            &want("team"),
+            &teams,
+            "dev",
+            now + k8s_openapi::jiff::SignedDuration::from_secs(1),
+        )
+        .unwrap();
+        assert_ne!(later.metadata.name, same.metadata.name);
     }
 
     #[test]

@@ -12,14 +12,27 @@ pub const CONTEXT_RESOLVED: &str = "ContextResolved";
 /// `Ready=False` reason: kube-apiserver refused a child (invalid, forbidden).
 pub const APPLY_REFUSED: &str = "ApplyRefused";
 pub const SESSIONS_READY: &str = "SessionsReady";
+pub const RUNTIME_TOKEN_READY: &str = "RuntimeTokenReady";
+
+/// The Host's runtime token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeToken {
+    /// The operator has no signing key.
+    NotConfigured,
+    /// A token in place, valid until then.
+    Current(k8s_openapi::jiff::Timestamp),
+    /// Minting failed (said in the condition; the Host is not Ready).
+    Failed(String),
+}
 /// `Ready=False` reason (and Warning Event): a session of the Host is revoked.
 pub const SESSION_REVOKED: &str = "SessionRevoked";
-pub const OWNED: [&str; 5] = [
+pub const OWNED: [&str; 6] = [
     READY,
     SECRET_RESOLVED,
     IMAGE_ALLOWED,
     CONTEXT_RESOLVED,
     SESSIONS_READY,
+    RUNTIME_TOKEN_READY,
 ];
 
 /// What keeping the Host's sessions found.
@@ -48,6 +61,8 @@ pub struct Observed {
     pub context: (String, bool),
     /// Whether the Context's `hostSelector` admits the Host (true when there is no Context).
     pub selected: bool,
+    /// The runtime token.
+    pub runtime_token: RuntimeToken,
     /// Servers the Context grants that exist and are enabled (routes opened).
     pub servers: usize,
     /// The Deployment exists and its controller observed its current generation.
@@ -131,6 +146,20 @@ pub fn conditions(
             format!("{} server(s) with a usable session", sessions.issued),
         )
     };
+    let token = match &observed.runtime_token {
+        RuntimeToken::NotConfigured => (
+            false,
+            "SigningKeyNotConfigured",
+            "the operator has no --host-runtime-token-key-file: the host gets no runtime token"
+                .to_string(),
+        ),
+        RuntimeToken::Current(expires) => (
+            true,
+            "TokenCurrent",
+            format!("the runtime-token Secret holds a token valid until {expires}"),
+        ),
+        RuntimeToken::Failed(why) => (false, "TokenNotMinted", why.clone()),
+    };
     let ready = if !observed.conflicts.is_empty() {
         (
             false,
@@ -147,6 +176,8 @@ pub fn conditions(
         (false, context.1, context.2.clone())
     } else if !sessions_cond.0 {
         (false, sessions_cond.1, sessions_cond.2.clone())
+    } else if matches!(observed.runtime_token, RuntimeToken::Failed(_)) {
+        (false, token.1, token.2.clone())
     } else if !observed.workload_observed {
         (
             false,
@@ -162,6 +193,7 @@ pub fn conditions(
         (IMAGE_ALLOWED, image),
         (CONTEXT_RESOLVED, context),
         (SESSIONS_READY, sessions_cond),
+        (RUNTIME_TOKEN_READY, token),
     ]
     .into_iter()
     .map(|(type_, (ok, reason, message))| {
@@ -238,6 +270,7 @@ mod tests {
             refused: Vec::new(),
             context: ("dev".into(), context),
             selected: true,
+            runtime_token: RuntimeToken::Current(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             servers: 2,
             workload_observed: deployed,
             sessions: SessionsObserved {

@@ -59,7 +59,10 @@ fn demo(cluster: &LocalCluster) -> anyhow::Result<Vec<String>> {
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "MCPServer",
             "metadata": {"name": "demo", "namespace": DEMO_SERVER_NS},
-            "spec": {"image": node::demo_server_image()?, "port": 8080},
+            // Contexts of demo-agents may grant it (a server's consent to another namespace).
+            "spec": {"image": node::demo_server_image()?, "port": 8080,
+                     "allowedContexts": {"namespaces": {"from": "Selector", "selector":
+                         {"matchLabels": {"kubernetes.io/metadata.name": DEMO_HOST_NS}}}}},
         }),
     )?;
     node::context(
@@ -172,6 +175,7 @@ fn main() -> anyhow::Result<()> {
         e2e::node::import_images(&cluster, &std::path::absolute(gateway)?)?;
     }
     let mut controller_args = cluster.host_api_args()?;
+    controller_args.extend(cluster.runtime_token_args()?);
     if cli.node {
         controller_args.push(format!("--runtime-namespace={DEMO_SERVER_NS}"));
     }

@@ -189,3 +189,183 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
     controllers.stop();
     result
 }
+
+/// The runtime-token Secret's token and its annotations.
+fn runtime_token(c: &LocalCluster, host: &str) -> Result<Option<(String, Value)>, String> {
+    let out = c.kubectl(&[
+        "get",
+        "secret",
+        &format!("{host}-runtime-token"),
+        "-n",
+        RUNTIME_NS,
+        "-o",
+        "json",
+    ]);
+    if !out.success {
+        return if out.stderr.contains("NotFound") {
+            Ok(None)
+        } else {
+            Err(out.stderr)
+        };
+    }
+    let secret: Value = serde_json::from_str(&out.stdout).map_err(|e| e.to_string())?;
+    let token = secret["data"]["token"]
+        .as_str()
+        .and_then(|b| {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.decode(b).ok()
+        })
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .ok_or("no token in the runtime-token Secret")?;
+    Ok(Some((token, secret["metadata"]["annotations"].clone())))
+}
+
+const RUNTIME_NS: &str = "host-runtime";
+
+/// Issue 33 item 3: the operator keeps each Host's runtime token (RS256, the claims the Host API
+/// checks) in Secret `<host>-runtime-token`, mounts it into the host pod, refreshes it
+/// `--host-runtime-token-refresh-before` ahead of its expiry, and re-mints it for a re-created
+/// Host, whose old token the Host API then refuses; `RuntimeTokenReady` says so.
+pub(super) fn runtime_token_kept_for_each_host(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = RUNTIME_NS;
+    create_namespace(c, ns)?;
+    let mut args = c.host_api_args().map_err(|e| format!("{e:#}"))?;
+    args.extend(c.runtime_token_args().map_err(|e| format!("{e:#}"))?);
+    // A 40 s token refreshed 30 s ahead: a new one every ~10 s.
+    args.extend([
+        "--host-runtime-token-ttl=40s".to_string(),
+        "--host-runtime-token-refresh-before=30s".to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut controllers = start(c, "host-runtime", "host-runtime", &args)?;
+    let port = controllers.host_api_port.ok_or("no Host API port")?;
+    let base = format!("https://127.0.0.1:{port}/api/v2/hosts/self/mcpservers");
+    let host = json!({
+        "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Host",
+        "metadata": {"name": "dev-host", "namespace": ns},
+        "spec": {"contextRef": {"name": "dev"}, "image": "ghcr.io/example/agent-host:1"},
+    });
+    let result =
+        (|| {
+            apply(
+                c,
+                &json!({
+                    "apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "Context",
+                    "metadata": {"name": "dev", "namespace": ns},
+                    "spec": {"mcpServers": [],
+                             "hostSelector": {"matchLabels": {"mcp-runtime.dev/host": "dev-host"}}},
+                }),
+            )?;
+            apply(c, &host)?;
+            let uid = super::controllers::until(
+                std::time::Duration::from_secs(30),
+                "the runtime token",
+                || {
+                    Ok(runtime_token(c, "dev-host")?.and_then(|(_, a)| {
+                        a["mcp-runtime.dev/host-uid"].as_str().map(str::to_string)
+                    }))
+                },
+            )?;
+            let (first, _) = runtime_token(c, "dev-host")?.ok_or("the Secret went")?;
+            let (code, body) = call(c, &base, &first, None)?;
+            ensure!(code == 200, "the runtime token's inventory: {code} {body}");
+            let cond =
+                super::controllers::until(
+                    std::time::Duration::from_secs(30),
+                    "RuntimeTokenReady",
+                    || {
+                        let out = c.kubectl(&[
+                    "get", "host", "dev-host", "-n", ns, "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"RuntimeTokenReady\")].status}",
+                ]);
+                        Ok((out.stdout.trim() == "True").then_some(()))
+                    },
+                );
+            cond?;
+            // Mounted into the host pod, in the host container, read-only.
+            let deployment = ok(
+                &c.kubectl(&["get", "deployment", "dev-host", "-n", ns, "-o", "json"]),
+                "get deployment",
+            )?;
+            let d: Value = serde_json::from_str(&deployment).map_err(|e| e.to_string())?;
+            let pod = &d["spec"]["template"]["spec"];
+            ensure!(
+                pod["volumes"].as_array().is_some_and(|v| v
+                    .iter()
+                    .any(|v| v["secret"]["secretName"] == "dev-host-runtime-token"))
+                    && pod["containers"][0]["volumeMounts"]
+                        .as_array()
+                        .is_some_and(|m| m
+                            .iter()
+                            .any(|m| m["mountPath"] == "/var/run/secrets/mcp-host-runtime"
+                                && m["readOnly"] == true)),
+                "the runtime token is not mounted: {pod}"
+            );
+
+            // Refreshed ahead of expiry: a new token, the Host API takes it.
+            let refreshed = super::controllers::until(
+                std::time::Duration::from_secs(30),
+                "a refreshed token",
+                || {
+                    Ok(runtime_token(c, "dev-host")?
+                        .map(|(t, _)| t)
+                        .filter(|t| *t != first))
+                },
+            )?;
+            let (code, body) = call(c, &base, &refreshed, None)?;
+            ensure!(code == 200, "the refreshed token: {code} {body}");
+
+            // Re-created under the same name: a new token for the new UID; the old one is refused.
+            ok(
+                &c.kubectl(&[
+                    "delete",
+                    "host",
+                    "dev-host",
+                    "-n",
+                    ns,
+                    "--wait=true",
+                    "--timeout=60s",
+                ]),
+                "delete the Host",
+            )?;
+            apply(c, &host)?;
+            let renewed = super::controllers::until(
+                std::time::Duration::from_secs(30),
+                "the re-created Host's token",
+                || {
+                    Ok(runtime_token(c, "dev-host")?.and_then(|(t, a)| {
+                        (a["mcp-runtime.dev/host-uid"].as_str() != Some(uid.as_str())).then_some(t)
+                    }))
+                },
+            )?;
+            let (code, body) = call(c, &base, &refreshed, None)?;
+            ensure!(
+                code == 401,
+                "the old Host's token after re-creation: {code} {body}"
+            );
+            let (code, body) = call(c, &base, &renewed, None)?;
+            ensure!(code == 200, "the re-created Host's token: {code} {body}");
+            Ok(())
+        })();
+    let result = result.map_err(|e| {
+        format!(
+            "{e}\n--- controllers ---\n{}\n--- secrets ---\n{}\n--- host ---\n{}",
+            e2e::mcp::tail(&controllers.log, 20),
+            c.kubectl(&["get", "secrets", "-n", ns, "--show-labels"])
+                .stdout,
+            c.kubectl(&[
+                "get",
+                "host",
+                "dev-host",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.status}"
+            ])
+            .stdout
+        )
+    });
+    let _ = c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    controllers.stop();
+    result
+}
