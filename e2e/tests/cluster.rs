@@ -388,6 +388,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         host_api::rate_limit_recovers_in_the_next_window,
     ),
     (
+        "host_api_healthz_and_legacy_routes",
+        host_api::healthz_and_legacy_routes,
+    ),
+    (
+        "host_api_sessions_tokens_revocation_and_pending",
+        host_api::sessions_tokens_revocation_and_pending,
+    ),
+    (
         "host_token_sh_signs_what_the_local_host_api_accepts",
         host_local::host_token_sh_signs_what_the_local_host_api_accepts,
     ),

@@ -1,24 +1,26 @@
-//! A fixed-window rate limit per Host UID. A window starts at a host's first request after
-//! the previous one ended. Finished windows are dropped as time passes, so memory holds only
+//! A fixed-window rate limit per key (the Host API's: a Host UID and an action, so inventory
+//! and credential requests have windows of their own). A window starts at a key's first
+//! request after the previous one ended. Finished windows are dropped as time passes, so memory holds only
 //! the hosts seen in about the last two windows (and only authenticated hosts are counted).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub struct RateLimiter {
+pub struct RateLimiter<K> {
     limit: u32,
     window: Duration,
-    state: Mutex<State>,
+    state: Mutex<State<K>>,
 }
 
-struct State {
-    /// Host UID → (window start, requests in it).
-    windows: HashMap<String, (Instant, u32)>,
+struct State<K> {
+    /// Key → (window start, requests in it).
+    windows: HashMap<K, (Instant, u32)>,
     next_sweep: Option<Instant>,
 }
 
-impl RateLimiter {
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
     pub fn new(limit: u32, window: Duration) -> Self {
         Self {
             limit,
@@ -32,7 +34,7 @@ impl RateLimiter {
 
     /// Counts a request of `key` at `now`: `Ok` within the limit, or `Err` with the time left
     /// until the window ends.
-    pub fn check(&self, key: &str, now: Instant) -> Result<(), Duration> {
+    pub fn check(&self, key: &K, now: Instant) -> Result<(), Duration> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let window = self.window;
         if state.next_sweep.is_none_or(|at| now >= at) {
@@ -41,7 +43,7 @@ impl RateLimiter {
                 .retain(|_, (start, _)| now.saturating_duration_since(*start) < window);
             state.next_sweep = Some(now + window);
         }
-        let entry = state.windows.entry(key.to_string()).or_insert((now, 0));
+        let entry = state.windows.entry(key.clone()).or_insert((now, 0));
         if now.saturating_duration_since(entry.0) >= window {
             *entry = (now, 0);
         }
@@ -52,7 +54,7 @@ impl RateLimiter {
         Ok(())
     }
 
-    /// Hosts currently tracked.
+    /// Keys currently tracked.
     pub fn tracked(&self) -> usize {
         self.state
             .lock()
@@ -73,24 +75,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fixed_window_per_host() {
+    fn fixed_window_per_key() {
         let limiter = RateLimiter::new(3, Duration::from_secs(10));
         let t0 = Instant::now();
         for i in 0..3 {
-            assert!(limiter.check("a", t0 + Duration::from_secs(i)).is_ok());
+            assert!(limiter.check(&"a", t0 + Duration::from_secs(i)).is_ok());
         }
         assert_eq!(
-            limiter.check("a", t0 + Duration::from_millis(3500)),
+            limiter.check(&"a", t0 + Duration::from_millis(3500)),
             Err(Duration::from_millis(6500))
         );
         // Another host has its own window.
-        assert!(limiter.check("b", t0 + Duration::from_secs(4)).is_ok());
+        assert!(limiter.check(&"b", t0 + Duration::from_secs(4)).is_ok());
         // Refused requests do not extend the window; it ends 10 s after it began.
         assert!(limiter
-            .check("a", t0 + Duration::from_millis(9999))
+            .check(&"a", t0 + Duration::from_millis(9999))
             .is_err());
-        assert!(limiter.check("a", t0 + Duration::from_secs(10)).is_ok());
-        assert!(limiter.check("a", t0 + Duration::from_secs(11)).is_ok());
+        assert!(limiter.check(&"a", t0 + Duration::from_secs(10)).is_ok());
+        assert!(limiter.check(&"a", t0 + Duration::from_secs(11)).is_ok());
         assert_eq!(retry_after_seconds(Duration::from_millis(6500)), 7);
         assert_eq!(retry_after_seconds(Duration::from_millis(1)), 1);
         assert_eq!(retry_after_seconds(Duration::ZERO), 1);
@@ -106,7 +108,7 @@ mod tests {
         }
         assert_eq!(limiter.tracked(), 1000);
         // Two windows later, one request sweeps every finished window.
-        let _ = limiter.check("late", t0 + Duration::from_secs(2));
+        let _ = limiter.check(&"late".to_string(), t0 + Duration::from_secs(2));
         assert_eq!(limiter.tracked(), 1);
     }
 }

@@ -1,16 +1,20 @@
 //! The Host API: host-scoped inventory and credentials over HTTPS with RS256 host tokens.
 //!
-//! - `GET /api/v2/hosts/self/mcpservers`: the enabled MCPServers the live Host's Context
-//!   grants (name, namespace, transport, gateway URL, ready, an opaque `credentialRevision`);
+//! - `GET /api/v2/hosts/self/mcpservers`: the enabled MCPServers the Host's Context grants
+//!   (name, namespace, transport, gateway URL, ready, an opaque `credentialRevision`, the
+//!   host's session for it);
 //! - `POST /api/v2/hosts/self/mcpservers/credential` `{"serverName": ..}`: the value of one
-//!   granted server's `hostCredential` Secret key, the grant checked before the Secret is read
-//!   and again after.
+//!   granted server's `hostCredential` Secret key (or null) and a token of the host's session
+//!   for it, the grant checked before the Secret is read and again after;
+//! - `GET /healthz`: whether the caches have synced; the legacy v1 routes answer 410.
 //!
-//! Served by every replica (not leader-gated): reads are live GETs, there is no state to own
-//! but the per-Host rate limit, which is per replica.
+//! Served by every replica (not leader-gated), each from watch caches of its own
+//! ([`cache`]); the per-Host rate limit is per replica too.
 
 pub mod api;
+pub mod cache;
 pub mod limit;
+pub mod session;
 pub mod settings;
 pub mod token;
 
@@ -156,10 +160,18 @@ pub async fn server(
         rate_window = ?settings.rate_window,
         "serving the Host API"
     );
-    let api = Arc::new(api::HostApi::new(client, &settings, gateway_port, registry));
+    let (caches, writers) = cache::Caches::new();
+    let api = Arc::new(api::HostApi::new(
+        client.clone(),
+        caches.clone(),
+        &settings,
+        gateway_port,
+        registry,
+    ));
     Ok(Some(async move {
         tokio::select! {
             () = cert.watch(CERT_RELOAD_INTERVAL) => Ok(()),
+            ended = cache::run(client, caches, writers) => ended,
             ended = serve(listener, tls_config, api) => ended,
         }
     }))

@@ -3,6 +3,9 @@
 //! made here with the openssl CLI, tokens signed in the test (jsonwebtoken), and every request
 //! made with curl over HTTPS, as a host would. Each scenario has namespaces and a Lease of its
 //! own and stops its replica.
+//!
+//! The API answers from watch caches: after a change in the cluster a scenario polls until the
+//! answer reflects it (within seconds; expected within milliseconds), never sleeps blindly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -418,7 +421,11 @@ pub(super) fn token_matrix(c: &mut LocalCluster) -> Result<(), String> {
     let uid = plain_host(c, ns, "agent")?;
     let good = claims(ns, "agent", &uid);
 
-    let valid = api.inventory(&api.sign(&good)?)?;
+    let valid = until_reply(
+        "the Host is cached",
+        || api.inventory(&api.sign(&good)?),
+        |r| r.status == 200,
+    )?;
     ensure!(
         valid.status == 200,
         "valid token: {} {}",
@@ -552,22 +559,31 @@ pub(super) fn token_matrix(c: &mut LocalCluster) -> Result<(), String> {
         &c.kubectl(&["delete", "host", "agent", "-n", ns, "--wait=true"]),
         "delete host",
     )?;
-    let gone = api.inventory(&old_token)?;
+    let gone = until_reply(
+        "the deleted Host leaves the cache",
+        || api.inventory(&old_token),
+        |r| r.status != 200,
+    )?;
     expect_401(&gone, "the Host deleted")?;
     apply(c, &host(ns, "agent", "ctx"))?;
     let new_uid = uid_of(c, ns, "agent")?;
     ensure!(new_uid != uid, "the re-created Host kept its UID");
-    expect_401(
-        &api.inventory(&old_token)?,
-        "wrong host_uid (the Host re-created: the old token)",
+    let fresh_token = api.sign(&claims(ns, "agent", &new_uid))?;
+    let fresh = until_reply(
+        "the re-created Host is cached",
+        || api.inventory(&fresh_token),
+        |r| r.status == 200,
     )?;
-    let fresh = api.inventory(&api.sign(&claims(ns, "agent", &new_uid))?)?;
     ensure!(
         fresh.status == 200,
         "a token of the re-created Host: {} {}",
         fresh.status,
         fresh.body
     );
+    expect_401(
+        &api.inventory(&old_token)?,
+        "wrong host_uid (the Host re-created: the old token)",
+    )?;
     let refused = api
         .controllers
         .metric("mcp_controllers_host_api_token_refusals_total", &[])
@@ -791,11 +807,24 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
     )?;
     apply(c, &host(a, "host", "ctx"))?;
     apply(c, &host(b, "host", "ctx"))?;
-    let token_a = api.sign(&claims(a, "host", &uid(c, "host", a, "host")?))?;
-    let token_b = api.sign(&claims(b, "host", &uid(c, "host", b, "host")?))?;
+    let (uid_a, uid_b) = (uid(c, "host", a, "host")?, uid(c, "host", b, "host")?);
+    let token_a = api.sign(&claims(a, "host", &uid_a))?;
+    let token_b = api.sign(&claims(b, "host", &uid_b))?;
+    // Each host's sessions are the Host operator's (this replica is its leader): every
+    // granted server gets one.
+    let listed = |r: &Reply, n: usize| {
+        r.json().ok().and_then(|v| {
+            let items = v["items"].as_array()?.clone();
+            Some(items.len() == n && items.iter().all(|i| i["session"]["phase"] == "Active"))
+        }) == Some(true)
+    };
 
     // Inventories: each host its own Context's servers, no Secret metadata.
-    let inv_a = api.inventory(&token_a)?;
+    let inv_a = until_reply(
+        "A's inventory lists its servers and sessions",
+        || api.inventory(&token_a),
+        |r| listed(r, 3),
+    )?;
     ensure!(
         inv_a.status == 200,
         "A's inventory: {} {}",
@@ -815,12 +844,15 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
             && sa["transport"] == "streamable-http"
             && sa["url"] == format!("http://sa.{a}.svc:{GATEWAY_PORT}/mcp")
             && sa["ready"].is_boolean()
-            && sa["credentialRevision"].is_string(),
+            && sa["credentialRevision"].is_string()
+            && sa["session"]["namespace"] == a
+            && sa["session"]["name"].is_string(),
         "A's sa entry: {sa}"
     );
     ensure!(
-        items[1]["credentialRevision"].is_null() && items[2]["credentialRevision"].is_null(),
-        "a server without hostCredential or with a missing key has a null revision: {items}"
+        items[1]["credentialRevision"].is_null() && items[2]["credentialRevision"].is_string(),
+        "a server without hostCredential has a null revision, one whose Secret exists (metadata \
+         only: whatever its keys) a revision: {items}"
     );
     for leak in ["sa-cred", "value-of", b, other] {
         ensure!(
@@ -829,7 +861,16 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
             inv_a.body
         );
     }
-    let inv_b = api.inventory(&token_b)?;
+    let inv_b = until_reply(
+        "B's inventory lists its servers",
+        || api.inventory(&token_b),
+        |r| {
+            r.json().ok().is_some_and(|v| {
+                v["items"].as_array().map(Vec::len) == Some(2)
+                    && !v["items"][1]["session"].is_null()
+            })
+        },
+    )?;
     let names_b: Vec<String> = inv_b.json()?["items"]
         .as_array()
         .map(|i| {
@@ -858,15 +899,45 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
         got.body
     );
     got.check_common("A's sa credential")?;
-    let got = got.json()?;
+    let mut got = got.json()?;
+    let session_token = got["session"]
+        .as_object_mut()
+        .and_then(|s| s.remove("token"))
+        .unwrap_or_default();
+    let expires_at = got["session"]
+        .as_object_mut()
+        .and_then(|s| s.remove("expiresAt"))
+        .unwrap_or_default();
     ensure!(
         got == json!({
             "serverName": "sa",
             "serverNamespace": a,
-            "credential": "value-of-sa",
+            "token": "value-of-sa",
             "credentialRevision": sa["credentialRevision"],
-        }),
+            "url": sa["url"],
+            "session": {"namespace": a, "name": sa["session"]["name"]},
+        }) && session_token.is_string()
+            && expires_at.is_string(),
         "A's sa credential: {got}"
+    );
+    // A granted server without hostCredential: token null.
+    let plain = api.credential(&token_a, &json!({"serverName": "plain"}))?;
+    ensure!(
+        plain.status == 200
+            && plain.json()?["token"].is_null()
+            && plain.json()?["credentialRevision"].is_null()
+            && plain.json()?["session"]["name"] == items[1]["session"]["name"],
+        "A's plain credential: {} {}",
+        plain.status,
+        plain.body
+    );
+    // A granted server whose Secret lacks the key: 503 for that server alone.
+    let nokey = api.credential(&token_a, &json!({"serverName": "nokey"}))?;
+    ensure!(
+        nokey.status == 503,
+        "A's nokey credential: {} {}",
+        nokey.status,
+        nokey.body
     );
     // B obtains sc: the server exists and is obtainable, only not by A.
     let sc = api.credential(
@@ -874,7 +945,7 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
         &json!({"serverName": "sc", "serverNamespace": other}),
     )?;
     ensure!(
-        sc.status == 200 && sc.json()?["credential"] == "value-of-sc",
+        sc.status == 200 && sc.json()?["token"] == "value-of-sc",
         "B's sc credential: {} {}",
         sc.status,
         sc.body
@@ -900,14 +971,6 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
             "its own server named in another namespace",
             json!({"serverName": "sa", "serverNamespace": b}),
         ),
-        (
-            "a granted server without hostCredential",
-            json!({"serverName": "plain"}),
-        ),
-        (
-            "a granted server whose Secret lacks the key",
-            json!({"serverName": "nokey"}),
-        ),
     ];
     let mut replies: Vec<(&str, Reply)> = Vec::new();
     for (what, request) in &negatives {
@@ -924,7 +987,11 @@ pub(super) fn cross_context_isolation(c: &mut LocalCluster) -> Result<(), String
 
     // The grant removed: the next request is the same 404, and the inventory drops it.
     apply(c, &context(a, "ctx", json!([{"name": "plain"}])))?;
-    let revoked = api.credential(&token_a, &json!({"serverName": "sa"}))?;
+    let revoked = until_reply(
+        "sa's grant removed",
+        || api.credential(&token_a, &json!({"serverName": "sa"})),
+        |r| r.status != 200,
+    )?;
     replies.push(("sa after its grant was removed", revoked));
     let (first_what, first) = &replies[0];
     for (what, reply) in &replies {
@@ -1022,6 +1089,13 @@ pub(super) fn rate_limit_recovers_in_the_next_window(c: &mut LocalCluster) -> Re
     let other_uid = uid_of(c, ns, "other")?;
     let token = api.sign(&claims(ns, "agent", &uid))?;
     let other = api.sign(&claims(ns, "other", &other_uid))?;
+    // Both Hosts cached (one watch, in order: the later one cached means the earlier is),
+    // asked with the other Host's token so agent's windows stay whole.
+    until_reply(
+        "the Hosts are cached",
+        || api.inventory(&other),
+        |r| r.status == 200,
+    )?;
     let mut bad = claims(ns, "agent", &uid);
     bad["aud"] = json!(["someone-else"]);
     let bad = api.sign(&bad)?;
@@ -1046,8 +1120,12 @@ pub(super) fn rate_limit_recovers_in_the_next_window(c: &mut LocalCluster) -> Re
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("429 without a numeric Retry-After: {limited:?}"))?;
     ensure!((1..=6).contains(&retry), "Retry-After {retry}");
-    // The credential endpoint shares the budget.
-    let also = api.credential(&token, &json!({"serverName": "x"}))?;
+    // The credential endpoint has a window of its own: 5 answers (404: nothing granted),
+    // then 429.
+    let mut credential = Vec::new();
+    for _ in 0..6 {
+        credential.push(api.credential(&token, &json!({"serverName": "x"}))?);
+    }
     // Every request so far fell in one window (the 429s say nothing otherwise): an ordering
     // against the limiter's window, not a performance bound (expected well under 1 s).
     let elapsed = started.elapsed();
@@ -1055,10 +1133,16 @@ pub(super) fn rate_limit_recovers_in_the_next_window(c: &mut LocalCluster) -> Re
         elapsed < Duration::from_secs(6),
         "the requests took {elapsed:?}: the window ended before the checks"
     );
+    let codes: Vec<u16> = credential.iter().map(|r| r.status).collect();
     ensure!(
-        also.status == 429,
-        "credential while limited: {}",
-        also.status
+        codes == [404, 404, 404, 404, 404, 429],
+        "credential requests while the inventory is limited: {codes:?}"
+    );
+    let still = api.inventory(&token)?;
+    ensure!(
+        still.status == 429,
+        "the inventory after the credential requests: {}",
+        still.status
     );
     // Another Host is not limited by this one.
     let r = api.inventory(&other)?;
@@ -1079,10 +1163,327 @@ pub(super) fn rate_limit_recovers_in_the_next_window(c: &mut LocalCluster) -> Re
             &[r#"endpoint="inventory""#, r#"code="429""#],
         )
         .map_err(|e| format!("{e:#}"))?;
-    ensure!(counted == 1.0, "429s counted: {counted}");
+    ensure!(counted == 2.0, "429s counted: {counted}");
     Ok(())
 }
 
 fn uid_of(c: &LocalCluster, ns: &str, name: &str) -> Result<String, String> {
     uid(c, "host", ns, name)
+}
+
+/// Polls `call` until its reply satisfies `done` (within 10 s): the caches catch up with a
+/// change in the cluster.
+fn until_reply(
+    what: &str,
+    mut call: impl FnMut() -> Result<Reply, String>,
+    done: impl Fn(&Reply) -> bool,
+) -> Result<Reply, String> {
+    let mut last = None;
+    let reached = until(Duration::from_secs(10), what, || {
+        let reply = call()?;
+        if done(&reply) {
+            return Ok(Some(reply));
+        }
+        last = Some(reply);
+        Ok(None)
+    });
+    reached.map_err(|e| format!("{e}; last answer {last:?}"))
+}
+
+/// The claims of session token `token`, its ES256 signature verified with the public half of
+/// the key this cluster's mcp-access-apiserver signs session tokens with.
+fn verified_session_claims(c: &LocalCluster, token: &str) -> Result<Value, String> {
+    let header = jsonwebtoken::decode_header(token).map_err(|e| e.to_string())?;
+    ensure!(
+        header.alg == Algorithm::ES256,
+        "session token alg {:?}",
+        header.alg
+    );
+    let signing_key = c
+        .env
+        .get("SESSION_TOKEN_SIGNING_KEY_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| c.dir.join("session-token.key"));
+    let out = Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&signing_key)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("openssl: {e}"))?;
+    ensure!(
+        out.status.success(),
+        "openssl pkey -pubout {}: {}",
+        signing_key.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = jsonwebtoken::DecodingKey::from_ec_pem(&out.stdout).map_err(|e| e.to_string())?;
+    let mut validation = jsonwebtoken::Validation::new(Algorithm::ES256);
+    // The audience is the server's resource URI: checked against the answer's url.
+    validation.validate_aud = false;
+    jsonwebtoken::decode::<Value>(token, &key, &validation)
+        .map(|d| d.claims)
+        .map_err(|e| format!("the session token does not verify: {e}"))
+}
+
+/// `/healthz` answers without a token once the caches synced; the legacy v1 routes answer 410
+/// pointing at v2, whatever the method, with or without a token.
+pub(super) fn healthz_and_legacy_routes(c: &mut LocalCluster) -> Result<(), String> {
+    let api = start_host_api(c, "legacy", &[])?;
+    let health = until_reply(
+        "/healthz answers 200",
+        || api.call("GET", "/healthz", None, None),
+        |r| r.status == 200,
+    )?;
+    ensure!(
+        health.body == r#"{"status":"ok"}"#,
+        "/healthz: {}",
+        health.body
+    );
+    health.check_common("/healthz")?;
+    let post = api.call("POST", "/healthz", None, None)?;
+    ensure!(
+        post.status == 405 && post.header("allow") == Some("GET"),
+        "POST /healthz: {post:?}"
+    );
+
+    let ns = "hapi-legacy";
+    create_namespace(c, ns)?;
+    let uid = plain_host(c, ns, "agent")?;
+    let token = api.sign(&claims(ns, "agent", &uid))?;
+    let gone = r#"{"error":"gone","use":"/api/v2/hosts/self/mcpservers"}"#;
+    let mut first: Option<Reply> = None;
+    for (method, path) in [
+        ("GET", "/api/v1/mcpservers"),
+        ("GET", "/api/v1/mcpservers/context/ctx"),
+        ("GET", "/api/v1/mcpservers/github/auth"),
+        ("POST", "/api/v1/mcpservers/github/auth"),
+        ("DELETE", "/api/v1/mcpservers/context/ctx"),
+    ] {
+        for auth in [None, Some(token.as_str())] {
+            let reply = api.call(method, path, auth, None)?;
+            let what = format!("{method} {path} (token: {})", auth.is_some());
+            ensure!(
+                reply.status == 410 && reply.body == gone,
+                "{what}: {} {}",
+                reply.status,
+                reply.body
+            );
+            reply.check_common(&what)?;
+            match &first {
+                None => first = Some(reply),
+                Some(f) => ensure!(
+                    f.comparable() == reply.comparable(),
+                    "{what}: the 410 differs: {reply:?} vs {f:?}"
+                ),
+            }
+        }
+    }
+    let other = api.call("GET", "/api/v1/mcpservers/github", None, None)?;
+    ensure!(
+        other.status == 404,
+        "another v1 path: {} {}",
+        other.status,
+        other.body
+    );
+    let counted = api
+        .controllers
+        .metric(
+            "mcp_controllers_host_api_requests_total",
+            &[r#"endpoint="legacy""#, r#"code="410""#],
+        )
+        .map_err(|e| format!("{e:#}"))?;
+    ensure!(counted == 10.0, "410s counted: {counted}");
+    Ok(())
+}
+
+/// The host's session through the credential endpoint, the sessions being the Host
+/// operator's: while a Revocation of the server refuses issuance there is none, 503
+/// session_pending; the one issued is handed out with a freshly minted token that verifies
+/// against the aggregated API's JWKS; a Revocation of it is 409 naming the Revocation; a
+/// granted server without hostCredential answers token null. No token reaches the log.
+pub(super) fn sessions_tokens_revocation_and_pending(c: &mut LocalCluster) -> Result<(), String> {
+    let api = start_host_api(c, "sessions", &[])?;
+    let ns = "hapi-sessions";
+    create_namespace(c, ns)?;
+    secret(c, ns, "gh-cred", "token", "value-of-gh")?;
+    apply(c, &server(ns, "github", Some(("gh-cred", "token"))))?;
+    apply(c, &server(ns, "plain", None))?;
+    // No session may be issued for plain while this stands.
+    let plain_uid = uid(c, "mcpserver", ns, "plain")?;
+    apply(
+        c,
+        &json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "Revocation",
+            "metadata": {"name": "hold-plain", "namespace": ns},
+            "spec": {"target": {"server": {"name": "plain", "uid": plain_uid}},
+                     "cause": "manual"},
+        }),
+    )?;
+    apply(
+        c,
+        &context(ns, "ctx", json!([{"name": "github"}, {"name": "plain"}])),
+    )?;
+    apply(c, &host(ns, "agent", "ctx"))?;
+    let host_uid = uid(c, "host", ns, "agent")?;
+    let token = api.sign(&claims(ns, "agent", &host_uid))?;
+    let inventory = until_reply(
+        "the inventory lists github's session",
+        || api.inventory(&token),
+        |r| {
+            r.json().ok().is_some_and(|v| {
+                v["items"].as_array().map(Vec::len) == Some(2)
+                    && v["items"][0]["session"]["phase"] == "Active"
+            })
+        },
+    )?
+    .json()?;
+    ensure!(
+        inventory["items"][1]["session"].is_null(),
+        "plain has a session despite the Revocation: {inventory}"
+    );
+    let pending = api.credential(&token, &json!({"serverName": "plain"}))?;
+    ensure!(
+        pending.status == 503 && pending.body == r#"{"error":"session_pending"}"#,
+        "plain without a session: {} {}",
+        pending.status,
+        pending.body
+    );
+    ensure!(
+        pending.header("retry-after") == Some("1"),
+        "session_pending Retry-After {:?}",
+        pending.header("retry-after")
+    );
+    pending.check_common("session_pending")?;
+
+    let got = until_reply(
+        "github's credential with a session",
+        || api.credential(&token, &json!({"serverName": "github"})),
+        |r| r.status == 200,
+    )?;
+    got.check_common("github's credential")?;
+    let got = got.json()?;
+    let server_uid = uid(c, "mcpserver", ns, "github")?;
+    let url = format!("http://github.{ns}.svc:{GATEWAY_PORT}/mcp");
+    ensure!(
+        got["serverName"] == "github"
+            && got["serverNamespace"] == ns
+            && got["token"] == "value-of-gh"
+            && got["credentialRevision"].is_string()
+            && got["url"] == url
+            && got["session"]["namespace"] == ns
+            && got["session"]["name"].is_string(),
+        "github's credential: {got}"
+    );
+    let session_name = got["session"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let session_token = got["session"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let claims = verified_session_claims(c, &session_token)?;
+    let private = &claims["access.mcp-runtime.dev"];
+    ensure!(
+        claims["sub"] == format!("system:accesssession:{ns}:{session_name}")
+            && private["server"]["uid"] == server_uid
+            && private["session"]["uid"] == uid(c, "accesssessions", ns, &session_name)?,
+        "the session token's claims: {claims}"
+    );
+    let audiences = claims["aud"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        audiences
+            .iter()
+            .any(|a| a.as_str().is_some_and(|a| url.starts_with(a))),
+        "the session token's audience {audiences:?} is not the server's URL {url}"
+    );
+    let exp = claims["exp"].as_i64().unwrap_or_default();
+    let expires_at = k8s_openapi::jiff::Timestamp::from_second(exp)
+        .map_err(|e| e.to_string())?
+        .to_string();
+    ensure!(
+        got["session"]["expiresAt"] == expires_at && (now() + 540..=now() + 610).contains(&exp),
+        "expiresAt {} vs exp {exp} ({expires_at})",
+        got["session"]["expiresAt"]
+    );
+    let inventory = api.inventory(&token)?.json()?;
+    ensure!(
+        inventory["items"][0]["session"]
+            == json!({"namespace": ns, "name": session_name, "phase": "Active"}),
+        "github's inventory session: {inventory}"
+    );
+
+    // The Revocation withdrawn (the Host nudged so its operator tries at once): plain gets its
+    // session; a granted server without hostCredential answers token null.
+    ok(
+        &c.kubectl(&["delete", "revocation", "hold-plain", "-n", ns]),
+        "delete the Revocation",
+    )?;
+    ok(
+        &c.kubectl(&["annotate", "host", "agent", "-n", ns, "e2e/nudge=1"]),
+        "annotate the Host",
+    )?;
+    let plain = until_reply(
+        "plain's credential with a session",
+        || api.credential(&token, &json!({"serverName": "plain"})),
+        |r| r.status == 200,
+    )?
+    .json()?;
+    ensure!(
+        plain["token"].is_null()
+            && plain["credentialRevision"].is_null()
+            && plain["url"] == format!("http://plain.{ns}.svc:{GATEWAY_PORT}/mcp")
+            && plain["session"]["token"].is_string(),
+        "plain's credential: {plain}"
+    );
+    let plain_token = plain["session"]["token"].as_str().unwrap_or_default();
+    let plain_claims = verified_session_claims(c, plain_token)?;
+    ensure!(
+        plain_claims["access.mcp-runtime.dev"]["server"]["uid"]
+            == uid(c, "mcpserver", ns, "plain")?,
+        "plain's session token: {plain_claims}"
+    );
+
+    // The session revoked: 409 naming the Revocation, and the inventory says so.
+    apply(
+        c,
+        &json!({
+            "apiVersion": "access.mcp-runtime.dev/v1alpha1",
+            "kind": "Revocation",
+            "metadata": {"name": "stop-agent", "namespace": ns},
+            "spec": {"target": {"session": session_name}, "cause": "manual"},
+        }),
+    )?;
+    let revoked = until_reply(
+        "github's credential after the revocation",
+        || api.credential(&token, &json!({"serverName": "github"})),
+        |r| r.status != 200,
+    )?;
+    ensure!(
+        revoked.status == 409
+            && revoked.body == r#"{"error":"session_revoked","revocation":"stop-agent"}"#,
+        "after the revocation: {} {}",
+        revoked.status,
+        revoked.body
+    );
+    revoked.check_common("session_revoked")?;
+    let inventory = api.inventory(&token)?.json()?;
+    ensure!(
+        inventory["items"][0]["session"]
+            == json!({"namespace": ns, "name": session_name, "phase": "Revoked"}),
+        "github's inventory session after the revocation: {inventory}"
+    );
+
+    // No token, credential or host token in the controllers' log.
+    let log = std::fs::read_to_string(&api.controllers.log).map_err(|e| e.to_string())?;
+    for (what, secret) in [
+        ("a session token", session_token.as_str()),
+        ("a session token", plain_token),
+        ("the credential", "value-of-gh"),
+        ("the host token", token.as_str()),
+    ] {
+        ensure!(!log.contains(secret), "{what} is in the controllers' log");
+    }
+    Ok(())
 }

@@ -111,7 +111,16 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
         }
         let token = host_token(c, "dev-host")?;
 
-        let (code, body) = call(c, &base, &token, None)?;
+        // The API answers from watch caches: polled until they hold the new objects.
+        let mut reply = (0, String::new());
+        for _ in 0..50 {
+            reply = call(c, &base, &token, None)?;
+            if reply.0 == 200 && reply.1.contains(r#""name":"github""#) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let (code, body) = reply;
         ensure!(code == 200, "inventory: {code} {body}");
         let inventory: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
         let names: Vec<&str> = inventory["items"]
@@ -126,12 +135,21 @@ pub(super) fn host_token_sh_signs_what_the_local_host_api_accepts(
             "the inventory names the Secret: {body}"
         );
 
+        // The host's session for github is the Host operator's: polled until it is issued.
         let credential = format!("{base}/credential");
-        let (code, body) = call(c, &credential, &token, Some(r#"{"serverName":"github"}"#))?;
+        let mut answer = (0, String::new());
+        for _ in 0..50 {
+            answer = call(c, &credential, &token, Some(r#"{"serverName":"github"}"#))?;
+            if answer.0 == 200 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let (code, body) = answer;
         ensure!(code == 200, "credential: {code} {body}");
         let answer: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
         ensure!(
-            answer["credential"] == "ghp-local",
+            answer["token"] == "ghp-local" && answer["session"]["token"].is_string(),
             "credential answer: {body}"
         );
 
