@@ -516,10 +516,19 @@ impl HostApi {
         Ok((context, server))
     }
 
-    /// The cached sessions of the Host of UID `host_uid` for `server`.
-    fn sessions(&self, host_uid: &str, server: &MCPServer) -> Vec<Arc<AccessSession>> {
+    /// The cached sessions of `host` for `server`: those carrying its UID label **and** naming
+    /// its ServiceAccount as subject, as the Host operator issues them. A label alone is not
+    /// trusted: whoever may issue sessions could label one of theirs with a Host's UID, and the
+    /// host would then be handed a session it was never granted.
+    fn sessions(&self, host: &Host, server: &MCPServer) -> Vec<Arc<AccessSession>> {
+        let uid = host.metadata.uid.as_deref().unwrap_or_default();
+        let subject =
+            crate::host::sessions::subject(&host.namespace().unwrap_or_default(), &host.name_any());
         self.caches
-            .host_sessions(&server.namespace().unwrap_or_default(), host_uid)
+            .host_sessions(&server.namespace().unwrap_or_default(), uid)
+            .into_iter()
+            .filter(|s| s.spec.subject.as_ref().is_some_and(|x| x.user == subject))
+            .collect()
     }
 
     /// The credential revision of `server` from the cached Secret metadata: `None` without a
@@ -612,7 +621,7 @@ impl HostApi {
     }
 
     async fn inventory(&self, headers: &http::HeaderMap) -> Result<Value, Failure> {
-        let (id, host) = self.authenticate(headers, Action::Inventory)?;
+        let (_, host) = self.authenticate(headers, Action::Inventory)?;
         let now = Timestamp::now();
         let mut items = Vec::new();
         if let Some(context) = self.context(&host) {
@@ -624,7 +633,7 @@ impl HostApi {
                 |ns: &str| self.caches.namespace_labels(ns),
             );
             for server in granted {
-                let sessions = self.sessions(&id.uid, server);
+                let sessions = self.sessions(&host, server);
                 let shown = match session::choose(
                     sessions.iter().map(Arc::as_ref),
                     server.metadata.uid.as_deref().unwrap_or_default(),
@@ -670,7 +679,7 @@ impl HostApi {
         let (context, server) = self.granted_server(&host, &wanted)?;
         let server_uid = server.metadata.uid.clone().unwrap_or_default();
         let session = match session::choose(
-            self.sessions(&id.uid, &server).iter().map(Arc::as_ref),
+            self.sessions(&host, &server).iter().map(Arc::as_ref),
             &server_uid,
             Timestamp::now(),
         ) {
@@ -1168,6 +1177,7 @@ mod kube_tests {
                                        HOST_UID_LABEL: host_uid,
                                        HOST_NAMESPACE_LABEL: "team"}},
                "spec": {"server": {"name": server, "uid": format!("srv-{ns}-{server}")},
+                        "subject": {"user": "system:serviceaccount:team:agent-host"},
                         "teams": ["hosts"], "expiresAt": at(now + ttl)},
                "status": {"phase": phase}});
         if phase == "Revoked" {
@@ -1661,6 +1671,21 @@ mod kube_tests {
             assert_eq!(status, 404, "{consent}");
         }
         assert!(take_log(&w).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_session_only_labelled_for_the_host_is_not_handed_out() {
+        // Someone who may issue sessions labels one of theirs with the Host's UID (newer than
+        // the host's own): it names another subject, so it is not the host's; the host's own
+        // session is handed out.
+        let (api, w) = api(100);
+        let mut foreign =
+            session_object("team", "planted", "uid-agent", "github", 1, 3600, "Active");
+        foreign["spec"]["subject"]["user"] = json!("mallory@example.com");
+        w.lock().unwrap().put(foreign);
+        let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "github"})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["session"]["name"], "agent-github", "{body}");
     }
 
     #[tokio::test]
