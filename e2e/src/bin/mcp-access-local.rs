@@ -59,7 +59,15 @@ fn demo(cluster: &LocalCluster) -> anyhow::Result<Vec<String>> {
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "MCPServer",
             "metadata": {"name": "demo", "namespace": DEMO_SERVER_NS},
-            "spec": {"image": node::demo_server_image()?, "port": 8080},
+            // Its owners admit the Contexts of the hosts' namespace, and only those.
+            "spec": {
+                "image": node::demo_server_image()?,
+                "port": 8080,
+                "allowedContexts": {"namespaces": {
+                    "from": "Selector",
+                    "selector": {"matchLabels": {"kubernetes.io/metadata.name": DEMO_HOST_NS}},
+                }},
+            },
         }),
     )?;
     node::context(
@@ -174,6 +182,8 @@ fn main() -> anyhow::Result<()> {
     let mut controller_args = cluster.host_api_args()?;
     if cli.node {
         controller_args.push(format!("--runtime-namespace={DEMO_SERVER_NS}"));
+        // As deploy/controllers ships: a server outside the runtime namespace is not deployed.
+        controller_args.push("--require-runtime-namespace".into());
     }
     let controller_args: Vec<&str> = controller_args.iter().map(String::as_str).collect();
     let controllers = match &cli.controllers_bin {
