@@ -567,11 +567,11 @@ impl Ctx {
         if current {
             return Ok(());
         }
-        if isolated.status == "False"
-            && previous_isolated.map(|c| c.status.as_str()) != Some("False")
-        {
-            self.warn_not_isolated(server, &isolated.message).await;
-        }
+        // Once per transition to False: after the status says so, so a failed write retries
+        // both rather than repeating the Event.
+        let warn = (isolated.status == "False"
+            && previous_isolated.map(|c| c.status.as_str()) != Some("False"))
+        .then(|| isolated.message.clone());
         // Typed, so the field names are the CRD's; what we leave out (no bindings: nothing)
         // server-side apply removes from what this manager owned. The conditions list is a
         // map keyed by type: the workload and retirement controllers' entries are theirs.
@@ -591,6 +591,9 @@ impl Ctx {
         );
         children::apply_status(&api, FIELD_MANAGER, &server.name_any(), &body).await?;
         self.reconcile.write(CONTROLLER, "MCPServerStatus");
+        if let Some(message) = warn {
+            self.warn_not_isolated(server, &message).await;
+        }
         Ok(())
     }
 
