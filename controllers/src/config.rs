@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use crate::cli::{Cli, LogFormat};
 use crate::netpol::egress::{EgressArgs, EgressSettingsError};
-use crate::netpol::settings::{NetpolSettings, SettingsError, SweepCaps};
+use crate::netpol::settings::{NetpolSettings, RuntimeIsolation, SettingsError, SweepCaps};
 use crate::{host, hostapi, leader, mcpserver, netpol, retire};
 
 /// A setting the controllers refuse to start with. The text names the flag.
@@ -38,6 +38,8 @@ pub struct Config {
     pub netpol_settings: NetpolSettings,
     /// The caps of one orphan sweep.
     pub orphan_caps: SweepCaps,
+    /// Where MCPServers are isolated, and whether one elsewhere is deployed.
+    pub isolation: RuntimeIsolation,
     /// Address of `/metrics`, `/livez` and `/readyz`.
     pub metrics: SocketAddr,
     /// Kubeconfig for reaching kube-apiserver; `None`: the in-cluster service account.
@@ -62,6 +64,7 @@ impl TryFrom<Cli> for Config {
 
     fn try_from(cli: Cli) -> Result<Self, ConfigError> {
         let (netpol_settings, orphan_caps) = cli.netpol.settings(cli.mcpserver.gateway_port)?;
+        let isolation = cli.netpol.isolation(&netpol_settings);
         cli.egress.resolver()?;
         let host_api = cli.host_api.settings()?;
         Ok(Self {
@@ -74,6 +77,7 @@ impl TryFrom<Cli> for Config {
             host_api,
             netpol_settings,
             orphan_caps,
+            isolation,
             metrics: SocketAddr::from(([0, 0, 0, 0], cli.metrics_port)),
             kubeconfig: cli.kubeconfig,
         })

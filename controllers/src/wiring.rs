@@ -26,7 +26,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Built now (flags checked before campaigning), polled only by the leader.
     let gateway_port = config.mcpserver.gateway_port;
     let image_policy = config.mcpserver.image_policy();
-    let workloads = mcpserver::controller(client.clone(), config.mcpserver, reconcile.clone())?;
+    let workloads = mcpserver::controller(
+        client.clone(),
+        config.mcpserver,
+        config.isolation,
+        reconcile.clone(),
+    )?;
     let retirement = retire::controller(client.clone(), config.retire, &mut registry)?;
     let (policies, synced) = netpol::controller(
         client.clone(),

@@ -18,8 +18,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use apis::runtime::{
-    Context, ContextSpec, EgressBinding, EgressBindingType, EgressPeer, MCPServer, MCPServerSpec,
-    NetworkProtocol, PodPeer, PortRef, ServerNetwork, ServerRef, Transport,
+    AllowedContexts, Context, ContextNamespaces, ContextSpec, EgressBinding, EgressBindingType,
+    EgressPeer, MCPServer, MCPServerSpec, NamespacesFrom, NetworkProtocol, PodPeer, PortRef,
+    ServerNetwork, ServerRef, Transport,
 };
 use controllers::children::ChildKind;
 use controllers::mcpserver::desired::{children, WorkloadSettings};
@@ -106,6 +107,13 @@ fn mk_server(ns: &str, name: &str, port: i32, bindings: Vec<EgressBinding>) -> M
     s
 }
 
+/// The consent of a server's owners to Contexts of other namespaces.
+fn consent(from: NamespacesFrom, selector: Option<LabelSelector>) -> Option<AllowedContexts> {
+    Some(AllowedContexts {
+        namespaces: ContextNamespaces { from, selector },
+    })
+}
+
 fn exact_cidr(name: &str, cidr: &str, port: i32) -> EgressBinding {
     EgressBinding {
         name: name.into(),
@@ -137,18 +145,24 @@ fn mk_context(name: &str, host_role: &str, servers: &[(&str, &str)]) -> Context 
     c
 }
 
-/// - `tools-a/github` (8080): ExactHost 140.82.112.0/24 on TCP 443; granted by `dev`.
-/// - `tools-a/search` (9000): PublicWeb; granted by `dev`; also open to `monitoring/probe`.
+/// - `tools-a/github` (8080): ExactHost 140.82.112.0/24 on TCP 443; granted by `dev`;
+///   consents to Contexts of every namespace (`from: All`).
+/// - `tools-a/search` (9000): PublicWeb; granted by `dev` (`from: All`); also open to
+///   `monitoring/probe`.
 /// - `tools-b/jira` (8443): an ExactHost binding on a name that resolves to a private address
-///   (10.20.0.7), so it fails to prove and the server has no external allow; granted by `ops`.
-/// - `tools-c/secret` (7000): granted by no Context; may reach `hosts/batch` on TCP 5432.
+///   (10.20.0.7), so it fails to prove and the server has no external allow; granted by `ops`
+///   and `everyone`, consenting to namespaces labelled `team: platform` (`hosts`, `tools-c`).
+/// - `tools-c/secret` (7000): named by `ops` (in `hosts`) but consents to no other namespace
+///   (`allowedContexts` absent: `from: Same`), so no host reaches it; may reach
+///   `hosts/batch` on TCP 5432.
 fn servers() -> Vec<MCPServer> {
-    let github = mk_server(
+    let mut github = mk_server(
         "tools-a",
         "github",
         8080,
         vec![exact_cidr("github-api", "140.82.112.0/24", 443)],
     );
+    github.spec.allowed_contexts = consent(NamespacesFrom::All, None);
     let mut search = mk_server(
         "tools-a",
         "search",
@@ -162,6 +176,7 @@ fn servers() -> Vec<MCPServer> {
             protocol: None,
         }],
     );
+    search.spec.allowed_contexts = consent(NamespacesFrom::All, None);
     search.spec.network = Some(ServerNetwork {
         ingress_from: vec![PodPeer {
             namespace: Some("monitoring".into()),
@@ -169,7 +184,7 @@ fn servers() -> Vec<MCPServer> {
         }],
         egress_to: Vec::new(),
     });
-    let jira = mk_server(
+    let mut jira = mk_server(
         "tools-b",
         "jira",
         8443,
@@ -181,6 +196,10 @@ fn servers() -> Vec<MCPServer> {
             port: Some(443),
             protocol: Some(NetworkProtocol::Tcp),
         }],
+    );
+    jira.spec.allowed_contexts = consent(
+        NamespacesFrom::Selector,
+        Some(selector(&[("team", "platform")])),
     );
     let mut secret = mk_server("tools-c", "secret", 7000, Vec::new());
     secret.spec.network = Some(ServerNetwork {
@@ -204,11 +223,16 @@ fn contexts() -> Vec<Context> {
             "dev-host",
             &[("tools-a", "github"), ("tools-a", "search")],
         ),
-        // `ghost` does not exist: the grant opens nothing.
+        // `ghost` does not exist, and `secret` does not consent to `hosts`: neither grant
+        // opens anything.
         mk_context(
             "ops",
             "ops-host",
-            &[("tools-b", "jira"), ("tools-b", "ghost")],
+            &[
+                ("tools-b", "jira"),
+                ("tools-b", "ghost"),
+                ("tools-c", "secret"),
+            ],
         ),
         everyone_in_tools_c(),
     ]
@@ -251,11 +275,36 @@ async fn proofs(servers: &[MCPServer]) -> BTreeMap<(String, String), EgressProof
     out
 }
 
-fn namespace(name: &str) -> Value {
+const NAMESPACES: [&str; 7] = [
+    "tools-a",
+    "tools-b",
+    "tools-c",
+    "hosts",
+    "monitoring",
+    "mcp-access",
+    "kube-system",
+];
+
+/// Each namespace's labels: its name, and `team: platform` on `hosts` and `tools-c` (what
+/// jira's `allowedContexts` selector admits).
+fn namespace_labels() -> BTreeMap<String, BTreeMap<String, String>> {
+    NAMESPACES
+        .into_iter()
+        .map(|name| {
+            let mut l = labels(&[("kubernetes.io/metadata.name", name)]);
+            if matches!(name, "hosts" | "tools-c") {
+                l.insert("team".into(), "platform".into());
+            }
+            (name.to_string(), l)
+        })
+        .collect()
+}
+
+fn namespace(name: &str, labels: &BTreeMap<String, String>) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name}},
+        "metadata": {"name": name, "labels": labels},
     })
 }
 
@@ -278,24 +327,18 @@ fn cluster_objects(
         .iter()
         .map(|(key, proof)| (key.clone(), proof.allows.clone()))
         .collect();
+    let namespace_labels = namespace_labels();
     let inventory = Inventory {
         servers,
         contexts: &contexts,
         egress: &egress,
+        namespace_labels: &namespace_labels,
     };
 
-    let mut objects: Vec<Value> = [
-        "tools-a",
-        "tools-b",
-        "tools-c",
-        "hosts",
-        "monitoring",
-        "mcp-access",
-        "kube-system",
-    ]
-    .into_iter()
-    .map(namespace)
-    .collect();
+    let mut objects: Vec<Value> = namespace_labels
+        .iter()
+        .map(|(name, labels)| namespace(name, labels))
+        .collect();
     for s in servers {
         let deployment = children(s, &workload_settings())
             .expect("the fixture servers have a name, namespace and uid")
@@ -468,6 +511,7 @@ fn expected() -> BTreeMap<(String, String), &'static str> {
     allow(DEV_HOST, COREDNS, DNS);
     allow(DEV_HOST, NODE_LOCAL_DNS, DNS);
     allow(OPS_HOST, JIRA, GATEWAY);
+    // Not SECRET, which `ops` names: its owners do not consent to Contexts of `hosts`.
     allow(OPS_HOST, COREDNS, DNS);
     allow(OPS_HOST, NODE_LOCAL_DNS, DNS);
     // `everyone` (tools-c, an empty selector): its non-server pod only; never SECRET.

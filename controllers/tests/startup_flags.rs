@@ -102,6 +102,16 @@ const ROWS: &[Row] = &[
         env: &[("MCP_ACCESS_EGRESS_DNS_SERVER", "kube-dns")],
         needle: "kube-dns",
     },
+    // Requiring a runtime namespace and naming none would deploy nothing.
+    flag(
+        &["--require-runtime-namespace"],
+        "--require-runtime-namespace without any --runtime-namespace",
+    ),
+    Row {
+        args: &[],
+        env: &[("MCP_ACCESS_REQUIRE_RUNTIME_NAMESPACE", "true")],
+        needle: "--require-runtime-namespace without any --runtime-namespace",
+    },
 ];
 
 /// The binary with the required flags valid, the given extras, and no inherited environment
@@ -212,6 +222,7 @@ fn valid_settings_get_past_the_checks() {
         "k8s-app=kube-dns",
         "--runtime-namespace",
         "team-a",
+        "--require-runtime-namespace",
         "--orphan-delete-max-percent",
         "100",
         "--egress-dns-server",
@@ -232,6 +243,7 @@ fn valid_settings_get_past_the_checks() {
         "--egress-dns-server",
         "--egress-dns-timeout",
         "--egress-refresh-interval",
+        "--require-runtime-namespace",
         "the system resolver configuration",
         // clap's own refusals.
         "error: invalid value",

@@ -304,6 +304,14 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         netpol::orphan_sweep_over_the_cap_deletes_nothing,
     ),
     (
+        "netpol_a_deleted_context_takes_all_its_allows",
+        netpol::a_deleted_context_takes_all_its_allows,
+    ),
+    (
+        "netpol_servers_outside_the_runtime_namespaces",
+        netpol::servers_outside_the_runtime_namespaces,
+    ),
+    (
         "egress_refresh_a_failed_refresh_withdraws_the_allow_until_the_name_resolves",
         egress_refresh::a_failed_refresh_withdraws_the_allow_until_the_name_resolves,
     ),

@@ -1079,10 +1079,11 @@ async fn sweep_orphans(ctx: &Ctx) -> Result<(), ReconcileError> {
             managed = plan.fleet,
             max = ctx.caps.max,
             max_percent = ctx.caps.max_percent,
-            "orphaned Host objects over the sweep caps: none deleted (check for a fault, then \
-             delete them by hand or raise --orphan-delete-max / --orphan-delete-max-percent)"
+            "orphaned ServiceAccounts, Services and workspaces of Hosts over the sweep caps: none \
+             of them deleted (check for a fault, then delete them by hand or raise \
+             --orphan-delete-max / --orphan-delete-max-percent); orphaned egress policies, \
+             Roles, RoleBindings and Deployments are deleted regardless"
         );
-        return Ok(());
     }
     for child in &plan.delete {
         // Gone already, or re-created meanwhile (the uid precondition): left alone.

@@ -3,10 +3,17 @@
 //!
 //! An object is an **orphan** when no Host of its namespace carries its host label, or when
 //! its Host owner reference names another uid than the live Host's (the Host was deleted and
-//! re-created: the old runtime is not the new Host's). Orphans go only while they are few: at
-//! most the absolute cap and at most the percentage of every managed host object; over either,
-//! none is deleted and the caller alerts, because a mass disappearance of Hosts is more likely
-//! a fault (an empty cache, a wrong cluster) than an intent.
+//! re-created: the old runtime is not the new Host's). What becomes of an orphan depends on
+//! what it grants:
+//! - the `*-host-egress` NetworkPolicy (an allow), the Role and RoleBinding (grants to the
+//!   Host's ServiceAccount) and the Deployment (a workload that no Host stands for, which must
+//!   not outlive the egress policy that confined it) go at once, whatever the count: deleting
+//!   them only narrows access;
+//! - the inert rest (ServiceAccount, Service, the workspace PVC) goes only while such orphans
+//!   are few: at most the absolute cap and at most the percentage of every managed host
+//!   object; over either, none of them is deleted and the caller alerts, because a mass
+//!   disappearance of Hosts is more likely a fault (an empty cache, a wrong cluster) than an
+//!   intent, and a workspace deleted by mistake is lost.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,9 +47,11 @@ pub struct LiveHost {
 /// What one sweep does.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SweepPlan {
-    /// Deleted this pass: the orphans, when within the caps.
+    /// Deleted this pass: every orphaned grant (policy, Role, RoleBinding) and workload, and
+    /// the inert orphans when within the caps.
     pub delete: Vec<LiveChild>,
-    /// Orphans found but kept because they are over a cap (empty when within).
+    /// Inert orphans found but kept because they are over a cap (empty when within). Never
+    /// a grant or a workload.
     pub withheld: Vec<LiveChild>,
     /// Managed host objects alive now: the fleet the percentage is taken of.
     pub fleet: usize,
@@ -57,6 +66,15 @@ fn orphan(child: &LiveChild, hosts: &BTreeMap<(String, String), BTreeSet<String>
         None => true,
         Some(uids) => child.owner_uid.as_ref().is_some_and(|u| !uids.contains(u)),
     }
+}
+
+/// Whether an orphan of `kind` goes whatever the caps: it grants access (the egress allow,
+/// the Role and its binding) or runs under such grants (the Deployment).
+pub fn always_deleted(kind: ChildKind) -> bool {
+    matches!(
+        kind,
+        ChildKind::NetworkPolicy | ChildKind::Role | ChildKind::RoleBinding | ChildKind::Deployment
+    )
 }
 
 /// The plan for `live` (objects listed by our managed-by and host labels) against `hosts`.
@@ -76,11 +94,15 @@ pub fn plan(live: &[LiveChild], hosts: &[LiveHost], caps: SweepCaps) -> SweepPla
         }
         out.fleet += 1;
         if !child.deleting && orphan(child, &by_label) {
-            orphans.push(child.clone());
+            if always_deleted(child.kind) {
+                out.delete.push(child.clone());
+            } else {
+                orphans.push(child.clone());
+            }
         }
     }
     if crate::netpol::sweep::within_caps(orphans.len(), out.fleet, caps) {
-        out.delete = orphans;
+        out.delete.extend(orphans);
     } else {
         out.withheld = orphans;
     }
@@ -150,7 +172,8 @@ mod tests {
             terminating,
         ]);
         let p = plan(&live, &hosts, CAPS);
-        assert_eq!(p.delete, vec![gone, stale, other_ns]);
+        // Grants and workloads first (never capped), then the inert rest within the caps.
+        assert_eq!(p.delete, vec![gone, other_ns, stale]);
         assert!(p.withheld.is_empty());
         assert_eq!(p.fleet, 26);
     }
@@ -183,7 +206,7 @@ mod tests {
             .collect(); // 28
         let orphans = |n: usize| -> Vec<LiveChild> {
             (0..n)
-                .map(|i| child(ChildKind::Deployment, "team", &format!("ghost-{i}"), None))
+                .map(|i| child(ChildKind::Service, "team", &format!("ghost-{i}"), None))
                 .collect()
         };
         let mut ten = keep.clone();
@@ -209,5 +232,34 @@ mod tests {
         };
         assert_eq!(plan(&orphans(2), &[], one).withheld.len(), 2);
         assert_eq!(plan(&orphans(1), &[], one).delete.len(), 1);
+    }
+
+    /// Twelve deleted Hosts leave 84 orphans, far over both caps: their egress allows, Roles,
+    /// RoleBindings and Deployments still go; only the inert rest is held back.
+    #[test]
+    fn orphaned_grants_and_workloads_go_past_the_caps() {
+        let hosts = [host("team", "alive", "u1")];
+        let mut live = runtime("team", "alive", Some("u1"));
+        for i in 0..12 {
+            live.extend(runtime("team", &format!("gone-{i}"), Some("u9")));
+        }
+        let p = plan(&live, &hosts, CAPS);
+        let kinds = |v: &[LiveChild]| -> BTreeSet<&'static str> {
+            v.iter().map(|c| c.kind.as_str()).collect()
+        };
+        assert_eq!(p.delete.len(), 48, "4 kinds × 12 Hosts");
+        assert_eq!(
+            kinds(&p.delete),
+            BTreeSet::from(["Deployment", "NetworkPolicy", "Role", "RoleBinding"])
+        );
+        assert!(p
+            .delete
+            .iter()
+            .any(|c| c.kind == ChildKind::NetworkPolicy && c.name == "gone-11-NetworkPolicy"));
+        assert_eq!(p.withheld.len(), 36, "3 inert kinds × 12 Hosts");
+        assert_eq!(
+            kinds(&p.withheld),
+            BTreeSet::from(["PersistentVolumeClaim", "Service", "ServiceAccount"])
+        );
     }
 }

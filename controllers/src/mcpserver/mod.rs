@@ -29,8 +29,9 @@ use serde_json::{json, Value};
 
 use crate::children::{self, ChildKind, ReconcileError};
 use crate::metrics::{ConditionLabels, ReconcileMetrics};
+use crate::netpol::settings::RuntimeIsolation;
 use desired::WorkloadSettings;
-use status::{EgressGate, ImagePolicy, ImagePolicyMode, SecretCheck, WorkloadState};
+use status::{EgressGate, ImagePolicy, ImagePolicyMode, IsolationGate, SecretCheck, WorkloadState};
 
 /// The field manager of everything this controller applies (children and its conditions).
 /// Distinct from the retirement controller's, so applying our conditions never removes its
@@ -139,6 +140,7 @@ struct Context {
     client: kube::Client,
     settings: WorkloadSettings,
     policy: ImagePolicy,
+    isolation: RuntimeIsolation,
     recorder: Recorder,
     metrics: ReconcileMetrics,
     store: Store<MCPServer>,
@@ -148,6 +150,7 @@ struct Context {
 pub fn controller(
     client: kube::Client,
     args: Args,
+    isolation: RuntimeIsolation,
     metrics: ReconcileMetrics,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     let (settings, policy) = args.settings()?;
@@ -173,6 +176,7 @@ pub fn controller(
             client: client.clone(),
             settings,
             policy,
+            isolation,
             metrics,
             store,
         });
@@ -254,8 +258,11 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, R
         server.metadata.generation,
     );
 
+    let isolation = IsolationGate::of(namespace, &ctx.isolation);
+
     let mut applied_deployment = false;
-    let workload = if secrets.resolved() && image.deployable() && egress.open() {
+    let workload = if secrets.resolved() && image.deployable() && egress.open() && isolation.open()
+    {
         let mut deployment = Value::Null;
         // Children whose names are held by objects that are not this server's: left alone,
         // and no Deployment (its pods would run as, or be reached through, someone else's).
@@ -356,7 +363,7 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, R
     let generation = server.metadata.generation;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let wanted = status::conditions(
-        previous, generation, &secrets, &image, &egress, &workload, now,
+        previous, generation, &secrets, &image, &egress, &isolation, &workload, now,
     );
     if !status::status_current(previous, generation, &wanted) {
         let body = json!({

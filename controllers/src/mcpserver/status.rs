@@ -15,6 +15,10 @@ pub const NAME_CONFLICT: &str = "NameConflict";
 pub const OWNED: [&str; 3] = [READY, SECRETS_RESOLVED, IMAGE_ALLOWED];
 /// Owned by the NetworkPolicy controller; read here as a gate.
 pub const EXTERNAL_EGRESS_READY: &str = "ExternalEgressReady";
+/// Owned by the NetworkPolicy controller: whether an L0 deny-all isolates the server.
+pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
+/// `NetworkIsolated`'s False reason, and `Ready`'s under `--require-runtime-namespace`.
+pub const OUTSIDE_RUNTIME_NAMESPACE: &str = "OutsideRuntimeNamespace";
 
 /// What the referenced Secret looked like.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,6 +244,33 @@ impl EgressGate {
     }
 }
 
+/// Whether the server's namespace lets it be deployed: under `--require-runtime-namespace`
+/// only a runtime namespace does (an L0 deny-all isolates it there). Computed from the flags,
+/// not read from `NetworkIsolated`, so the gate never waits on the other controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IsolationGate {
+    /// A runtime namespace, or none is required.
+    Open,
+    /// Outside every runtime namespace, with `--require-runtime-namespace`.
+    Refused { namespace: String },
+}
+
+impl IsolationGate {
+    pub fn of(namespace: &str, isolation: &crate::netpol::settings::RuntimeIsolation) -> Self {
+        if isolation.deployable(namespace) {
+            IsolationGate::Open
+        } else {
+            IsolationGate::Refused {
+                namespace: namespace.into(),
+            }
+        }
+    }
+
+    pub fn open(&self) -> bool {
+        matches!(self, IsolationGate::Open)
+    }
+}
+
 /// Where the workload stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkloadState {
@@ -256,12 +287,14 @@ pub enum WorkloadState {
 
 /// The conditions of this controller, each keeping its `lastTransitionTime` from
 /// `previous` unless its status changed (Kubernetes conventions).
+#[allow(clippy::too_many_arguments)] // one per gate: each is its own observation
 pub fn conditions(
     previous: Option<&MCPServerStatus>,
     generation: Option<i64>,
     secrets: &SecretCheck,
     image: &ImageCheck,
     egress: &EgressGate,
+    isolation: &IsolationGate,
     workload: &WorkloadState,
     now: Time,
 ) -> Vec<Condition> {
@@ -291,6 +324,18 @@ pub fn conditions(
             false,
             "ImageNotAllowed",
             "not deployed: see ImageAllowed".to_string(),
+        ),
+        WorkloadState::Blocked if !isolation.open() => (
+            false,
+            OUTSIDE_RUNTIME_NAMESPACE,
+            match isolation {
+                IsolationGate::Refused { namespace } => format!(
+                    "not deployed: namespace {namespace} is not a --runtime-namespace, so no \
+                     NetworkPolicy would isolate the server, and --require-runtime-namespace is \
+                     set; see NetworkIsolated"
+                ),
+                IsolationGate::Open => String::new(),
+            },
         ),
         WorkloadState::Blocked => {
             debug_assert!(!egress.open());
@@ -384,6 +429,7 @@ mod tests {
             &SecretCheck::Resolved,
             &ImageCheck::NoAllowList,
             &EgressGate::NotRequired,
+            &IsolationGate::Open,
             &WorkloadState::NameConflict(vec!["Service web".into()]),
             t(100),
         );
@@ -467,6 +513,7 @@ mod tests {
             &missing,
             &ImageCheck::NoAllowList,
             &EgressGate::NotRequired,
+            &IsolationGate::Open,
             &WorkloadState::Blocked,
             t(100),
         );
@@ -488,6 +535,7 @@ mod tests {
             &missing,
             &ImageCheck::NoAllowList,
             &EgressGate::NotRequired,
+            &IsolationGate::Open,
             &WorkloadState::Blocked,
             t(200),
         );
@@ -501,6 +549,7 @@ mod tests {
             &SecretCheck::Resolved,
             &ImageCheck::NoAllowList,
             &EgressGate::NotRequired,
+            &IsolationGate::Open,
             &WorkloadState::Pending,
             t(300),
         );
@@ -522,6 +571,46 @@ mod tests {
         });
         assert!(status_current(Some(&with_retiring), Some(1), &first));
         assert!(!status_current(Some(&with_retiring), Some(2), &first));
+    }
+
+    #[test]
+    fn a_server_outside_the_runtime_namespaces_is_refused_when_required() {
+        use crate::netpol::settings::RuntimeIsolation;
+        let isolation = RuntimeIsolation {
+            runtime_namespaces: ["tools".to_string()].into(),
+            required: true,
+        };
+        assert_eq!(IsolationGate::of("tools", &isolation), IsolationGate::Open);
+        let refused = IsolationGate::of("default", &isolation);
+        assert!(!refused.open());
+        let open = RuntimeIsolation {
+            required: false,
+            ..isolation
+        };
+        assert!(IsolationGate::of("default", &open).open());
+        let c = conditions(
+            None,
+            Some(1),
+            &SecretCheck::NotReferenced,
+            &ImageCheck::NoAllowList,
+            &EgressGate::NotRequired,
+            &refused,
+            &WorkloadState::Blocked,
+            t(5),
+        );
+        let ready = c.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", OUTSIDE_RUNTIME_NAMESPACE)
+        );
+        assert!(
+            ready.message.contains("namespace default")
+                && ready.message.contains("--require-runtime-namespace"),
+            "{}",
+            ready.message
+        );
+        // NetworkIsolated is the NetworkPolicy controller's: never written here.
+        assert!(c.iter().all(|c| c.type_ != NETWORK_ISOLATED));
     }
 
     #[test]
@@ -559,6 +648,7 @@ mod tests {
             &SecretCheck::NotReferenced,
             &ImageCheck::NoAllowList,
             &EgressGate::NotProven,
+            &IsolationGate::Open,
             &WorkloadState::Blocked,
             t(5),
         );

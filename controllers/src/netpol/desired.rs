@@ -127,10 +127,15 @@ pub struct Inventory<'a> {
     pub contexts: &'a [Context],
     /// (namespace, server name) → the server's proven external allows.
     pub egress: &'a BTreeMap<(String, String), Vec<EgressAllow>>,
+    /// Namespace name → its labels, for `allowedContexts.namespaces.from: Selector` (a
+    /// namespace missing here is admitted by no selector).
+    pub namespace_labels: &'a BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// Every policy the inventory implies, sorted by (namespace, name). Servers and Contexts
-/// being deleted imply none: their allows go as soon as deletion starts.
+/// being deleted imply none: their allows go as soon as deletion starts. A Context of another
+/// namespace than the server's opens a route to it only if the server consents
+/// ([`MCPServer::admits_context_from`]).
 pub fn policies(inventory: &Inventory, settings: &NetpolSettings) -> Vec<Policy> {
     let mut out = Vec::new();
     for ns in &settings.runtime_namespaces {
@@ -171,10 +176,14 @@ pub fn policies(inventory: &Inventory, settings: &NetpolSettings) -> Vec<Policy>
             .collect();
         granted.sort_unstable();
         granted.dedup();
+        let ctx_labels = inventory.namespace_labels.get(ctx_ns);
         for key in granted {
-            // A grant of a server that does not exist (yet) opens nothing.
+            // A grant of a server that does not exist (yet), or that does not consent to
+            // Contexts of this namespace, opens nothing.
             if let Some(server) = live_servers.get(&key) {
-                context_pair(context, (ctx_ns, ctx_name), key, server, settings, &mut out);
+                if server.admits_context_from(ctx_ns, ctx_labels) {
+                    context_pair(context, (ctx_ns, ctx_name), key, server, settings, &mut out);
+                }
             }
         }
     }
@@ -565,9 +574,10 @@ mod tests {
     use super::*;
     use crate::netpol::settings::Label;
     use apis::runtime::{
-        ContextSpec, EgressPeer, MCPServerSpec, NetworkProtocol, ServerNetwork, ServerRef,
-        Transport,
+        AllowedContexts, ContextNamespaces, ContextSpec, EgressPeer, MCPServerSpec, NamespacesFrom,
+        NetworkProtocol, ServerNetwork, ServerRef, Transport,
     };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn settings() -> NetpolSettings {
         NetpolSettings {
@@ -613,6 +623,18 @@ mod tests {
         s
     }
 
+    /// A server whose owners admit Contexts of every namespace.
+    fn mk_open_server(ns: &str, name: &str, port: i32) -> MCPServer {
+        let mut s = mk_server(ns, name, port);
+        s.spec.allowed_contexts = Some(AllowedContexts {
+            namespaces: ContextNamespaces {
+                from: NamespacesFrom::All,
+                selector: None,
+            },
+        });
+        s
+    }
+
     fn mk_context(ns: &str, name: &str, servers: &[(&str, &str)]) -> Context {
         let mut c = Context::new(
             name,
@@ -655,6 +677,7 @@ mod tests {
             servers: &[],
             contexts: &[],
             egress: &egress,
+            namespace_labels: &BTreeMap::new(),
         };
         let ps = policies(&inv, &settings());
         assert_eq!(
@@ -704,9 +727,9 @@ mod tests {
     #[test]
     fn a_context_opens_exactly_its_servers_on_their_gateway_port() {
         let servers = [
-            mk_server("team-a", "github", 8080),
-            mk_server("team-b", "jira", 9000),
-            mk_server("team-b", "secret", 9001),
+            mk_open_server("team-a", "github", 8080),
+            mk_open_server("team-b", "jira", 9000),
+            mk_open_server("team-b", "secret", 9001),
         ];
         let contexts = [mk_context(
             "hosts",
@@ -722,6 +745,7 @@ mod tests {
             servers: &servers,
             contexts: &contexts,
             egress: &egress,
+            namespace_labels: &BTreeMap::new(),
         };
         let ps = policies(&inv, &settings());
         let l2: Vec<String> = names(&ps)
@@ -798,10 +822,104 @@ mod tests {
             servers: &servers,
             contexts: &deleting,
             egress: inv.egress,
+            namespace_labels: inv.namespace_labels,
         };
         assert!(!names(&policies(&inv, &settings()))
             .iter()
             .any(|n| n.contains("-l2-")));
+    }
+
+    /// Gateway API's allowedRoutes shape: a Context of another namespace opens a route only
+    /// to a server that consents to it; one of the server's own namespace always does.
+    #[test]
+    fn a_context_opens_no_route_to_a_server_that_does_not_consent() {
+        let by = |from: NamespacesFrom, selector: Option<LabelSelector>| {
+            Some(AllowedContexts {
+                namespaces: ContextNamespaces { from, selector },
+            })
+        };
+        let mut same = mk_server("tools", "same", 8080);
+        same.spec.allowed_contexts = by(NamespacesFrom::Same, None);
+        let default = mk_server("tools", "default", 8080);
+        let all = mk_open_server("tools", "all", 8080);
+        let mut labelled = mk_server("tools", "labelled", 8080);
+        labelled.spec.allowed_contexts = by(
+            NamespacesFrom::Selector,
+            Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["trusted".into()]),
+                }]),
+                ..Default::default()
+            }),
+        );
+        let mut no_selector = mk_server("tools", "no-selector", 8080);
+        no_selector.spec.allowed_contexts = by(NamespacesFrom::Selector, None);
+        let servers = [same, default, all, labelled, no_selector];
+        let every: Vec<(&str, &str)> = ["same", "default", "all", "labelled", "no-selector"]
+            .into_iter()
+            .map(|n| ("tools", n))
+            .collect();
+        let contexts = [
+            mk_context("trusted-hosts", "a", &every),
+            mk_context("other-hosts", "b", &every),
+            mk_context("unknown-hosts", "c", &every),
+            mk_context("tools", "local", &every),
+        ];
+        let labels = BTreeMap::from([
+            (
+                "trusted-hosts".to_string(),
+                BTreeMap::from([("tier".to_string(), "trusted".to_string())]),
+            ),
+            (
+                "other-hosts".to_string(),
+                BTreeMap::from([("tier".to_string(), "public".to_string())]),
+            ),
+        ]);
+        let egress = BTreeMap::new();
+        let inv = Inventory {
+            servers: &servers,
+            contexts: &contexts,
+            egress: &egress,
+            namespace_labels: &labels,
+        };
+        let ps = policies(&inv, &settings());
+        let ingress: Vec<String> = names(&ps)
+            .into_iter()
+            .filter(|n| n.contains("-l2-ingress"))
+            .collect();
+        assert_eq!(
+            ingress,
+            [
+                "tools/mcp-l2-ingress.all.other-hosts.b",
+                "tools/mcp-l2-ingress.all.tools.local",
+                "tools/mcp-l2-ingress.all.trusted-hosts.a",
+                "tools/mcp-l2-ingress.all.unknown-hosts.c",
+                "tools/mcp-l2-ingress.default.tools.local",
+                "tools/mcp-l2-ingress.labelled.tools.local",
+                "tools/mcp-l2-ingress.labelled.trusted-hosts.a",
+                "tools/mcp-l2-ingress.no-selector.tools.local",
+                "tools/mcp-l2-ingress.same.tools.local",
+            ]
+        );
+        // No half route either: the hosts' egress exists exactly where the ingress does.
+        let egress_of = |ctx_ns: &str| -> Vec<String> {
+            ps.iter()
+                .filter(|p| p.namespace == ctx_ns && p.policy_type == PolicyType::ContextEgress)
+                .map(|p| p.name.clone())
+                .collect()
+        };
+        assert_eq!(egress_of("other-hosts"), ["mcp-l2-egress.b.tools.all"]);
+        assert_eq!(
+            egress_of("trusted-hosts"),
+            [
+                "mcp-l2-egress.a.tools.all",
+                "mcp-l2-egress.a.tools.labelled"
+            ]
+        );
+        assert_eq!(egress_of("unknown-hosts"), ["mcp-l2-egress.c.tools.all"]);
+        assert_eq!(egress_of("tools").len(), 5);
     }
 
     #[test]
@@ -843,6 +961,7 @@ mod tests {
             servers: &servers,
             contexts: &[],
             egress: &egress,
+            namespace_labels: &BTreeMap::new(),
         };
         let ps = policies(&inv, &settings());
         let l3 = &find(&ps, "team-a", "mcp-l3-egress.github").body;
@@ -914,12 +1033,13 @@ mod tests {
     #[test]
     fn digests_are_pinned() {
         let egress = BTreeMap::new();
-        let servers = [mk_server("team-a", "github", 8080)];
+        let servers = [mk_open_server("team-a", "github", 8080)];
         let contexts = [mk_context("team-b", "dev", &[("team-a", "github")])];
         let inv = Inventory {
             servers: &servers,
             contexts: &contexts,
             egress: &egress,
+            namespace_labels: &BTreeMap::new(),
         };
         let got: Vec<String> = policies(&inv, &settings())
             .iter()

@@ -36,7 +36,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -49,13 +49,16 @@ use crate::children::{self, up_to_date, ReconcileError};
 use crate::metrics::ReconcileMetrics;
 use desired::{EgressAllow, Inventory, Policy};
 use egress::{EgressProof, Resolve};
-use settings::{NetpolSettings, SweepCaps};
+use settings::{NetpolSettings, RuntimeIsolation, SweepCaps};
 use sweep::{LivePolicy, Owners};
 
 /// The field manager of the policies and of the egress status of MCPServers.
 pub const FIELD_MANAGER: &str = "mcp-access-controllers-netpol";
 /// The condition this controller owns on MCPServers that declare egress bindings.
 pub const EXTERNAL_EGRESS_READY: &str = "ExternalEgressReady";
+// `NetworkIsolated`, on every MCPServer: whether the L0 deny-all of a runtime namespace
+// isolates it (the workload controller gates on the same flags, never on this condition).
+pub use crate::mcpserver::status::{NETWORK_ISOLATED, OUTSIDE_RUNTIME_NAMESPACE};
 const CONTROLLER: &str = "netpol";
 /// Changes arriving together are taken in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -72,10 +75,12 @@ struct TypeLabel {
 pub struct Metrics {
     /// Desired policies by layer, as of the last pass.
     policies: Family<TypeLabel, Gauge>,
-    /// Orphaned policies the last sweep kept because they were over a cap (0: none).
+    /// Orphaned L0/L1 policies the last sweep kept because they were over a cap (0: none).
     orphans_withheld: Gauge,
-    /// Sweeps that withheld orphans.
+    /// Sweeps that withheld orphaned L0/L1 policies.
     sweeps_withheld: Counter,
+    /// Orphaned allows deleted (never held back by the caps).
+    orphan_allows_deleted: Counter,
     /// Desired policies whose name is taken by a policy we do not manage (not overwritten).
     unmanaged_conflicts: Gauge,
     /// 1 once the first complete pass has applied the desired set and removed what it may.
@@ -93,13 +98,18 @@ impl Metrics {
         );
         sub.register(
             "orphans_withheld",
-            "Orphaned NetworkPolicies the last sweep did not delete because they exceed a cap",
+            "Orphaned L0 deny-all and L1 NetworkPolicies the last sweep did not delete because they exceed a cap (deleting a deny widens access)",
             m.orphans_withheld.clone(),
         );
         sub.register(
             "sweeps_withheld",
-            "Sweeps that found more orphaned NetworkPolicies than a cap allows and deleted none",
+            "Sweeps that found more orphaned L0/L1 NetworkPolicies than a cap allows and deleted none of them",
             m.sweeps_withheld.clone(),
+        );
+        sub.register(
+            "orphan_allows_deleted",
+            "Orphaned allow NetworkPolicies (L2, L3, spec.network) deleted; the caps never hold these back",
+            m.orphan_allows_deleted.clone(),
         );
         sub.register(
             "unmanaged_conflicts",
@@ -127,6 +137,7 @@ struct Ctx {
     client: kube::Client,
     settings: NetpolSettings,
     caps: SweepCaps,
+    isolation: RuntimeIsolation,
     resolver: Box<dyn Resolve>,
     dns_deadline: Duration,
     refresh: Duration,
@@ -162,6 +173,7 @@ pub fn controller(
     Synced,
 )> {
     let (settings, caps) = args.settings(gateway_port)?;
+    let isolation = args.isolation(&settings);
     let resync = args.netpol_resync_interval.std();
     let egress_settings = egress_args.settings()?;
     let resolver: Box<dyn Resolve> = Box::new(egress_args.resolver()?);
@@ -217,6 +229,7 @@ pub fn controller(
             client,
             settings,
             caps,
+            isolation,
             resolver,
             dns_deadline: egress_settings.dns_timeout,
             refresh: egress_settings.refresh_interval,
@@ -326,16 +339,21 @@ impl Ctx {
         let mut failed = None;
         let egress = self.prove_egress(&servers, proofs, &mut failed).await;
         let servers: Vec<MCPServer> = servers.iter().map(|s| (**s).clone()).collect();
+        let namespaces = self.namespaces.state();
+        // Labels for `allowedContexts` selectors: a relabelled namespace is a watched change.
+        let namespace_labels: BTreeMap<String, BTreeMap<String, String>> = namespaces
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
         let inventory = Inventory {
             servers: &servers,
             contexts: &contexts,
             egress: &egress,
+            namespace_labels: &namespace_labels,
         };
         // A namespace that does not exist (or is going away) cannot hold a policy; one
         // created later triggers a pass through the namespace watch.
-        let usable: BTreeSet<String> = self
-            .namespaces
-            .state()
+        let usable: BTreeSet<String> = namespaces
             .iter()
             .filter(|n| n.metadata.deletion_timestamp.is_none())
             .map(|n| n.name_any())
@@ -413,6 +431,15 @@ impl Ctx {
                 tracing::warn!(ns = %policy.namespace, name = %policy.name, error = %e, "cannot delete the NetworkPolicy");
                 failed = Some(e);
             }
+        }
+        if plan.orphan_allows > 0 {
+            self.metrics
+                .orphan_allows_deleted
+                .inc_by(plan.orphan_allows as u64);
+            tracing::info!(
+                allows = plan.orphan_allows,
+                "deleted orphaned allows (an owner is gone); the sweep caps never hold allows back"
+            );
         }
         self.metrics
             .orphans_withheld
@@ -503,8 +530,8 @@ impl Ctx {
             let Some(proven) = proofs.get(&key) else {
                 continue;
             };
-            if let Err(e) = self.write_egress_status(server, &proven.proof).await {
-                tracing::warn!(ns = %key.0, name = %key.1, error = %e, "cannot write the egress status");
+            if let Err(e) = self.write_status(server, &proven.proof).await {
+                tracing::warn!(ns = %key.0, name = %key.1, error = %e, "cannot write the network status");
                 *failed = Some(e);
             }
             allows.insert(key, proven.proof.allows.clone());
@@ -512,39 +539,44 @@ impl Ctx {
         allows
     }
 
-    /// Applies `ExternalEgressReady` and `status.resolvedEgressIPs` when they differ from
-    /// what the server shows; for a server without bindings, removes them if present.
-    async fn write_egress_status(
+    /// Applies this controller's part of the status (`NetworkIsolated`, and
+    /// `ExternalEgressReady` with `status.resolvedEgressIPs`) when it differs from what the
+    /// server shows; for a server without bindings, removes the egress part if present. A
+    /// server that turns out not to be isolated gets a Warning Event.
+    async fn write_status(
         &self,
         server: &MCPServer,
         proof: &EgressProof,
     ) -> Result<(), ReconcileError> {
         let status = server.status.as_ref();
-        let previous = status.and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == EXTERNAL_EGRESS_READY)
-        });
+        let find =
+            |type_: &str| status.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+        let previous = find(EXTERNAL_EGRESS_READY);
+        let previous_isolated = find(NETWORK_ISOLATED);
         let shown = status
             .map(|s| s.resolved_egress_ips.clone())
             .unwrap_or_default();
-        let condition = egress_condition(
-            server,
-            proof,
-            previous,
-            Time(k8s_openapi::jiff::Timestamp::now()),
-        );
-        let current = match &condition {
-            None => previous.is_none() && shown.is_empty(),
-            Some(c) => previous == Some(c) && shown == proof.resolved,
-        };
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let condition = egress_condition(server, proof, previous, now.clone());
+        let isolated = isolation_condition(server, &self.isolation, previous_isolated, now);
+        let current = previous_isolated == Some(&isolated)
+            && match &condition {
+                None => previous.is_none() && shown.is_empty(),
+                Some(c) => previous == Some(c) && shown == proof.resolved,
+            };
         if current {
             return Ok(());
         }
+        // Once per transition to False: after the status says so, so a failed write retries
+        // both rather than repeating the Event.
+        let warn = (isolated.status == "False"
+            && previous_isolated.map(|c| c.status.as_str()) != Some("False"))
+        .then(|| isolated.message.clone());
         // Typed, so the field names are the CRD's; what we leave out (no bindings: nothing)
-        // server-side apply removes from what this manager owned.
+        // server-side apply removes from what this manager owned. The conditions list is a
+        // map keyed by type: the workload and retirement controllers' entries are theirs.
         let owned = MCPServerStatus {
-            conditions: condition.into_iter().collect(),
+            conditions: std::iter::once(isolated).chain(condition).collect(),
             resolved_egress_ips: proof.resolved.clone(),
             ..MCPServerStatus::default()
         };
@@ -559,7 +591,24 @@ impl Ctx {
         );
         children::apply_status(&api, FIELD_MANAGER, &server.name_any(), &body).await?;
         self.reconcile.write(CONTROLLER, "MCPServerStatus");
+        if let Some(message) = warn {
+            self.warn_not_isolated(server, &message).await;
+        }
         Ok(())
+    }
+
+    async fn warn_not_isolated(&self, server: &MCPServer, message: &str) {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: OUTSIDE_RUNTIME_NAMESPACE.into(),
+            note: Some(message.into()),
+            action: "Isolate".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&event, &server.object_ref(&())).await {
+            Ok(()) => self.reconcile.write(CONTROLLER, "Event"),
+            Err(e) => tracing::warn!(error = %e, "cannot publish the isolation Event"),
+        }
     }
 
     async fn apply_if_changed(
@@ -602,7 +651,7 @@ impl Ctx {
         // Gone already (the garbage collector, or another pass) or re-created: fine.
         children::delete_exact(&api, &policy.name, policy.uid.clone()).await?;
         self.reconcile.write(CONTROLLER, "NetworkPolicyDelete");
-        tracing::info!(ns = %policy.namespace, name = %policy.name, "deleted an obsolete NetworkPolicy");
+        tracing::info!(ns = %policy.namespace, name = %policy.name, "deleted a NetworkPolicy no longer desired");
         Ok(())
     }
 
@@ -614,7 +663,7 @@ impl Ctx {
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         let note = format!(
-            "{} orphaned NetworkPolicies exceed the sweep cap (at most {} and {}% of {} managed): none deleted. First: {}",
+            "{} orphaned L0/L1 NetworkPolicies (deny-all and infrastructure of namespaces no longer in --runtime-namespace) exceed the sweep cap (at most {} and {}% of {} managed): none of them deleted, since deleting a deny widens access; orphaned allows are deleted regardless. First: {}",
             plan.withheld.len(),
             self.caps.max,
             self.caps.max_percent,
@@ -699,6 +748,54 @@ pub fn egress_condition(
     })
 }
 
+/// The `NetworkIsolated` condition of a live server: True in a runtime namespace (its L0
+/// deny-all isolates the server's pods, and only declared routes open them), False outside,
+/// saying whether it was deployed anyway. `lastTransitionTime` is kept while the status holds.
+pub fn isolation_condition(
+    server: &MCPServer,
+    isolation: &RuntimeIsolation,
+    previous: Option<&Condition>,
+    now: Time,
+) -> Condition {
+    let namespace = server.metadata.namespace.as_deref().unwrap_or_default();
+    let (status, reason, message) = if isolation.isolates(namespace) {
+        (
+            "True",
+            "RuntimeNamespace",
+            format!(
+                "namespace {namespace} is a --runtime-namespace: its deny-all policy isolates \
+                 the server, opened only along declared routes"
+            ),
+        )
+    } else {
+        let outcome = if isolation.required {
+            "not deployed (--require-runtime-namespace)"
+        } else {
+            "deployed anyway; set --require-runtime-namespace to refuse such servers"
+        };
+        (
+            "False",
+            OUTSIDE_RUNTIME_NAMESPACE,
+            format!(
+                "namespace {namespace} is not a --runtime-namespace: no deny-all policy isolates \
+                 the server, so any pod may reach it and it may reach anything; {outcome}"
+            ),
+        )
+    };
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => now,
+    };
+    Condition {
+        type_: NETWORK_ISOLATED.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: server.metadata.generation,
+        last_transition_time,
+    }
+}
+
 /// A reference to the Lease the controllers elect their leader with (what sweep alerts are
 /// about: they concern the controller, not one object).
 pub fn lease_reference(namespace: &str, name: &str) -> ObjectReference {
@@ -708,5 +805,74 @@ pub fn lease_reference(namespace: &str, name: &str) -> ObjectReference {
         namespace: Some(namespace.into()),
         name: Some(name.into()),
         ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apis::runtime::{MCPServerSpec, Transport};
+
+    fn mk_server(ns: &str) -> MCPServer {
+        let mut s = MCPServer::new(
+            "github",
+            MCPServerSpec {
+                allowed_contexts: None,
+                image: "ghcr.io/acme/mcp:1".into(),
+                port: 8080,
+                transport: Transport::StreamableHttp,
+                env_secret: None,
+                host_credential: None,
+                egress_bindings: Vec::new(),
+                network: None,
+            },
+        );
+        s.metadata.namespace = Some(ns.into());
+        s.metadata.generation = Some(3);
+        s
+    }
+
+    fn t(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn a_server_outside_the_runtime_namespaces_is_not_isolated() {
+        let mut isolation = RuntimeIsolation {
+            runtime_namespaces: ["tools".to_string()].into(),
+            required: false,
+        };
+        let inside = isolation_condition(&mk_server("tools"), &isolation, None, t(1));
+        assert_eq!(
+            (
+                inside.type_.as_str(),
+                inside.status.as_str(),
+                inside.reason.as_str()
+            ),
+            (NETWORK_ISOLATED, "True", "RuntimeNamespace")
+        );
+        assert_eq!(inside.observed_generation, Some(3));
+        let outside = isolation_condition(&mk_server("default"), &isolation, None, t(1));
+        assert_eq!(
+            (outside.status.as_str(), outside.reason.as_str()),
+            ("False", OUTSIDE_RUNTIME_NAMESPACE)
+        );
+        assert!(
+            outside.message.contains("deployed anyway"),
+            "{}",
+            outside.message
+        );
+        isolation.required = true;
+        let refused = isolation_condition(&mk_server("default"), &isolation, Some(&outside), t(9));
+        assert!(
+            refused
+                .message
+                .contains("not deployed (--require-runtime-namespace)"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(refused.last_transition_time, t(1), "still False: time kept");
+        let moved = isolation_condition(&mk_server("tools"), &isolation, Some(&outside), t(9));
+        assert_eq!(moved.last_transition_time, t(9));
     }
 }

@@ -24,6 +24,11 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub runtime_namespaces: Vec<String>,
+    /// Fail closed: an MCPServer outside every `--runtime-namespace` (no L0 deny-all isolates
+    /// it) is not deployed. Without it such a server is deployed, flagged
+    /// `NetworkIsolated=False` with a Warning Event.
+    #[arg(long, env = "MCP_ACCESS_REQUIRE_RUNTIME_NAMESPACE")]
+    pub require_runtime_namespace: bool,
     /// Addresses of the Kubernetes API (the endpoints' IPs, as CIDRs no broader than /24 or
     /// /120) that pods labelled with `--kube-api-access-label` may reach.
     #[arg(
@@ -113,6 +118,27 @@ pub struct NetpolSettings {
     pub gateway_port: u16,
 }
 
+/// Where MCP servers are isolated (an L0 deny-all in their namespace), and whether a server
+/// elsewhere may be deployed at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeIsolation {
+    pub runtime_namespaces: std::collections::BTreeSet<String>,
+    /// `--require-runtime-namespace`: a server outside them is not deployed.
+    pub required: bool,
+}
+
+impl RuntimeIsolation {
+    /// Whether a server of `namespace` is isolated by the L0 deny-all.
+    pub fn isolates(&self, namespace: &str) -> bool {
+        self.runtime_namespaces.contains(namespace)
+    }
+
+    /// Whether a server of `namespace` may be deployed.
+    pub fn deployable(&self, namespace: &str) -> bool {
+        !self.required || self.isolates(namespace)
+    }
+}
+
 /// The caps of one orphan sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SweepCaps {
@@ -141,6 +167,10 @@ pub enum SettingsError {
     ZeroPort { flag: &'static str },
     #[error("--netpol-resync-interval is 0s: it must be positive")]
     ZeroResync,
+    #[error(
+        "--require-runtime-namespace without any --runtime-namespace would deploy no MCPServer"
+    )]
+    NoRuntimeNamespace,
 }
 
 impl Args {
@@ -207,6 +237,9 @@ impl Args {
         if self.netpol_resync_interval.is_zero() {
             return Err(SettingsError::ZeroResync);
         }
+        if self.require_runtime_namespace && runtime_namespaces.is_empty() {
+            return Err(SettingsError::NoRuntimeNamespace);
+        }
         Ok((
             NetpolSettings {
                 runtime_namespaces,
@@ -229,6 +262,16 @@ impl Args {
                 max_percent: self.orphan_delete_max_percent,
             },
         ))
+    }
+}
+
+impl Args {
+    /// Where servers are isolated, from the validated runtime namespaces of `settings`.
+    pub fn isolation(&self, settings: &NetpolSettings) -> RuntimeIsolation {
+        RuntimeIsolation {
+            runtime_namespaces: settings.runtime_namespaces.iter().cloned().collect(),
+            required: self.require_runtime_namespace,
+        }
     }
 }
 
@@ -375,6 +418,26 @@ mod tests {
         <Flags as clap::Parser>::try_parse_from(argv)
             .expect("the flags parse")
             .netpol
+    }
+
+    #[test]
+    fn requiring_a_runtime_namespace_needs_one() {
+        assert_eq!(
+            parse(&["--require-runtime-namespace"]).settings(8086),
+            Err(SettingsError::NoRuntimeNamespace)
+        );
+        let args = parse(&[
+            "--require-runtime-namespace",
+            "--runtime-namespace=tools,,ops",
+        ]);
+        let (settings, _) = args.settings(8086).unwrap();
+        let isolation = args.isolation(&settings);
+        assert!(isolation.required);
+        assert!(isolation.isolates("tools") && isolation.deployable("ops"));
+        assert!(!isolation.isolates("default") && !isolation.deployable("default"));
+        let open = parse(&["--runtime-namespace=tools"]);
+        let isolation = open.isolation(&open.settings(8086).unwrap().0);
+        assert!(!isolation.isolates("default") && isolation.deployable("default"));
     }
 
     #[test]

@@ -8,10 +8,16 @@
 //!   server, a binding was removed, a server is being deleted): it goes at once, because an
 //!   allow its owner no longer implies must not outlive the change; or
 //! - **orphaned**: an owner it names is gone (a deleted Context or MCPServer, a namespace
-//!   dropped from `--runtime-namespace`). Orphans go only while they are few: over the
-//!   absolute cap or the percentage of the managed fleet, none is deleted and the caller
-//!   alerts, because a mass disappearance of owners is more likely a fault (a wrong flag, an
-//!   empty cache) than an intent.
+//!   dropped from `--runtime-namespace`). What becomes of an orphan depends on what its
+//!   deletion does:
+//!   - an **allow** (L2 ingress and egress, L3, `spec.network`) goes at once, whatever the
+//!     count: deleting it only narrows access, and a stale allow must never outlive its owner;
+//!   - a **namespace layer** (L0 deny-all and the L1 infrastructure beside it) goes only while
+//!     such orphans are few: deleting a deny widens access, so over the absolute cap or the
+//!     percentage of the managed fleet none is deleted and the caller alerts, because a mass
+//!     disappearance of runtime namespaces is more likely a fault (a wrong flag) than an
+//!     intent. The L1 policies are held with their L0 so a namespace is never left with its
+//!     deny and without the DNS and sync paths, or the reverse.
 //!
 //! A policy that names no owner at all (labels stripped by hand) is neither: it is left alone.
 
@@ -52,7 +58,8 @@ pub enum Verdict {
     Desired,
     /// Ours, not desired, every owner alive: deleted now.
     Obsolete,
-    /// Ours, not desired, an owner gone: deleted within the caps.
+    /// Ours, not desired, an owner gone: deleted at once if an allow, within the caps if a
+    /// namespace layer (L0/L1).
     Orphan,
     /// Ours by its labels but naming no owner: left alone.
     Ownerless,
@@ -120,9 +127,13 @@ pub fn classify(
 /// What one sweep does.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SweepPlan {
-    /// Deleted this pass: every obsolete policy, and the orphans when within the caps.
+    /// Deleted this pass: every obsolete policy, every orphaned allow, and the orphaned
+    /// namespace layers when within the caps.
     pub delete: Vec<LivePolicy>,
-    /// Orphans found but kept because they are over a cap (empty when within).
+    /// How many of `delete` are orphaned allows (gone whatever the caps).
+    pub orphan_allows: usize,
+    /// Orphaned namespace layers (L0/L1) kept because they are over a cap (empty when
+    /// within). Never an allow.
     pub withheld: Vec<LivePolicy>,
     /// Policies of ours (both labels) alive now: the fleet the percentage is taken of.
     pub fleet: usize,
@@ -136,6 +147,8 @@ pub fn plan(
     caps: SweepCaps,
 ) -> SweepPlan {
     let mut out = SweepPlan::default();
+    // Only the orphaned namespace layers are counted against the caps: deleting them widens
+    // access. An orphaned allow goes like an obsolete one.
     let mut orphans = Vec::new();
     for policy in live {
         let verdict = classify(policy, desired, owners);
@@ -144,7 +157,11 @@ pub fn plan(
         }
         match verdict {
             Verdict::Obsolete => out.delete.push(policy.clone()),
-            Verdict::Orphan => orphans.push(policy.clone()),
+            Verdict::Orphan if widens_when_deleted(policy) => orphans.push(policy.clone()),
+            Verdict::Orphan => {
+                out.orphan_allows += 1;
+                out.delete.push(policy.clone());
+            }
             Verdict::NotOurs | Verdict::Desired | Verdict::Ownerless => {}
         }
     }
@@ -154,6 +171,12 @@ pub fn plan(
         out.withheld = orphans;
     }
     out
+}
+
+/// Whether deleting `policy` (one of ours) may widen access: the L0 deny-all, and the L1
+/// infrastructure held with it. Every other layer is an allow.
+pub fn widens_when_deleted(policy: &LivePolicy) -> bool {
+    managed_type(&policy.labels).is_some_and(PolicyType::is_namespace_layer)
 }
 
 /// `orphans` may go: at most `caps.max`, and at most `caps.max_percent` % of `fleet`.
@@ -275,8 +298,38 @@ mod tests {
         assert_eq!(plan.fleet, 1, "only the ownerless one is ours");
     }
 
+    /// A deleted Context that granted more servers than the cap: every ingress allow it
+    /// implied is an orphan, and every one goes, whatever the count.
     #[test]
-    fn orphans_over_a_cap_are_all_withheld() {
+    fn a_deleted_context_takes_all_its_allows_past_the_caps() {
+        let o = owners();
+        let servers: Vec<String> = (0..11).map(|i| format!("s{i}")).collect();
+        let mut o = o;
+        for s in &servers {
+            o.servers.insert(("tools".into(), s.clone()));
+        }
+        let live: Vec<LivePolicy> = servers
+            .iter()
+            .map(|s| {
+                mk_policy(
+                    "tools",
+                    &format!("mcp-l2-ingress.{s}.hosts.big"),
+                    PolicyType::ContextIngress,
+                    &[
+                        (SERVER_LABEL, s),
+                        (CONTEXT_LABEL, "big"),
+                        (CONTEXT_NAMESPACE_LABEL, "hosts"),
+                    ],
+                )
+            })
+            .collect();
+        let p = plan(&live, &BTreeSet::new(), &o, CAPS);
+        assert_eq!(p.delete.len(), 11, "every stale allow goes: {p:?}");
+        assert!(p.withheld.is_empty(), "no allow is held back: {p:?}");
+    }
+
+    #[test]
+    fn orphaned_denies_over_a_cap_are_all_withheld_and_allows_still_go() {
         let o = owners();
         let desired: BTreeSet<(String, String)> = (0..100)
             .map(|i| ("tools".into(), format!("keep-{i}")))
@@ -285,7 +338,16 @@ mod tests {
             .iter()
             .map(|(ns, n)| mk_policy(ns, n, PolicyType::DenyAll, &[]))
             .collect();
-        let orphan = |i: usize| {
+        // Namespaces dropped from --runtime-namespace: their L0 (and L1) are orphans.
+        let deny = |i: usize| {
+            let t = if i.is_multiple_of(2) {
+                PolicyType::DenyAll
+            } else {
+                PolicyType::Dns
+            };
+            mk_policy(&format!("old-{i}"), "mcp-l0-deny-all", t, &[])
+        };
+        let stale_allow = |i: usize| {
             mk_policy(
                 "tools",
                 &format!("orphan-{i}"),
@@ -300,19 +362,25 @@ mod tests {
             &[(SERVER_LABEL, "github")],
         );
         live.push(obsolete.clone());
+        live.extend((0..12).map(stale_allow));
 
         let mut ten = live.clone();
-        ten.extend((0..10).map(orphan));
+        ten.extend((0..10).map(deny));
         let p = plan(&ten, &desired, &o, CAPS);
-        assert_eq!(p.delete.len(), 11, "10 orphans and the obsolete one");
+        assert_eq!(p.delete.len(), 23, "10 denies, 12 allows, the obsolete one");
+        assert_eq!(p.orphan_allows, 12);
         assert!(p.withheld.is_empty());
 
         let mut eleven = live.clone();
-        eleven.extend((0..11).map(orphan));
+        eleven.extend((0..11).map(deny));
         let p = plan(&eleven, &desired, &o, CAPS);
-        assert_eq!(p.delete, vec![obsolete], "obsolete allows still go");
-        assert_eq!(p.withheld.len(), 11);
-        assert_eq!(p.fleet, 112);
+        let mut expected = vec![obsolete];
+        expected.extend((0..12).map(stale_allow));
+        assert_eq!(p.delete, expected, "obsolete and orphaned allows still go");
+        assert_eq!(p.orphan_allows, 12);
+        assert_eq!(p.withheld, (0..11).map(deny).collect::<Vec<_>>());
+        assert!(p.withheld.iter().all(widens_when_deleted));
+        assert_eq!(p.fleet, 124);
 
         // The percentage: 3 orphans in a fleet of 12 is 25 % > 20 %.
         assert!(!within_caps(3, 12, CAPS));

@@ -59,10 +59,15 @@ fn demo(cluster: &LocalCluster) -> anyhow::Result<Vec<String>> {
             "apiVersion": "mcp-runtime.dev/v1alpha1",
             "kind": "MCPServer",
             "metadata": {"name": "demo", "namespace": DEMO_SERVER_NS},
-            // Contexts of demo-agents may grant it (a server's consent to another namespace).
-            "spec": {"image": node::demo_server_image()?, "port": 8080,
-                     "allowedContexts": {"namespaces": {"from": "Selector", "selector":
-                         {"matchLabels": {"kubernetes.io/metadata.name": DEMO_HOST_NS}}}}},
+            // Its owners admit the Contexts of the hosts' namespace, and only those.
+            "spec": {
+                "image": node::demo_server_image()?,
+                "port": 8080,
+                "allowedContexts": {"namespaces": {
+                    "from": "Selector",
+                    "selector": {"matchLabels": {"kubernetes.io/metadata.name": DEMO_HOST_NS}},
+                }},
+            },
         }),
     )?;
     node::context(
@@ -178,6 +183,8 @@ fn main() -> anyhow::Result<()> {
     controller_args.extend(cluster.runtime_token_args()?);
     if cli.node {
         controller_args.push(format!("--runtime-namespace={DEMO_SERVER_NS}"));
+        // As deploy/controllers ships: a server outside the runtime namespace is not deployed.
+        controller_args.push("--require-runtime-namespace".into());
     }
     let controller_args: Vec<&str> = controller_args.iter().map(String::as_str).collect();
     let controllers = match &cli.controllers_bin {

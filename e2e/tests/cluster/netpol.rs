@@ -137,7 +137,13 @@ fn server(name: &str, port: i64, bindings: Value) -> Value {
         "apiVersion": "mcp-runtime.dev/v1alpha1",
         "kind": "MCPServer",
         "metadata": {"name": name},
-        "spec": {"image": "ghcr.io/acme/mcp:1", "port": port, "egressBindings": bindings},
+        // Its owners admit Contexts of every namespace (the default admits only their own).
+        "spec": {
+            "image": "ghcr.io/acme/mcp:1",
+            "port": port,
+            "egressBindings": bindings,
+            "allowedContexts": {"namespaces": {"from": "All"}},
+        },
     })
 }
 
@@ -481,13 +487,17 @@ pub fn policies_follow_servers_and_contexts(c: &mut LocalCluster) -> Result<(), 
     result
 }
 
-/// Eleven orphans (policies of ours naming MCPServers that do not exist) are over the
-/// absolute cap: the sweep deletes none, and the metric and a Warning Event say so. Policies
-/// that look like ours but lack the managed-by label are never touched, not even one holding
-/// the name of a policy the controller wants. Within the caps, orphans are swept.
+/// Orphans over the caps: eleven orphaned deny-all policies (of a namespace that is no longer a
+/// runtime namespace) are over the absolute cap, so the sweep deletes none of them and the
+/// metric and a Warning Event say so; eleven orphaned allows (L3 policies of MCPServers that do
+/// not exist) go at once all the same. Policies that look like ours but lack the managed-by label
+/// are never touched, not even one holding the name of a policy the controller wants. Within
+/// the caps, the denies are swept too.
 pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result<(), String> {
     let ns = "np2-a";
+    let old = "np2-old";
     create_namespace(c, ns)?;
+    create_namespace(c, old)?;
     let orphan = |i: usize| {
         json!({
             "apiVersion": "networking.k8s.io/v1",
@@ -504,8 +514,26 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
             "spec": {"podSelector": {"matchLabels": {"mcp-runtime.dev/mcpserver": format!("ghost-{i}")}}, "policyTypes": ["Egress"]},
         })
     };
+    // What a runtime namespace dropped from the flag leaves: denies naming no object, only
+    // their namespace (one name per type in real life; eleven here to pass the cap).
+    let orphan_deny = |i: usize| {
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": format!("mcp-l0-deny-all-{i}"),
+                "namespace": old,
+                "labels": {
+                    "mcp-runtime.dev/managed-by": "mcp-access-controllers",
+                    "mcp-runtime.dev/policy-type": "l0-deny-all",
+                },
+            },
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        })
+    };
     for i in 0..11 {
         apply(c, &orphan(i))?;
+        apply(c, &orphan_deny(i))?;
     }
     // Lookalikes: our naming and type label, no managed-by. One holds the name of the L0
     // policy the controller will want in this namespace, with another spec.
@@ -538,7 +566,7 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
         let withheld = controllers
             .metric("mcp_controllers_netpol_orphans_withheld", &[])
             .map_err(|e| e.to_string())?;
-        ensure!(withheld == 11.0, "orphans withheld: {withheld}");
+        ensure!(withheld == 11.0, "orphaned denies withheld: {withheld}");
         let sweeps = controllers
             .metric("mcp_controllers_netpol_sweeps_withheld_total", &[])
             .map_err(|e| e.to_string())?;
@@ -550,11 +578,18 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
             .metric("mcp_controllers_netpol_unmanaged_conflicts", &[])
             .map_err(|e| e.to_string())?;
         ensure!(conflicts == 1.0, "the squatter is counted: {conflicts}");
+        // The stale allows went in the same pass, past the cap.
+        let allows = controllers
+            .metric("mcp_controllers_netpol_orphan_allows_deleted_total", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(allows == 11.0, "orphaned allows deleted: {allows}");
         let names = managed_names(c, ns)?;
         ensure!(
-            names.iter().filter(|n| n.contains("ghost-")).count() == 11,
-            "no orphan deleted: {names:?}"
+            !names.iter().any(|n| n.contains("ghost-")),
+            "every orphaned allow deleted: {names:?}"
         );
+        let names = managed_names(c, old)?;
+        ensure!(names.len() == 11, "no orphaned deny deleted: {names:?}");
         wait_policy(c, ns, "mcp-l1-dns")?;
         let events = until(Duration::from_secs(15), "the sweep's Warning Event", || {
             let out = c.kubectl(&[
@@ -571,7 +606,10 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
                 .as_array()
                 .into_iter()
                 .flatten()
-                .filter(|e| e["reason"] == "OrphanSweepWithheld")
+                .filter(|e| {
+                    e["reason"] == "OrphanSweepWithheld"
+                        && e["note"].as_str().is_some_and(|n| n.contains(old))
+                })
                 .cloned()
                 .collect();
             Ok((!found.is_empty()).then_some(found))
@@ -579,8 +617,9 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
         let note = events[0]["note"].as_str().unwrap_or_default();
         ensure!(
             events[0]["type"] == "Warning"
-                && note.contains("11 orphaned")
-                && note.contains("none deleted"),
+                && note.contains("11 orphaned L0/L1")
+                && note.contains("none of them deleted")
+                && note.contains("orphaned allows are deleted regardless"),
             "event: {}",
             events[0]
         );
@@ -611,15 +650,15 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
         drop(controllers);
 
         // Within the caps (2 orphans in a fleet of 4: two L1 policies and the orphans, so at
-        // most 50 %), orphans are swept; the lookalikes still stay.
+        // most 50 %), the denies are swept; the lookalikes still stay.
         for i in 2..11 {
             ok(
                 &c.kubectl(&[
                     "delete",
                     "networkpolicy",
-                    &format!("mcp-l3-egress.ghost-{i}"),
+                    &format!("mcp-l0-deny-all-{i}"),
                     "-n",
-                    ns,
+                    old,
                 ]),
                 "delete orphan",
             )?;
@@ -638,10 +677,10 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
             .metric("mcp_controllers_netpol_orphans_withheld", &[])
             .map_err(|e| e.to_string())?;
         ensure!(withheld == 0.0, "within the caps: {withheld}");
-        let names = until(Duration::from_secs(15), "orphans swept", || {
-            let names = managed_names(c, ns)?;
-            Ok((!names.iter().any(|n| n.contains("ghost-"))).then_some(names))
+        until(Duration::from_secs(15), "orphaned denies swept", || {
+            Ok(managed_names(c, old)?.is_empty().then_some(()))
         })?;
+        let names = managed_names(c, ns)?;
         ensure!(
             names == ["mcp-l1-dns", "mcp-l1-gateway-sync"],
             "what remains managed: {names:?}"
@@ -650,7 +689,217 @@ pub fn orphan_sweep_over_the_cap_deletes_nothing(c: &mut LocalCluster) -> Result
         drop(controllers);
         Ok(())
     })();
-    delete_managed(c, &[ns]);
+    delete_managed(c, &[ns, old]);
     let _ = c.kubectl(&["delete", "networkpolicy", "--all", "-n", ns]);
+    result
+}
+
+/// A Context that grants more servers than the orphan cap is deleted: every ingress allow it
+/// implied on the servers' side goes (an orphaned allow is never held back), and so does the
+/// hosts' side. A server named by the Context that does not consent to Contexts of the hosts'
+/// namespace never had a route.
+pub fn a_deleted_context_takes_all_its_allows(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = "np4-a";
+    let hosts = "np4-hosts";
+    create_namespace(c, ns)?;
+    create_namespace(c, hosts)?;
+    let names: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+    let controllers = start(c, "netpol-4", "netpol-4", &["--runtime-namespace=np4-a"])?;
+    let result = (|| {
+        synced(&controllers)?;
+        for name in &names {
+            apply(c, &in_ns(server(name, 8080, json!([])), ns))?;
+        }
+        // Its owners consent to no other namespace.
+        apply(
+            c,
+            &in_ns(
+                json!({
+                    "apiVersion": "mcp-runtime.dev/v1alpha1",
+                    "kind": "MCPServer",
+                    "metadata": {"name": "closed"},
+                    "spec": {"image": "ghcr.io/acme/mcp:1", "port": 8080},
+                }),
+                ns,
+            ),
+        )?;
+        let mut granted: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"name": n, "namespace": ns}))
+            .collect();
+        granted.push(json!({"name": "closed", "namespace": ns}));
+        apply(c, &in_ns(context("big", json!(granted)), hosts))?;
+        for name in &names {
+            wait_policy(c, ns, &format!("mcp-l2-ingress.{name}.{hosts}.big"))?;
+            wait_policy(c, hosts, &format!("mcp-l2-egress.big.{ns}.{name}"))?;
+        }
+        ensure!(
+            policy(c, ns, &format!("mcp-l2-ingress.closed.{hosts}.big"))?.is_none()
+                && policy(c, hosts, &format!("mcp-l2-egress.big.{ns}.closed"))?.is_none(),
+            "a route to a server that does not consent"
+        );
+        // It consents to namespaces labelled team=np4: still none until the hosts' namespace
+        // carries the label, then both sides (the Namespace watch starts the pass).
+        apply(
+            c,
+            &in_ns(
+                json!({
+                    "apiVersion": "mcp-runtime.dev/v1alpha1",
+                    "kind": "MCPServer",
+                    "metadata": {"name": "closed"},
+                    "spec": {
+                        "image": "ghcr.io/acme/mcp:1",
+                        "port": 8080,
+                        "allowedContexts": {"namespaces": {
+                            "from": "Selector",
+                            "selector": {"matchLabels": {"team": "np4"}},
+                        }},
+                    },
+                }),
+                ns,
+            ),
+        )?;
+        std::thread::sleep(Duration::from_secs(2));
+        ensure!(
+            policy(c, ns, &format!("mcp-l2-ingress.closed.{hosts}.big"))?.is_none(),
+            "a selector the hosts' namespace does not match admits nothing"
+        );
+        ok(
+            &c.kubectl(&["label", "namespace", hosts, "team=np4"]),
+            "label the hosts' namespace",
+        )?;
+        wait_policy(c, ns, &format!("mcp-l2-ingress.closed.{hosts}.big"))?;
+        wait_policy(c, hosts, &format!("mcp-l2-egress.big.{ns}.closed"))?;
+
+        ok(
+            &c.kubectl(&["delete", "contexts.mcp-runtime.dev", "big", "-n", hosts]),
+            "delete the Context",
+        )?;
+        until(Duration::from_secs(30), "every L2 allow gone", || {
+            let left: Vec<String> = managed_names(c, ns)?
+                .into_iter()
+                .chain(managed_names(c, hosts)?)
+                .filter(|n| n.starts_with("mcp-l2-"))
+                .collect();
+            Ok(left.is_empty().then_some(()))
+        })?;
+        let withheld = controllers
+            .metric("mcp_controllers_netpol_orphans_withheld", &[])
+            .map_err(|e| e.to_string())?;
+        ensure!(withheld == 0.0, "no allow is held back: {withheld}");
+        Ok(())
+    })();
+    let result = with_log(result, &controllers.log);
+    clean_up(c, &[ns, hosts]);
+    drop(controllers);
+    delete_managed(c, &[ns, hosts]);
+    result
+}
+
+/// `NetworkIsolated`: True for a server of a runtime namespace, False (with a Warning Event)
+/// for one elsewhere, which is still deployed; under `--require-runtime-namespace` such a
+/// server is not deployed, and `Ready` says why.
+pub fn servers_outside_the_runtime_namespaces(c: &mut LocalCluster) -> Result<(), String> {
+    let inside = "np3-a";
+    let outside = "np3-out";
+    create_namespace(c, inside)?;
+    create_namespace(c, outside)?;
+    let plain = |name: &str| {
+        json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "metadata": {"name": name},
+            "spec": {"image": "ghcr.io/acme/mcp:1", "port": 8080},
+        })
+    };
+    let warning_for = |name: &str| -> Result<Value, String> {
+        until(
+            Duration::from_secs(15),
+            &format!("the OutsideRuntimeNamespace Event of {name}"),
+            || {
+                let list = get_json(c, &["get", "events.events.k8s.io", "-n", outside])?
+                    .ok_or("no event list")?;
+                Ok(list["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|e| {
+                        e["reason"] == "OutsideRuntimeNamespace" && e["regarding"]["name"] == name
+                    })
+                    .cloned())
+            },
+        )
+    };
+
+    let controllers = start(c, "netpol-3", "netpol-3", &["--runtime-namespace=np3-a"])?;
+    let result = (|| {
+        apply(c, &in_ns(plain("isolated"), inside))?;
+        apply(c, &in_ns(plain("exposed"), outside))?;
+        let isolated = wait_condition(c, inside, "isolated", "NetworkIsolated", "True")?;
+        ensure!(
+            isolated["reason"] == "RuntimeNamespace",
+            "inside: {isolated}"
+        );
+        let exposed = wait_condition(c, outside, "exposed", "NetworkIsolated", "False")?;
+        let message = exposed["message"].as_str().unwrap_or_default();
+        ensure!(
+            exposed["reason"] == "OutsideRuntimeNamespace"
+                && message.contains(outside)
+                && message.contains("deployed anyway"),
+            "outside: {exposed}"
+        );
+        until(Duration::from_secs(30), "exposed deployed", || {
+            Ok(deployment_exists(c, outside, "exposed")?.then_some(()))
+        })?;
+        let event = warning_for("exposed")?;
+        ensure!(event["type"] == "Warning", "event: {event}");
+        // Both controllers' conditions side by side: applying one never drops the other's.
+        wait_condition(c, outside, "exposed", "SecretsResolved", "True")?;
+        wait_condition(c, outside, "exposed", "NetworkIsolated", "False")?;
+        Ok(())
+    })();
+    let result = with_log(result, &controllers.log);
+    drop(controllers);
+    result?;
+
+    let controllers = start(
+        c,
+        "netpol-3b",
+        "netpol-3",
+        &["--runtime-namespace=np3-a", "--require-runtime-namespace"],
+    )?;
+    let result = (|| {
+        apply(c, &in_ns(plain("refused"), outside))?;
+        let ready = wait_condition(c, outside, "refused", "Ready", "False")?;
+        let message = ready["message"].as_str().unwrap_or_default();
+        ensure!(
+            ready["reason"] == "OutsideRuntimeNamespace"
+                && message.contains("--require-runtime-namespace"),
+            "Ready: {ready}"
+        );
+        let isolated = wait_condition(c, outside, "refused", "NetworkIsolated", "False")?;
+        ensure!(
+            isolated["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not deployed (--require-runtime-namespace)")),
+            "NetworkIsolated: {isolated}"
+        );
+        warning_for("refused")?;
+        std::thread::sleep(Duration::from_secs(2));
+        ensure!(
+            !deployment_exists(c, outside, "refused")?,
+            "a server outside the runtime namespaces is deployed"
+        );
+        // Inside, the same flags deploy.
+        apply(c, &in_ns(plain("allowed"), inside))?;
+        until(Duration::from_secs(30), "allowed deployed", || {
+            Ok(deployment_exists(c, inside, "allowed")?.then_some(()))
+        })?;
+        Ok(())
+    })();
+    let result = with_log(result, &controllers.log);
+    clean_up(c, &[inside, outside]);
+    drop(controllers);
+    delete_managed(c, &[inside, outside]);
     result
 }

@@ -97,7 +97,12 @@ impl Topology {
                 "apiVersion": "mcp-runtime.dev/v1alpha1",
                 "kind": "MCPServer",
                 "metadata": {"name": "demo", "namespace": server_ns},
-                "spec": {"image": image, "port": 8080},
+                // Its owners admit the Contexts of other namespaces (the hosts' are).
+                "spec": {
+                    "image": image,
+                    "port": 8080,
+                    "allowedContexts": {"namespaces": {"from": "All"}},
+                },
             }),
             "the MCPServer",
         )?;
@@ -554,6 +559,12 @@ patches:
   - target: {{kind: APIService, name: v1alpha1.access.mcp-runtime.dev}}
     patch: |
       - {{op: add, path: /spec/caBundle, value: "{ca_bundle}"}}
+  # The apiserver's NetworkPolicy narrowed as its comment asks: kube-apiserver runs on this
+  # machine (the node's address) and so does the test's PostgreSQL, behind the forwarder.
+  - target: {{kind: NetworkPolicy, name: mcp-access-apiserver}}
+    patch: |
+      - {{op: replace, path: /spec/ingress/1/from/0/ipBlock/cidr, value: "{node_ip}/32"}}
+      - {{op: replace, path: /spec/egress/2, value: {{to: [{{ipBlock: {{cidr: "{node_ip}/32"}}}}], ports: [{{protocol: TCP, port: {pg_port}}}]}}}}
   - target: {{kind: Deployment, name: mcp-access-controllers}}
     patch: |
       apiVersion: apps/v1
@@ -573,6 +584,8 @@ patches:
         host_issuer = env("HOST_TOKEN_ISSUER")?,
         host_audience = env("HOST_TOKEN_AUDIENCE")?,
         gateway_image = e2e::NODE_GATEWAY_IMAGE,
+        node_ip = NODE_IP_STR,
+        pg_port = forward.port,
     );
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).map_err(e("the overlay"))?;
 
@@ -654,7 +667,153 @@ patches:
             .any(|l| l.contains("\"create\"") && l.contains(ns)),
         "no apiserver Pod logged the create in {ns}: the request did not go through the Pods"
     );
+    apiserver_policy_by_packets(c)?;
+    runtime_namespaces_as_shipped(c, ns)?;
     drop(forward);
+    Ok(())
+}
+
+/// The apiserver's NetworkPolicy of deploy/base, by packets: a Pod labelled as the
+/// controllers label gateway Pods opens the sync listener (8085) and not the API port; a Pod
+/// without those labels opens neither. kube-apiserver still reaches the API port: the APIService
+/// stayed Available, and kubectl went through the Pods above.
+fn apiserver_policy_by_packets(c: &LocalCluster) -> Result<(), String> {
+    let ns = "node-deploy-peers";
+    create_namespace(c, ns)?;
+    let image = node::demo_host_image().map_err(e("the host image"))?;
+    for (name, labels) in [
+        (
+            "gateway-like",
+            json!({"mcp-runtime.dev/managed-by": "mcp-access-controllers", "mcp-runtime.dev/mcpserver": "demo"}),
+        ),
+        ("bystander", json!({"role": "bystander"})),
+    ] {
+        apply(
+            c,
+            &json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "spec": {"containers": [{
+                    "name": name,
+                    "image": image,
+                    "securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false},
+                }]},
+            }),
+            name,
+        )?;
+    }
+    for name in ["gateway-like", "bystander"] {
+        ok(
+            &c.kubectl(&[
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{name}"),
+                "-n",
+                ns,
+                "--timeout=120s",
+            ]),
+            name,
+        )?;
+    }
+    let sync = "mcp-access-apiserver.mcp-access.svc:8085";
+    let api = "mcp-access-apiserver.mcp-access.svc:443";
+    let probe = |pod: &str, target: &str| node::probe(c, ns, pod, target).map_err(e("probe"));
+    let p = probe("gateway-like", sync)?;
+    ensure!(
+        p.connected,
+        "a gateway Pod does not reach the sync listener: {p:?}"
+    );
+    refused(
+        &probe("bystander", sync)?,
+        "a Pod that is no gateway, on 8085",
+    )?;
+    refused(&probe("bystander", api)?, "a Pod, on the API port")?;
+    refused(
+        &probe("gateway-like", api)?,
+        "a gateway Pod, on the API port",
+    )?;
+    let _ = c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    Ok(())
+}
+
+/// deploy/controllers as shipped: `mcp-servers` is the runtime namespace and
+/// `--require-runtime-namespace` is set. A server there runs isolated (its L0 and L1 in place)
+/// and its gateway syncs with the apiserver Pods through both their policies (it is Ready only
+/// after a complete sync); a server of `elsewhere` is not deployed, and its conditions say why.
+fn runtime_namespaces_as_shipped(c: &LocalCluster, elsewhere: &str) -> Result<(), String> {
+    let ns = "mcp-servers";
+    create_namespace(c, ns)?;
+    let image = node::demo_server_image().map_err(e("the server image"))?;
+    let server = |namespace: &str| {
+        json!({
+            "apiVersion": "mcp-runtime.dev/v1alpha1",
+            "kind": "MCPServer",
+            "metadata": {"name": "demo", "namespace": namespace},
+            "spec": {"image": image, "port": 8080},
+        })
+    };
+    apply(c, &server(ns), "the MCPServer in mcp-servers")?;
+    apply(c, &server(elsewhere), "the MCPServer elsewhere")?;
+    node::wait_ready(c, ns, "demo", READY_TIMEOUT)
+        .map_err(e("the gateway syncing through the policies"))?;
+    let condition = |namespace: &str, type_: &str| -> Result<(String, String), String> {
+        let out = ok(
+            &c.kubectl(&[
+                "get",
+                "mcpserver",
+                "demo",
+                "-n",
+                namespace,
+                "-o",
+                &format!(
+                    "jsonpath={{.status.conditions[?(@.type==\"{type_}\")].status}} {{.status.conditions[?(@.type==\"{type_}\")].reason}}"
+                ),
+            ]),
+            "the MCPServer's conditions",
+        )?;
+        let (status, reason) = out.trim().split_once(' ').unwrap_or_default();
+        Ok((status.to_string(), reason.to_string()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let isolated = condition(ns, "NetworkIsolated")?;
+        let exposed = condition(elsewhere, "NetworkIsolated")?;
+        let ready = condition(elsewhere, "Ready")?;
+        let want_out = ("False".to_string(), "OutsideRuntimeNamespace".to_string());
+        if isolated.0 == "True" && exposed == want_out && ready == want_out {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "conditions: {ns} NetworkIsolated {isolated:?}; {elsewhere} NetworkIsolated {exposed:?}, Ready {ready:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let deployment = c.kubectl(&["get", "deployment", "demo", "-n", elsewhere]);
+    ensure!(
+        !deployment.success,
+        "the server outside the runtime namespaces was deployed: {}",
+        deployment.stdout
+    );
+    let policies = ok(
+        &c.kubectl(&["get", "networkpolicy", "-n", ns, "-o", "name"]),
+        "the runtime namespace's policies",
+    )?;
+    ensure!(
+        policies.contains("mcp-l0-deny-all") && policies.contains("mcp-l1-gateway-sync"),
+        "mcp-servers lacks its L0/L1: {policies}"
+    );
+    for namespace in [ns, elsewhere] {
+        let _ = c.kubectl(&[
+            "delete",
+            "mcpserver",
+            "demo",
+            "-n",
+            namespace,
+            "--timeout=60s",
+        ]);
+    }
     Ok(())
 }
 
