@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod pins;
 pub mod policies;
 pub mod proxy;
+pub mod stdio_bridge;
 mod state;
 pub mod token;
 

@@ -470,7 +470,8 @@ impl Ctx {
         let now = k8s_openapi::jiff::Timestamp::now();
         let fresh = futures::future::join_all(due.iter().map(|s| {
             egress::prove(
-                &s.spec.egress_bindings,
+                // With a `remote` URL's binding: one proof, one condition for both.
+                &s.spec.external_egress(),
                 self.resolver.as_ref(),
                 self.dns_deadline,
                 now,
@@ -661,7 +662,8 @@ pub fn egress_condition(
     previous: Option<&Condition>,
     now: Time,
 ) -> Option<Condition> {
-    if server.spec.egress_bindings.is_empty() {
+    let bindings = server.spec.external_egress();
+    if bindings.is_empty() {
         return None;
     }
     let (status, reason, message) = if proof.failures.is_empty() {
@@ -670,7 +672,7 @@ pub fn egress_condition(
             "EgressProven",
             format!(
                 "{} egress binding(s) proven and allowed",
-                server.spec.egress_bindings.len()
+                bindings.len()
             ),
         )
     } else {
