@@ -468,10 +468,11 @@ impl Ctx {
             })
             .collect();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let fresh = futures::future::join_all(due.iter().map(|s| {
+        // With a `remote` URL's binding: one proof, one condition for both.
+        let bindings: Vec<_> = due.iter().map(|s| s.spec.external_egress()).collect();
+        let fresh = futures::future::join_all(bindings.iter().map(|bindings| {
             egress::prove(
-                // With a `remote` URL's binding: one proof, one condition for both.
-                &s.spec.external_egress(),
+                bindings,
                 self.resolver.as_ref(),
                 self.dns_deadline,
                 now,

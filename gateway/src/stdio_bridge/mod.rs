@@ -220,7 +220,15 @@ async fn post(bridge: &Bridge, session_id: Option<String>, request: Request) -> 
             }
             match start_session(bridge) {
                 Ok(started) => started,
-                Err(response) => return response,
+                Err(StartError::Full) => {
+                    return error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "too many sessions: end one (DELETE) or retry later",
+                    )
+                }
+                Err(StartError::Spawn) => {
+                    return error(StatusCode::BAD_GATEWAY, "the MCP server could not be started")
+                }
             }
         }
     };
@@ -279,14 +287,19 @@ impl Drop for Forget<'_> {
     }
 }
 
+/// Why no session started.
+enum StartError {
+    /// `max_sessions` are live.
+    Full,
+    /// The command could not be run (logged).
+    Spawn,
+}
+
 /// Spawns the command for a new session and registers it under a fresh id.
-fn start_session(bridge: &Bridge) -> Result<(String, Arc<Session>), Response> {
+fn start_session(bridge: &Bridge) -> Result<(String, Arc<Session>), StartError> {
     let config = &bridge.config;
     if lock(&bridge.sessions).len() >= config.max_sessions {
-        return Err(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many sessions: end one (DELETE) or retry later",
-        ));
+        return Err(StartError::Full);
     }
     let mut child = Command::new(&config.command[0])
         .args(&config.command[1..])
@@ -298,7 +311,7 @@ fn start_session(bridge: &Bridge) -> Result<(String, Arc<Session>), Response> {
         .spawn()
         .map_err(|e| {
             tracing::error!(command = %config.command[0], error = %e, "spawn");
-            error(StatusCode::BAD_GATEWAY, "the MCP server could not be started")
+            StartError::Spawn
         })?;
     let (stdin_tx, stdin_rx) = mpsc::channel(16);
     let (unasked_tx, unasked_rx) = mpsc::channel(config.queue);
@@ -315,19 +328,13 @@ fn start_session(bridge: &Bridge) -> Result<(String, Arc<Session>), Response> {
         let mut sessions = lock(&bridge.sessions);
         // Checked again under the lock that inserts: two initializes race for the last slot.
         if sessions.len() >= config.max_sessions {
-            return Err(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many sessions: end one (DELETE) or retry later",
-            ));
+            return Err(StartError::Full);
         }
         sessions.insert(id.clone(), session.clone());
     }
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         lock(&bridge.sessions).remove(&id);
-        return Err(error(
-            StatusCode::BAD_GATEWAY,
-            "the MCP server has no stdio",
-        ));
+        return Err(StartError::Spawn);
     };
     let sessions = bridge.sessions.clone();
     let max_line = config.max_line_bytes;
