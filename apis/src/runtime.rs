@@ -125,7 +125,10 @@ pub struct RemoteServer {
     /// Its MCP endpoint: an absolute `https://` (or `http://`) URL with a host. The egress
     /// proxy may reach that host on that port (the scheme's default when absent) and nothing
     /// else; a host the egress rules refuse keeps the server undeployed.
-    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^/?#]+(/[^?#]*)?$"))]
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^/?#]+(/[^?#]*)?$")
+    )]
     pub url: String,
 }
 
@@ -838,15 +841,29 @@ mod tests {
         assert_eq!(b.kind, EgressBindingType::ExactHost);
         assert_eq!(
             (b.host.as_deref(), b.cidr.as_deref(), b.port, b.protocol),
-            (Some("mcp.example.com"), None, Some(443), Some(NetworkProtocol::Tcp))
+            (
+                Some("mcp.example.com"),
+                None,
+                Some(443),
+                Some(NetworkProtocol::Tcp)
+            )
         );
         let b = binding("http://mcp.example.com:8443");
-        assert_eq!((b.host.as_deref(), b.port), (Some("mcp.example.com"), Some(8443)));
+        assert_eq!(
+            (b.host.as_deref(), b.port),
+            (Some("mcp.example.com"), Some(8443))
+        );
         assert_eq!(binding("http://mcp.example.com?x=1").port, Some(80));
         let b = binding("https://203.0.113.7:9000/mcp");
-        assert_eq!((b.cidr.as_deref(), b.host, b.port), (Some("203.0.113.7/32"), None, Some(9000)));
+        assert_eq!(
+            (b.cidr.as_deref(), b.host, b.port),
+            (Some("203.0.113.7/32"), None, Some(9000))
+        );
         let b = binding("https://[2001:db8::1]/mcp");
-        assert_eq!((b.cidr.as_deref(), b.port), (Some("2001:db8::1/128"), Some(443)));
+        assert_eq!(
+            (b.cidr.as_deref(), b.port),
+            (Some("2001:db8::1/128"), Some(443))
+        );
         // Nothing usable: a binding without host, cidr or port, which the proof refuses.
         for bad in [
             "https://user:secret@mcp.example.com/",
@@ -881,18 +898,28 @@ mod tests {
             .iter()
             .filter_map(|r| r["rule"].as_str())
             .collect();
-        assert!(rules.contains(&"has(self.remote) != has(self.image)"), "{rules:?}");
-        assert!(rules.iter().any(|r| r.contains("'stdio'") && r.contains("self.command")));
+        assert!(
+            rules.contains(&"has(self.remote) != has(self.image)"),
+            "{rules:?}"
+        );
+        assert!(rules
+            .iter()
+            .any(|r| r.contains("'stdio'") && r.contains("self.command")));
         assert_eq!(
             spec["properties"]["transport"]["enum"],
             serde_json::json!(["streamable-http", "sse", "stdio"])
         );
+        // An optional enum: its values and null (the field is nullable).
         assert_eq!(
             spec["properties"]["imagePullPolicy"]["enum"],
-            serde_json::json!(["Always", "IfNotPresent", "Never"])
+            serde_json::json!(["Always", "IfNotPresent", "Never", null])
         );
         assert_eq!(spec["properties"]["replicas"]["minimum"], 0.0);
-        assert_eq!(spec["required"], serde_json::Value::Null, "image and port are optional now");
+        assert_eq!(
+            spec["required"],
+            serde_json::Value::Null,
+            "image and port are optional now"
+        );
     }
 
     #[test]

@@ -34,8 +34,8 @@ pub mod metrics;
 pub mod pins;
 pub mod policies;
 pub mod proxy;
-pub mod stdio_bridge;
 mod state;
+pub mod stdio_bridge;
 pub mod token;
 
 pub use cache::{SessionCache, SyncStatus, SyncTask};

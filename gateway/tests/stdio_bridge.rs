@@ -48,7 +48,9 @@ fn spawn_bridge(extra: &[&str]) -> Bridge {
     // stderr (the Python servers' logs) drained so that no child blocks on it.
     let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
     let mut line = String::new();
-    stderr.read_line(&mut line).expect("the bridge's first line");
+    stderr
+        .read_line(&mut line)
+        .expect("the bridge's first line");
     let addr = line
         .split_whitespace()
         .nth(3)
@@ -128,7 +130,10 @@ async fn post(url: &str, session: Option<&str>, body: &Value) -> Reply {
 async fn open(url: &str) -> String {
     let init = post(url, None, &initialize()).await;
     assert_eq!(init.status, 200, "{}", init.body);
-    assert_eq!(init.body["result"]["serverInfo"]["name"], "mcp-access-e2e-stdio");
+    assert_eq!(
+        init.body["result"]["serverInfo"]["name"],
+        "mcp-access-e2e-stdio"
+    );
     let id = init.session.expect("a session id");
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
@@ -198,7 +203,12 @@ async fn sessions_end_with_delete_or_with_their_child() {
     // Without a session: only initialize; an unknown session: 404.
     let r = post(url, None, &call(1, "pid")).await;
     assert_eq!(r.status, 400, "{}", r.body);
-    let r = post(url, Some("00000000000000000000000000000000"), &call(1, "pid")).await;
+    let r = post(
+        url,
+        Some("00000000000000000000000000000000"),
+        &call(1, "pid"),
+    )
+    .await;
     assert_eq!(r.status, 404);
 
     // DELETE ends the child, and the id with it.

@@ -213,7 +213,10 @@ struct Workload {
 ///   entrypoint: `<bridge> --listen 127.0.0.1:<port> -- <command> <args>`;
 /// - `remote`: the gateway image's bridge as an egress proxy to the URL, on
 ///   [`REMOTE_PROXY_PORT`], and no image of the server's owners.
-fn server_container(server: &MCPServer, settings: &WorkloadSettings) -> Result<Workload, Incomplete> {
+fn server_container(
+    server: &MCPServer,
+    settings: &WorkloadSettings,
+) -> Result<Workload, Incomplete> {
     let spec = &server.spec;
     if let Some(remote) = &spec.remote {
         let container = json!({
@@ -566,7 +569,10 @@ mod tests {
         // Zero replicas: defined and stopped, not defaulted back to one.
         s.spec.replicas = Some(0);
         let children = super::children(&s, &settings()).unwrap();
-        assert_eq!(find(&children, ChildKind::Deployment)["spec"]["replicas"], 0);
+        assert_eq!(
+            find(&children, ChildKind::Deployment)["spec"]["replicas"],
+            0
+        );
         // Absent: one, and no field the server did not ask for.
         let pod = pod_of(&server(None));
         assert!(pod.get("imagePullSecrets").is_none());
@@ -612,7 +618,14 @@ mod tests {
         );
         assert_eq!(
             mcp["args"],
-            json!(["--listen=127.0.0.1:8080", "--", "npx", "-y", "@acme/github-mcp", "--stdio"])
+            json!([
+                "--listen=127.0.0.1:8080",
+                "--",
+                "npx",
+                "-y",
+                "@acme/github-mcp",
+                "--stdio"
+            ])
         );
         assert_eq!(
             mcp["volumeMounts"],

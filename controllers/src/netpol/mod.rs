@@ -471,12 +471,7 @@ impl Ctx {
         // With a `remote` URL's binding: one proof, one condition for both.
         let bindings: Vec<_> = due.iter().map(|s| s.spec.external_egress()).collect();
         let fresh = futures::future::join_all(bindings.iter().map(|bindings| {
-            egress::prove(
-                bindings,
-                self.resolver.as_ref(),
-                self.dns_deadline,
-                now,
-            )
+            egress::prove(bindings, self.resolver.as_ref(), self.dns_deadline, now)
         }))
         .await;
         for (server, mut proof) in due.into_iter().zip(fresh) {
@@ -671,10 +666,7 @@ pub fn egress_condition(
         (
             "True",
             "EgressProven",
-            format!(
-                "{} egress binding(s) proven and allowed",
-                bindings.len()
-            ),
+            format!("{} egress binding(s) proven and allowed", bindings.len()),
         )
     } else {
         let failures: Vec<String> = proof

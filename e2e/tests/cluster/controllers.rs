@@ -702,43 +702,70 @@ pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result
 
     refused(
         c,
-        &server_with(ns, "x", json!({"image": "ghcr.io/acme/x:1", "port": 8080, "transport": "stdio"})),
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080, "transport": "stdio"}),
+        ),
         "transport stdio needs command",
     )?;
     refused(
         c,
-        &server_with(ns, "x", json!({"image": "ghcr.io/acme/x:1", "port": 8080,
-                                       "remote": {"url": "https://mcp.example.com/mcp"}})),
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080,
+                                       "remote": {"url": "https://mcp.example.com/mcp"}}),
+        ),
         "exactly one of image and remote",
     )?;
     refused(
         c,
-        &server_with(ns, "x", json!({"port": 8080, "remote": {"url": "https://mcp.example.com/mcp"}})),
+        &server_with(
+            ns,
+            "x",
+            json!({"port": 8080, "remote": {"url": "https://mcp.example.com/mcp"}}),
+        ),
         "port goes with image, and not with remote",
     )?;
     refused(
         c,
-        &server_with(ns, "x", json!({"image": "ghcr.io/acme/x:1", "port": 8080, "imagePullPolicy": "Sometimes"})),
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080, "imagePullPolicy": "Sometimes"}),
+        ),
         "imagePullPolicy",
     )?;
 
     apply(
         c,
-        &server_with(ns, "fs", json!({
-            "image": "ghcr.io/acme/fs-mcp:1", "port": 9000, "transport": "stdio",
-            "command": ["python", "-m", "fs_mcp"], "args": ["--root=/data"],
-            "replicas": 0,
-            "resources": {"limits": {"memory": "256Mi"}},
-            "imagePullPolicy": "IfNotPresent",
-            "imagePullSecrets": [{"name": "registry"}],
-        })),
+        &server_with(
+            ns,
+            "fs",
+            json!({
+                "image": "ghcr.io/acme/fs-mcp:1", "port": 9000, "transport": "stdio",
+                "command": ["python", "-m", "fs_mcp"], "args": ["--root=/data"],
+                "replicas": 0,
+                "resources": {"limits": {"memory": "256Mi"}},
+                "imagePullPolicy": "IfNotPresent",
+                "imagePullSecrets": [{"name": "registry"}],
+            }),
+        ),
     )?;
     let deployment = until(Duration::from_secs(30), "Deployment fs", || {
         get_json(c, &["get", "deployment", "fs", "-n", ns])
     })?;
-    ensure!(deployment["spec"]["replicas"] == 0, "replicas: {}", deployment["spec"]);
+    ensure!(
+        deployment["spec"]["replicas"] == 0,
+        "replicas: {}",
+        deployment["spec"]
+    );
     let pod = &deployment["spec"]["template"]["spec"];
-    ensure!(pod["imagePullSecrets"] == json!([{"name": "registry"}]), "pod: {pod}");
+    ensure!(
+        pod["imagePullSecrets"] == json!([{"name": "registry"}]),
+        "pod: {pod}"
+    );
     let init = &pod["initContainers"][0];
     ensure!(
         init["name"] == "stdio-bridge"
@@ -749,7 +776,14 @@ pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result
     ensure!(
         mcp["command"] == json!(["/mcp-access-bridge/mcp-access-stdio-bridge"])
             && mcp["args"]
-                == json!(["--listen=127.0.0.1:9000", "--", "python", "-m", "fs_mcp", "--root=/data"]),
+                == json!([
+                    "--listen=127.0.0.1:9000",
+                    "--",
+                    "python",
+                    "-m",
+                    "fs_mcp",
+                    "--root=/data"
+                ]),
         "mcp: {mcp}"
     );
     ensure!(
@@ -783,15 +817,24 @@ pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result
     // A private address: refused by L3, never deployed.
     apply(
         c,
-        &server_with(ns, "near", json!({"remote": {"url": "http://10.1.2.3:8080/mcp"}})),
+        &server_with(
+            ns,
+            "near",
+            json!({"remote": {"url": "http://10.1.2.3:8080/mcp"}}),
+        ),
     )?;
     let cond = wait_condition(c, ns, "near", "ExternalEgressReady", "False")?;
     ensure!(
-        cond["message"].as_str().is_some_and(|m| m.contains("remote")),
+        cond["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("remote")),
         "condition: {cond}"
     );
     let ready = wait_condition(c, ns, "near", "Ready", "False")?;
-    ensure!(ready["reason"] == "ExternalEgressNotReady", "ready: {ready}");
+    ensure!(
+        ready["reason"] == "ExternalEgressNotReady",
+        "ready: {ready}"
+    );
     ensure!(
         get_json(c, &["get", "deployment", "near", "-n", ns])?.is_none(),
         "a refused remote has no Deployment"

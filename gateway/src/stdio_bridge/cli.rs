@@ -22,13 +22,21 @@ pub struct Cli {
     #[arg(long, env = "MCP_ACCESS_BRIDGE_INSTALL", value_name = "PATH", conflicts_with_all = ["listen", "command", "remote"])]
     pub install: Option<PathBuf>,
     /// Where to serve Streamable HTTP (loopback: the gateway in the same Pod is the client).
-    #[arg(long, env = "MCP_ACCESS_BRIDGE_LISTEN", required_unless_present = "install")]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_BRIDGE_LISTEN",
+        required_unless_present = "install"
+    )]
     pub listen: Option<SocketAddr>,
     /// Proxy every request to this remote MCP endpoint instead of running a command.
     #[arg(long, env = "MCP_ACCESS_BRIDGE_REMOTE", value_parser = super::remote::parse_remote, conflicts_with = "command")]
     pub remote: Option<reqwest::Url>,
     /// Time to connect to `--remote`.
-    #[arg(long, env = "MCP_ACCESS_BRIDGE_REMOTE_CONNECT_TIMEOUT_SECONDS", default_value_t = 10)]
+    #[arg(
+        long,
+        env = "MCP_ACCESS_BRIDGE_REMOTE_CONNECT_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
     pub remote_connect_timeout_seconds: u64,
     /// Live sessions (one child process each) at most.
     #[arg(long, env = "MCP_ACCESS_BRIDGE_MAX_SESSIONS", default_value_t = 64)]

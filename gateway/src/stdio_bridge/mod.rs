@@ -117,9 +117,7 @@ pub async fn serve(
         sessions: Arc::default(),
     };
     let sessions = bridge.sessions.clone();
-    let app = axum::Router::new()
-        .fallback(handle)
-        .with_state(bridge);
+    let app = axum::Router::new().fallback(handle).with_state(bridge);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -162,10 +160,8 @@ async fn handle(State(bridge): State<Bridge>, request: Request) -> Response {
         ),
         _ => {
             let mut r = error(StatusCode::METHOD_NOT_ALLOWED, "GET, POST or DELETE");
-            r.headers_mut().insert(
-                header::ALLOW,
-                HeaderValue::from_static("GET, POST, DELETE"),
-            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
             r
         }
     }
@@ -185,8 +181,7 @@ fn unknown_session() -> Response {
 }
 
 async fn post(bridge: &Bridge, session_id: Option<String>, request: Request) -> Response {
-    let body = match axum::body::to_bytes(request.into_body(), bridge.config.max_body_bytes).await
-    {
+    let body = match axum::body::to_bytes(request.into_body(), bridge.config.max_body_bytes).await {
         Ok(body) => body,
         Err(_) => {
             return error(
@@ -227,7 +222,10 @@ async fn post(bridge: &Bridge, session_id: Option<String>, request: Request) -> 
                     )
                 }
                 Err(StartError::Spawn) => {
-                    return error(StatusCode::BAD_GATEWAY, "the MCP server could not be started")
+                    return error(
+                        StatusCode::BAD_GATEWAY,
+                        "the MCP server could not be started",
+                    )
                 }
             }
         }
@@ -341,22 +339,25 @@ fn start_session(bridge: &Bridge) -> Result<(String, Arc<Session>), StartError> 
     let task_id = id.clone();
     let task_session = session.clone();
     let span = tracing::info_span!("session", id = %task_id);
-    tokio::spawn(tracing::Instrument::instrument(async move {
-        let ended = run_session(
-            &task_session,
-            child,
-            stdin,
-            stdout,
-            stdin_rx,
-            kill_rx,
-            max_line,
-        )
-        .await;
-        lock(&sessions).remove(&task_id);
-        // Unanswered requests see their senders dropped: 404.
-        lock(&task_session.pending).clear();
-        tracing::info!(ended, "session ended");
-    }, span));
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let ended = run_session(
+                &task_session,
+                child,
+                stdin,
+                stdout,
+                stdin_rx,
+                kill_rx,
+                max_line,
+            )
+            .await;
+            lock(&sessions).remove(&task_id);
+            // Unanswered requests see their senders dropped: 404.
+            lock(&task_session.pending).clear();
+            tracing::info!(ended, "session ended");
+        },
+        span,
+    ));
     tracing::info!(session = %id, "session started");
     Ok((id, session))
 }

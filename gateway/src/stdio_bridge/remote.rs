@@ -98,7 +98,10 @@ async fn forward(State(proxy): State<Proxy>, request: Request) -> Response {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "the remote MCP server is unavailable");
-            return (StatusCode::BAD_GATEWAY, "the remote MCP server is unavailable\n")
+            return (
+                StatusCode::BAD_GATEWAY,
+                "the remote MCP server is unavailable\n",
+            )
                 .into_response();
         }
     };
