@@ -811,6 +811,14 @@ pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result
         proxy["args"] == json!(["--listen=127.0.0.1:8080", "--remote=https://1.1.1.1/mcp"]),
         "proxy: {proxy}"
     );
+    // The Pod's one way out: the URL's host (a /32 here) on its port, nothing else.
+    until(Duration::from_secs(30), "the remote's egress allow", || {
+        let list = get_json(c, &["get", "networkpolicy", "-n", ns])?;
+        Ok(list.filter(|l| {
+            let text = l.to_string();
+            text.contains("1.1.1.1/32") && text.contains("\"port\":443")
+        }))
+    })?;
     let image = wait_condition(c, ns, "far", "ImageAllowed", "True")?;
     ensure!(image["reason"] == "Remote", "ImageAllowed: {image}");
 
@@ -838,6 +846,11 @@ pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result
     ensure!(
         get_json(c, &["get", "deployment", "near", "-n", ns])?.is_none(),
         "a refused remote has no Deployment"
+    );
+    let policies = get_json(c, &["get", "networkpolicy", "-n", ns])?.unwrap_or_default();
+    ensure!(
+        !policies.to_string().contains("10.1.2.3"),
+        "no allow for a refused remote: {policies}"
     );
     Ok(())
 }
