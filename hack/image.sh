@@ -89,7 +89,8 @@ if [ -z "$bin_dir" ] && [ -z "$demo_only" ]; then
     case $n in
       mcp-access-apiserver) build+=(-p apiserver --bin "$n") ;;
       mcp-access-controllers) build+=(-p controllers --bin "$n") ;;
-      mcp-access-gateway|mcp-access-authz) build+=(-p gateway --bin "$n") ;;
+      mcp-access-gateway) build+=(-p gateway --bin "$n" --bin mcp-access-stdio-bridge) ;;
+      mcp-access-authz) build+=(-p gateway --bin "$n") ;;
       demo-*) ;;
     esac
   done
@@ -135,9 +136,19 @@ build_image() {
   chmod 1777 "$root/tmp"
   cp "$bin" "$root/usr/local/bin/$name"
   chmod 755 "$root/usr/local/bin/$name"
-  # What the binary links, and the loader ldd names (the line without "=>").
+  # The gateway image also carries the stdio bridge: a stdio MCPServer's init container
+  # copies it into the MCP container, a remote one runs it as its egress proxy.
+  local bins=$bin
+  if [ "$name" = mcp-access-gateway ]; then
+    local bridge=$bin_dir/mcp-access-stdio-bridge
+    [ -x "$bridge" ] || { say "$bridge: no such executable (build it, or pass --bin-dir)"; exit 1; }
+    cp "$bridge" "$root/usr/local/bin/mcp-access-stdio-bridge"
+    chmod 755 "$root/usr/local/bin/mcp-access-stdio-bridge"
+    bins="$bin $bridge"
+  fi
+  # What the binaries link, and the loader ldd names (the line without "=>").
   local libs
-  libs=$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+  libs=$(ldd $bins | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
   [ -n "$libs" ] || { say "$bin: ldd found no libraries (not a dynamic executable?)"; exit 1; }
   base_files "$root" "$libs"
   buildah umount "$c" >/dev/null

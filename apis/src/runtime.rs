@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub const RUNTIME_GROUP: &str = "mcp-runtime.dev";
 
 /// What to run for an MCP server and how clients reach it through its gateway.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "mcp-runtime.dev",
     version = "v1alpha1",
@@ -27,16 +27,52 @@ pub const RUNTIME_GROUP: &str = "mcp-runtime.dev";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.remote) != has(self.image)", "message": "exactly one of image and remote"},
+    {"rule": "has(self.remote) != has(self.port)", "message": "port goes with image, and not with remote"},
+    {"rule": "!has(self.remote) || (!has(self.command) && !has(self.args) && !has(self.resources) && !has(self.imagePullPolicy))", "message": "command, args, resources and imagePullPolicy describe an image: not with remote"},
+    {"rule": "!has(self.transport) || self.transport != 'stdio' || (has(self.command) && size(self.command) > 0)", "message": "transport stdio needs command"},
+    {"rule": "!has(self.remote) || !has(self.transport) || self.transport == 'streamable-http'", "message": "a remote server is reached over Streamable HTTP"},
+]))]
 pub struct MCPServerSpec {
-    /// Container image of the MCP server.
+    /// Container image of the MCP server. Exactly one of `image` and `remote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
-    pub image: String,
-    /// Port the MCP server listens on inside its pod.
+    pub image: Option<String>,
+    /// Port the MCP server listens on inside its pod, on loopback at least (with `transport:
+    /// stdio`, the port the stdio bridge listens on). Required with `image`; not with `remote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
-    /// How clients speak MCP to the server.
+    pub port: Option<i32>,
+    /// How the MCP server speaks MCP: over HTTP (`streamable-http`, `sse`) on `port`, or over
+    /// its stdin and stdout (`stdio`: `command` runs behind a bridge that serves Streamable
+    /// HTTP on `port`). Clients always speak HTTP to the gateway.
     #[serde(default)]
     pub transport: Transport,
+    /// The MCP container's command (its image's entrypoint when absent); required with
+    /// `transport: stdio`, where it is the process each MCP session runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Arguments of `command` (or of the image's entrypoint).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// An MCP server that runs elsewhere, reached through an egress proxy in the server's Pod
+    /// whose only egress is the URL's host and port. Exactly one of `image` and `remote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteServer>,
+    /// Pods of the Deployment (default 1; 0 keeps the server defined and stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replicas: Option<i32>,
+    /// Compute resources of the MCP container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Pull policy of the MCP container's image (Kubernetes' default when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets of the server's namespace that pull its image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
     /// Environment of the MCP server container, from keys of a Secret in the server's
     /// namespace. The workload is not deployed until the Secret exists with every key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,6 +97,113 @@ pub struct MCPServerSpec {
     /// owners consent here, as a Gateway's `allowedRoutes` consents to routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_contexts: Option<AllowedContexts>,
+}
+
+/// Pull policies of a container image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The Pod spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// An MCP server outside the cluster (or outside this namespace's pods).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteServer {
+    /// Its MCP endpoint: an absolute `https://` (or `http://`) URL with a host. The egress
+    /// proxy may reach that host on that port (the scheme's default when absent) and nothing
+    /// else; a host the egress rules refuse keeps the server undeployed.
+    #[schemars(
+        length(min = 1, max = 2048),
+        regex(pattern = r"^https?://[^/?#]+(/[^?#]*)?$")
+    )]
+    pub url: String,
+}
+
+/// The name of the egress binding a `remote` server's URL implies.
+pub const REMOTE_BINDING: &str = "remote";
+
+impl RemoteServer {
+    /// The one destination the egress proxy may reach: an `ExactHost` binding named
+    /// [`REMOTE_BINDING`] for the URL's host (a `cidr` of one address when the host is an IP
+    /// literal) on its port (443 for `https`, 80 for `http` when absent), over TCP. It is
+    /// proven as `spec.egressBindings` are: a URL that names no usable host or port yields a
+    /// binding without one, which the proof refuses, so the server stays undeployed.
+    pub fn egress_binding(&self) -> EgressBinding {
+        let mut binding = EgressBinding {
+            name: REMOTE_BINDING.into(),
+            kind: EgressBindingType::ExactHost,
+            cidr: None,
+            host: None,
+            port: None,
+            protocol: Some(NetworkProtocol::Tcp),
+        };
+        let Some((host, port)) = remote_host_port(&self.url) else {
+            return binding;
+        };
+        match host.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(ip)) => binding.cidr = Some(format!("{ip}/32")),
+            Ok(std::net::IpAddr::V6(ip)) => binding.cidr = Some(format!("{ip}/128")),
+            Err(_) => binding.host = Some(host.to_ascii_lowercase()),
+        }
+        binding.port = Some(i32::from(port));
+        binding
+    }
+}
+
+/// The host and port of an `http(s)://` URL; None for another scheme, userinfo (credentials
+/// do not belong in a spec), an empty host or a port that is not one.
+fn remote_host_port(url: &str) -> Option<(&str, u16)> {
+    let (rest, default_port) = if let Some(rest) = url.strip_prefix("https://") {
+        (rest, 443)
+    } else if let Some(rest) = url.strip_prefix("http://") {
+        (rest, 80)
+    } else {
+        return None;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return None;
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        None => default_port,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
+    };
+    (!host.is_empty()).then_some((host, port))
+}
+
+impl MCPServerSpec {
+    /// Every external destination of the server: `spec.egressBindings`, and the one a
+    /// `remote` URL implies ([`RemoteServer::egress_binding`]). The NetworkPolicy layer L3
+    /// proves and allows exactly these, and the workload waits for their proof.
+    pub fn external_egress(&self) -> Vec<EgressBinding> {
+        let mut bindings = self.egress_bindings.clone();
+        if let Some(remote) = &self.remote {
+            bindings.push(remote.egress_binding());
+        }
+        bindings
+    }
 }
 
 /// The consent of a server's owners to Contexts of other namespaces.
@@ -403,6 +546,10 @@ pub enum Transport {
     /// The older HTTP+SSE transport.
     #[serde(rename = "sse")]
     Sse,
+    /// MCP over the stdin and stdout of `command`, one process per MCP session, served as
+    /// Streamable HTTP by the stdio bridge: clients speak `streamable-http`.
+    #[serde(rename = "stdio")]
+    Stdio,
 }
 
 /// An MCP host: the runtime an agent runs in. The Host operator provisions it (Deployment,
@@ -683,6 +830,95 @@ mod tests {
         assert!(
             !expr("Matches", Some(vec!["dev"])),
             "an unknown operator matches nothing"
+        );
+    }
+
+    #[test]
+    fn a_remote_url_implies_one_exact_host_binding() {
+        let binding = |url: &str| RemoteServer { url: url.into() }.egress_binding();
+        let b = binding("https://MCP.example.com/v1/mcp");
+        assert_eq!(b.name, REMOTE_BINDING);
+        assert_eq!(b.kind, EgressBindingType::ExactHost);
+        assert_eq!(
+            (b.host.as_deref(), b.cidr.as_deref(), b.port, b.protocol),
+            (
+                Some("mcp.example.com"),
+                None,
+                Some(443),
+                Some(NetworkProtocol::Tcp)
+            )
+        );
+        let b = binding("http://mcp.example.com:8443");
+        assert_eq!(
+            (b.host.as_deref(), b.port),
+            (Some("mcp.example.com"), Some(8443))
+        );
+        assert_eq!(binding("http://mcp.example.com?x=1").port, Some(80));
+        let b = binding("https://203.0.113.7:9000/mcp");
+        assert_eq!(
+            (b.cidr.as_deref(), b.host, b.port),
+            (Some("203.0.113.7/32"), None, Some(9000))
+        );
+        let b = binding("https://[2001:db8::1]/mcp");
+        assert_eq!(
+            (b.cidr.as_deref(), b.port),
+            (Some("2001:db8::1/128"), Some(443))
+        );
+        // Nothing usable: a binding without host, cidr or port, which the proof refuses.
+        for bad in [
+            "https://user:secret@mcp.example.com/",
+            "https://mcp.example.com:0/",
+            "https://mcp.example.com:99999/",
+            "https:///mcp",
+            "ftp://mcp.example.com/",
+        ] {
+            let b = binding(bad);
+            assert_eq!((b.host, b.cidr, b.port), (None, None, None), "{bad}");
+        }
+        // Beside the declared bindings, never instead of them.
+        let spec: MCPServerSpec = serde_json::from_value(serde_json::json!({
+            "remote": {"url": "https://mcp.example.com/mcp"},
+            "egressBindings": [{"name": "api", "type": "PublicWeb"}],
+        }))
+        .unwrap();
+        let names: Vec<String> = spec.external_egress().into_iter().map(|b| b.name).collect();
+        assert_eq!(names, ["api", "remote"]);
+        assert_eq!(spec.image, None);
+        assert_eq!(spec.port, None);
+    }
+
+    #[test]
+    fn the_crd_validates_what_runs() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(MCPServer::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let rules: Vec<&str> = spec["x-kubernetes-validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["rule"].as_str())
+            .collect();
+        assert!(
+            rules.contains(&"has(self.remote) != has(self.image)"),
+            "{rules:?}"
+        );
+        assert!(rules
+            .iter()
+            .any(|r| r.contains("'stdio'") && r.contains("self.command")));
+        assert_eq!(
+            spec["properties"]["transport"]["enum"],
+            serde_json::json!(["streamable-http", "sse", "stdio"])
+        );
+        // An optional enum: its values and null (the field is nullable).
+        assert_eq!(
+            spec["properties"]["imagePullPolicy"]["enum"],
+            serde_json::json!(["Always", "IfNotPresent", "Never", null])
+        );
+        assert_eq!(spec["properties"]["replicas"]["minimum"], 0.0);
+        assert_eq!(
+            spec["required"],
+            serde_json::Value::Null,
+            "image and port are optional now"
         );
     }
 

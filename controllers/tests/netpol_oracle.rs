@@ -92,14 +92,15 @@ fn mk_server(ns: &str, name: &str, port: i32, bindings: Vec<EgressBinding>) -> M
     let mut s = MCPServer::new(
         name,
         MCPServerSpec {
-            image: format!("ghcr.io/acme/{name}-mcp:1"),
-            port,
+            image: Some(format!("ghcr.io/acme/{name}-mcp:1")),
+            port: Some(port),
             transport: Transport::StreamableHttp,
             env_secret: None,
             host_credential: None,
             egress_bindings: bindings,
             network: None,
             allowed_contexts: None,
+            ..Default::default()
         },
     );
     s.metadata.namespace = Some(ns.into());

@@ -97,6 +97,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         controllers::audit_mode_deploys_a_disallowed_image_with_a_warning,
     ),
     (
+        "controllers_stdio_and_remote_servers_take_their_shape",
+        controllers::stdio_and_remote_servers_take_their_shape,
+    ),
+    (
         "controllers_standby_takes_over_after_the_leader_is_killed",
         controllers::standby_takes_over_after_the_leader_is_killed,
     ),

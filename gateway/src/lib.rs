@@ -35,6 +35,7 @@ pub mod pins;
 pub mod policies;
 pub mod proxy;
 mod state;
+pub mod stdio_bridge;
 pub mod token;
 
 pub use cache::{SessionCache, SyncStatus, SyncTask};

@@ -482,13 +482,14 @@ mod tests {
             name,
             MCPServerSpec {
                 allowed_contexts: None,
-                image: "img".into(),
-                port,
+                image: Some("img".into()),
+                port: Some(port),
                 transport: Default::default(),
                 env_secret: None,
                 egress_bindings: vec![],
                 network: None,
                 host_credential: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some(ns.into());

@@ -177,13 +177,14 @@ mod tests {
             name,
             MCPServerSpec {
                 allowed_contexts: None,
-                image: "img".into(),
-                port: 8080,
+                image: Some("img".into()),
+                port: Some(8080),
                 transport: Default::default(),
                 env_secret: None,
                 egress_bindings: vec![],
                 network: None,
                 host_credential: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some(ns.into());

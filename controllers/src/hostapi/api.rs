@@ -203,7 +203,8 @@ pub struct CredentialRequest {
 /// with the transport's path. That port is the one the host egress and L2 policies open.
 pub fn server_url(server: &MCPServer, gateway_port: u16) -> String {
     let path = match server.spec.transport {
-        Transport::StreamableHttp => "mcp",
+        // A stdio server is served as Streamable HTTP by its bridge.
+        Transport::StreamableHttp | Transport::Stdio => "mcp",
         Transport::Sse => "sse",
     };
     let base = crate::mcpserver::desired::public_url(
@@ -216,7 +217,7 @@ pub fn server_url(server: &MCPServer, gateway_port: u16) -> String {
 
 fn transport_name(t: Transport) -> &'static str {
     match t {
-        Transport::StreamableHttp => "streamable-http",
+        Transport::StreamableHttp | Transport::Stdio => "streamable-http",
         Transport::Sse => "sse",
     }
 }
@@ -921,13 +922,14 @@ mod tests {
             "github",
             apis::runtime::MCPServerSpec {
                 allowed_contexts: None,
-                image: "img".into(),
-                port: 8080,
+                image: Some("img".into()),
+                port: Some(8080),
                 transport: Transport::StreamableHttp,
                 env_secret: None,
                 egress_bindings: vec![],
                 network: None,
                 host_credential: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some("team-a".into());

@@ -2,7 +2,7 @@
 //! controller's settings, built as the JSON that server-side apply sends (and that the
 //! compare-before-apply check reads), so it is snapshot-tested without a cluster.
 
-use apis::runtime::MCPServer;
+use apis::runtime::{MCPServer, Transport};
 use serde_json::{json, Value};
 
 use crate::children::{child_metadata, name_of, namespace_of, Child, ChildKind, Incomplete};
@@ -25,6 +25,15 @@ pub const SERVER_CONTAINER: &str = "mcp";
 pub const GATEWAY_MOUNT: &str = "/var/run/secrets/mcp-access";
 /// Name of that volume.
 pub const GATEWAY_VOLUME: &str = "mcp-access";
+/// The stdio bridge as the gateway image holds it: `transport: stdio` servers copy it from
+/// there (an init container) into their own container, `remote` servers run it as their proxy.
+pub const BRIDGE_BINARY: &str = "/usr/local/bin/mcp-access-stdio-bridge";
+/// Name of the init container that copies the bridge, and of the emptyDir it copies into.
+pub const BRIDGE_INSTALL: &str = "stdio-bridge";
+/// Where that emptyDir is mounted (read-only in the MCP container).
+pub const BRIDGE_MOUNT: &str = "/mcp-access-bridge";
+/// The loopback port of a `remote` server's egress proxy (the gateway's upstream).
+pub const REMOTE_PROXY_PORT: i32 = 8080;
 
 /// What the controller was configured with (flags), as the builder needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,27 +118,8 @@ pub fn children(server: &MCPServer, settings: &WorkloadSettings) -> Result<Vec<C
         },
     });
 
-    let env: Vec<Value> = spec
-        .env_secret
-        .iter()
-        .flat_map(|s| {
-            s.keys.iter().map(move |key| {
-                json!({
-                    "name": key,
-                    "valueFrom": {"secretKeyRef": {"name": s.name, "key": key}},
-                })
-            })
-        })
-        .collect();
-    // No declared port: nothing outside the Pod is meant to reach `spec.port`. The gateway
-    // reaches it on loopback, and no NetworkPolicy the controllers write opens it.
-    let mut server_container = json!({
-        "name": SERVER_CONTAINER,
-        "image": spec.image,
-    });
-    if !env.is_empty() {
-        server_container["env"] = Value::Array(env);
-    }
+    let mut workload = server_container(server, settings)?;
+    let upstream_port = workload.port;
     let gateway_container = json!({
         "name": GATEWAY_CONTAINER,
         "image": settings.gateway_image,
@@ -138,7 +128,7 @@ pub fn children(server: &MCPServer, settings: &WorkloadSettings) -> Result<Vec<C
             format!("--ca-file={GATEWAY_MOUNT}/ca.crt"),
             format!("--token-file={GATEWAY_MOUNT}/token"),
             format!("--listen=0.0.0.0:{}", settings.gateway_port),
-            format!("--upstream=http://127.0.0.1:{}", spec.port),
+            format!("--upstream=http://127.0.0.1:{upstream_port}"),
             format!("--public-url={}", public_url(name, namespace, settings.gateway_port)),
         ],
         "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": settings.gateway_port, "protocol": "TCP"}],
@@ -159,31 +149,39 @@ pub fn children(server: &MCPServer, settings: &WorkloadSettings) -> Result<Vec<C
         // The token is mounted here and nowhere else.
         "volumeMounts": [{"name": GATEWAY_VOLUME, "mountPath": GATEWAY_MOUNT, "readOnly": true}],
     });
+    workload.volumes.push(json!({
+        "name": GATEWAY_VOLUME,
+        "projected": {"sources": [
+            {"serviceAccountToken": {
+                "audience": GATEWAY_AUDIENCE,
+                "expirationSeconds": settings.token_expiration_seconds,
+                "path": "token",
+            }},
+            {"configMap": {"name": ca, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ]},
+    }));
+    let mut pod = json!({
+        "serviceAccountName": sa,
+        "automountServiceAccountToken": false,
+        "containers": [workload.container, gateway_container],
+        "volumes": workload.volumes,
+    });
+    if !workload.init_containers.is_empty() {
+        pod["initContainers"] = Value::Array(workload.init_containers);
+    }
+    if !spec.image_pull_secrets.is_empty() {
+        pod["imagePullSecrets"] = json!(spec.image_pull_secrets);
+    }
     let deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(server, name)?,
         "spec": {
-            "replicas": 1,
+            "replicas": spec.replicas.unwrap_or(1),
             "selector": {"matchLabels": {"app": name, SERVER_LABEL: name}},
             "template": {
                 "metadata": {"labels": labels(name)},
-                "spec": {
-                    "serviceAccountName": sa,
-                    "automountServiceAccountToken": false,
-                    "containers": [server_container, gateway_container],
-                    "volumes": [{
-                        "name": GATEWAY_VOLUME,
-                        "projected": {"sources": [
-                            {"serviceAccountToken": {
-                                "audience": GATEWAY_AUDIENCE,
-                                "expirationSeconds": settings.token_expiration_seconds,
-                                "path": "token",
-                            }},
-                            {"configMap": {"name": ca, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                        ]},
-                    }],
-                },
+                "spec": pod,
             },
         },
     });
@@ -199,11 +197,120 @@ pub fn children(server: &MCPServer, settings: &WorkloadSettings) -> Result<Vec<C
     .collect())
 }
 
+/// The part of the Pod that runs the MCP server itself: its container, what it needs first
+/// (init containers, volumes), and the loopback port the gateway forwards to.
+struct Workload {
+    container: Value,
+    init_containers: Vec<Value>,
+    volumes: Vec<Value>,
+    port: i32,
+}
+
+/// The MCP container of `server`, by how it speaks MCP:
+/// - an image serving HTTP on `spec.port`: the image, its `command`/`args` if given;
+/// - `transport: stdio`: the same image, its command run by the stdio bridge, which an init
+///   container (the gateway image) copies into an emptyDir first, as Tekton delivers its
+///   entrypoint: `<bridge> --listen 127.0.0.1:<port> -- <command> <args>`;
+/// - `remote`: the gateway image's bridge as an egress proxy to the URL, on
+///   [`REMOTE_PROXY_PORT`], and no image of the server's owners.
+fn server_container(
+    server: &MCPServer,
+    settings: &WorkloadSettings,
+) -> Result<Workload, Incomplete> {
+    let spec = &server.spec;
+    if let Some(remote) = &spec.remote {
+        let container = json!({
+            "name": SERVER_CONTAINER,
+            "image": settings.gateway_image,
+            "command": [BRIDGE_BINARY],
+            "args": [
+                format!("--listen=127.0.0.1:{REMOTE_PROXY_PORT}"),
+                format!("--remote={}", remote.url),
+            ],
+        });
+        return Ok(Workload {
+            container,
+            init_containers: Vec::new(),
+            volumes: Vec::new(),
+            port: REMOTE_PROXY_PORT,
+        });
+    }
+    let image = spec
+        .image
+        .as_deref()
+        .ok_or_else(|| Incomplete::missing::<MCPServer>("spec.image"))?;
+    let port = spec
+        .port
+        .ok_or_else(|| Incomplete::missing::<MCPServer>("spec.port"))?;
+    let env: Vec<Value> = spec
+        .env_secret
+        .iter()
+        .flat_map(|s| {
+            s.keys.iter().map(move |key| {
+                json!({
+                    "name": key,
+                    "valueFrom": {"secretKeyRef": {"name": s.name, "key": key}},
+                })
+            })
+        })
+        .collect();
+    // No declared port: nothing outside the Pod is meant to reach `spec.port`. The gateway
+    // reaches it on loopback, and no NetworkPolicy the controllers write opens it.
+    let mut container = json!({
+        "name": SERVER_CONTAINER,
+        "image": image,
+    });
+    let mut init_containers = Vec::new();
+    let mut volumes = Vec::new();
+    if spec.transport == Transport::Stdio {
+        if spec.command.is_empty() {
+            return Err(Incomplete::missing::<MCPServer>("spec.command"));
+        }
+        let bridge = format!("{BRIDGE_MOUNT}/mcp-access-stdio-bridge");
+        let mut args = vec![format!("--listen=127.0.0.1:{port}"), "--".to_string()];
+        args.extend(spec.command.iter().chain(&spec.args).cloned());
+        container["command"] = json!([bridge]);
+        container["args"] = json!(args);
+        container["volumeMounts"] =
+            json!([{"name": BRIDGE_INSTALL, "mountPath": BRIDGE_MOUNT, "readOnly": true}]);
+        init_containers.push(json!({
+            "name": BRIDGE_INSTALL,
+            "image": settings.gateway_image,
+            "command": [BRIDGE_BINARY],
+            "args": [format!("--install={bridge}")],
+            "volumeMounts": [{"name": BRIDGE_INSTALL, "mountPath": BRIDGE_MOUNT}],
+        }));
+        volumes.push(json!({"name": BRIDGE_INSTALL, "emptyDir": {}}));
+    } else {
+        if !spec.command.is_empty() {
+            container["command"] = json!(spec.command);
+        }
+        if !spec.args.is_empty() {
+            container["args"] = json!(spec.args);
+        }
+    }
+    if !env.is_empty() {
+        container["env"] = Value::Array(env);
+    }
+    if let Some(resources) = &spec.resources {
+        container["resources"] = json!(resources);
+    }
+    if let Some(policy) = spec.image_pull_policy {
+        container["imagePullPolicy"] = json!(policy.as_str());
+    }
+    Ok(Workload {
+        container,
+        init_containers,
+        volumes,
+        port,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::children::{up_to_date, DESIRED_DIGEST};
-    use apis::runtime::{EnvSecret, MCPServerSpec, Transport};
+    use apis::runtime::{EnvSecret, MCPServerSpec};
 
     fn settings() -> WorkloadSettings {
         WorkloadSettings {
@@ -220,13 +327,14 @@ mod tests {
             "github",
             MCPServerSpec {
                 allowed_contexts: None,
-                image: "ghcr.io/acme/github-mcp:2".into(),
-                port: 8080,
+                image: Some("ghcr.io/acme/github-mcp:2".into()),
+                port: Some(8080),
                 transport: Transport::StreamableHttp,
                 env_secret,
                 host_credential: None,
                 egress_bindings: Vec::new(),
                 network: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some("team-a".into());
@@ -421,6 +529,159 @@ mod tests {
         assert!(!up_to_date(desired, &live_with_env));
         // Absent object.
         assert!(!up_to_date(desired, &Value::Null));
+    }
+
+    fn pod_of(server: &MCPServer) -> Value {
+        let children = children(server, &settings()).unwrap();
+        find(&children, ChildKind::Deployment)["spec"]["template"]["spec"].clone()
+    }
+
+    #[test]
+    fn resources_replicas_and_pulling_reach_the_deployment() {
+        use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut s = server(None);
+        s.spec.replicas = Some(3);
+        s.spec.resources = Some(ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("100m".into()))].into()),
+            limits: Some([("memory".to_string(), Quantity("256Mi".into()))].into()),
+            ..Default::default()
+        });
+        s.spec.image_pull_policy = Some(apis::runtime::ImagePullPolicy::Always);
+        s.spec.image_pull_secrets = vec![LocalObjectReference {
+            name: "registry".into(),
+        }];
+        let children = children(&s, &settings()).unwrap();
+        let deployment = find(&children, ChildKind::Deployment);
+        assert_eq!(deployment["spec"]["replicas"], 3);
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["imagePullSecrets"], json!([{"name": "registry"}]));
+        let mcp = &pod["containers"][0];
+        assert_eq!(mcp["name"], SERVER_CONTAINER);
+        assert_eq!(
+            mcp["resources"],
+            json!({"requests": {"cpu": "100m"}, "limits": {"memory": "256Mi"}})
+        );
+        assert_eq!(mcp["imagePullPolicy"], "Always");
+        // The gateway's container is the platform's: none of it applies there.
+        let gateway = &pod["containers"][1];
+        assert!(gateway.get("resources").is_none() && gateway.get("imagePullPolicy").is_none());
+        // Zero replicas: defined and stopped, not defaulted back to one.
+        s.spec.replicas = Some(0);
+        let children = super::children(&s, &settings()).unwrap();
+        assert_eq!(
+            find(&children, ChildKind::Deployment)["spec"]["replicas"],
+            0
+        );
+        // Absent: one, and no field the server did not ask for.
+        let pod = pod_of(&server(None));
+        assert!(pod.get("imagePullSecrets").is_none());
+        assert!(pod["containers"][0].get("resources").is_none());
+        assert!(pod.get("initContainers").is_none());
+    }
+
+    #[test]
+    fn command_and_args_override_the_entrypoint_of_an_http_server() {
+        let mut s = server(None);
+        s.spec.command = vec!["/app/serve".into()];
+        s.spec.args = vec!["--port=8080".into()];
+        let pod = pod_of(&s);
+        assert_eq!(pod["containers"][0]["command"], json!(["/app/serve"]));
+        assert_eq!(pod["containers"][0]["args"], json!(["--port=8080"]));
+    }
+
+    #[test]
+    fn a_stdio_server_runs_its_command_behind_the_bridge_an_init_container_delivers() {
+        let mut s = server(Some(EnvSecret {
+            name: "github-env".into(),
+            keys: vec!["GITHUB_TOKEN".into()],
+        }));
+        s.spec.transport = Transport::Stdio;
+        s.spec.command = vec!["npx".into(), "-y".into()];
+        s.spec.args = vec!["@acme/github-mcp".into(), "--stdio".into()];
+        let pod = pod_of(&s);
+        assert_eq!(
+            pod["initContainers"],
+            json!([{
+                "name": "stdio-bridge",
+                "image": "ghcr.io/mcp-access/gateway:1",
+                "command": ["/usr/local/bin/mcp-access-stdio-bridge"],
+                "args": ["--install=/mcp-access-bridge/mcp-access-stdio-bridge"],
+                "volumeMounts": [{"name": "stdio-bridge", "mountPath": "/mcp-access-bridge"}],
+            }])
+        );
+        let mcp = &pod["containers"][0];
+        assert_eq!(mcp["image"], "ghcr.io/acme/github-mcp:2");
+        assert_eq!(
+            mcp["command"],
+            json!(["/mcp-access-bridge/mcp-access-stdio-bridge"])
+        );
+        assert_eq!(
+            mcp["args"],
+            json!([
+                "--listen=127.0.0.1:8080",
+                "--",
+                "npx",
+                "-y",
+                "@acme/github-mcp",
+                "--stdio"
+            ])
+        );
+        assert_eq!(
+            mcp["volumeMounts"],
+            json!([{"name": "stdio-bridge", "mountPath": "/mcp-access-bridge", "readOnly": true}])
+        );
+        // The Secret's keys reach the bridge's environment, which its children inherit.
+        assert_eq!(mcp["env"][0]["name"], "GITHUB_TOKEN");
+        // The gateway forwards to the bridge on loopback; still the only port of the Pod.
+        let gateway = &pod["containers"][1];
+        assert!(gateway["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--upstream=http://127.0.0.1:8080")));
+        assert!(mcp.get("ports").is_none());
+        // The bridge's volume sits beside the gateway's, never in the gateway's container.
+        let volumes: Vec<&Value> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| &v["name"])
+            .collect();
+        assert_eq!(volumes, [&json!("stdio-bridge"), &json!("mcp-access")]);
+        assert_eq!(pod["volumes"][0]["emptyDir"], json!({}));
+        // A stdio server without a command has nothing to run (the CRD refuses it first).
+        s.spec.command.clear();
+        assert_eq!(
+            children(&s, &settings()),
+            Err(Incomplete::missing::<MCPServer>("spec.command"))
+        );
+    }
+
+    #[test]
+    fn a_remote_server_runs_only_the_platform_proxy() {
+        let mut s = server(None);
+        s.spec.image = None;
+        s.spec.port = None;
+        s.spec.remote = Some(apis::runtime::RemoteServer {
+            url: "https://mcp.example.com/v1/mcp".into(),
+        });
+        let pod = pod_of(&s);
+        assert!(pod.get("initContainers").is_none());
+        let proxy = &pod["containers"][0];
+        assert_eq!(
+            *proxy,
+            json!({
+                "name": "mcp",
+                "image": "ghcr.io/mcp-access/gateway:1",
+                "command": ["/usr/local/bin/mcp-access-stdio-bridge"],
+                "args": ["--listen=127.0.0.1:8080", "--remote=https://mcp.example.com/v1/mcp"],
+            })
+        );
+        let gateway = &pod["containers"][1];
+        assert!(gateway["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--upstream=http://127.0.0.1:8080")));
     }
 
     /// The digests of every child, pinned: a change to how bodies are built or hashed would

@@ -250,10 +250,13 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, R
             )
         }
     };
-    let image = ctx.policy.check(&server.spec.image);
+    let image = match &server.spec.image {
+        Some(image) => ctx.policy.check(image),
+        None => status::ImageCheck::Remote,
+    };
     let previous = server.status.as_ref();
     let egress = EgressGate::of(
-        server.spec.egress_bindings.len(),
+        server.spec.external_egress().len(),
         previous,
         server.metadata.generation,
     );
@@ -317,11 +320,18 @@ async fn reconcile_server(server: &MCPServer, ctx: &Context) -> Result<Action, R
             EventType::Normal,
             "Deployed",
             "Apply",
-            format!(
-                "Deployment {} applied with image {}",
-                server.name_any(),
-                server.spec.image
-            ),
+            match (&server.spec.image, &server.spec.remote) {
+                (Some(image), _) => format!(
+                    "Deployment {} applied with image {image}",
+                    server.name_any()
+                ),
+                (None, Some(remote)) => format!(
+                    "Deployment {} applied, proxying to {}",
+                    server.name_any(),
+                    remote.url
+                ),
+                (None, None) => format!("Deployment {} applied", server.name_any()),
+            },
         )
         .await?;
     }

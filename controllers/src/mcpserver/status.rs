@@ -113,6 +113,8 @@ pub struct ImagePolicy {
 pub enum ImageCheck {
     /// No prefixes configured: every image is allowed.
     NoAllowList,
+    /// A `remote` server: its Pod runs the platform's proxy, no image of the server's owners.
+    Remote,
     Allowed {
         prefix: String,
     },
@@ -183,6 +185,11 @@ impl ImageCheck {
                 true,
                 "NoAllowList",
                 "no image allow-list is configured".into(),
+            ),
+            ImageCheck::Remote => (
+                true,
+                "Remote",
+                "a remote server: the Pod runs only the platform's gateway image".into(),
             ),
             ImageCheck::Allowed { prefix } => (
                 true,

@@ -609,13 +609,14 @@ mod tests {
             name,
             MCPServerSpec {
                 allowed_contexts: None,
-                image: "ghcr.io/acme/mcp:1".into(),
-                port,
+                image: Some("ghcr.io/acme/mcp:1".into()),
+                port: Some(port),
                 transport: Transport::StreamableHttp,
                 env_secret: None,
                 host_credential: None,
                 egress_bindings: Vec::new(),
                 network: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some(ns.into());

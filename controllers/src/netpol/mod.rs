@@ -495,13 +495,10 @@ impl Ctx {
             })
             .collect();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let fresh = futures::future::join_all(due.iter().map(|s| {
-            egress::prove(
-                &s.spec.egress_bindings,
-                self.resolver.as_ref(),
-                self.dns_deadline,
-                now,
-            )
+        // With a `remote` URL's binding: one proof, one condition for both.
+        let bindings: Vec<_> = due.iter().map(|s| s.spec.external_egress()).collect();
+        let fresh = futures::future::join_all(bindings.iter().map(|bindings| {
+            egress::prove(bindings, self.resolver.as_ref(), self.dns_deadline, now)
         }))
         .await;
         for (server, mut proof) in due.into_iter().zip(fresh) {
@@ -710,17 +707,15 @@ pub fn egress_condition(
     previous: Option<&Condition>,
     now: Time,
 ) -> Option<Condition> {
-    if server.spec.egress_bindings.is_empty() {
+    let bindings = server.spec.external_egress();
+    if bindings.is_empty() {
         return None;
     }
     let (status, reason, message) = if proof.failures.is_empty() {
         (
             "True",
             "EgressProven",
-            format!(
-                "{} egress binding(s) proven and allowed",
-                server.spec.egress_bindings.len()
-            ),
+            format!("{} egress binding(s) proven and allowed", bindings.len()),
         )
     } else {
         let failures: Vec<String> = proof

@@ -663,3 +663,194 @@ pub fn noop_resync_of_200_mcpservers_writes_nothing(c: &mut LocalCluster) -> Res
     println!("controllers: the resyncing replica counted {counted} writes for one change");
     Ok(())
 }
+
+/// `kubectl apply` of a manifest the CRD must refuse: the refusal carries `message`.
+fn refused(c: &LocalCluster, manifest: &Value, message: &str) -> Result<(), String> {
+    let out = c.kubectl_as(
+        &c.kubeconfig,
+        &["apply", "-f", "-"],
+        Some(&manifest.to_string()),
+    );
+    ensure!(!out.success, "accepted: {manifest}");
+    ensure!(
+        out.stderr.contains(message),
+        "refused without {message:?}: {}",
+        out.stderr
+    );
+    Ok(())
+}
+
+fn server_with(ns: &str, name: &str, spec: Value) -> Value {
+    in_ns(
+        json!({"apiVersion": "mcp-runtime.dev/v1alpha1", "kind": "MCPServer",
+               "metadata": {"name": name}, "spec": spec}),
+        ns,
+    )
+}
+
+/// The three ways a server speaks MCP, on a real kube-apiserver: the CRD's CEL rules refuse
+/// what cannot run (stdio without a command, image beside remote, a port for a remote); a
+/// stdio server's Deployment runs its command behind the bridge an init container delivers,
+/// with its replicas (0 kept), resources, pull policy and pull secrets; a remote server runs
+/// the platform's proxy once the URL's own egress binding is proven, and a URL the L3 rules
+/// refuse (a private address) keeps it undeployed with `ExternalEgressReady=False` naming the
+/// binding `remote`.
+pub fn stdio_and_remote_servers_take_their_shape(c: &mut LocalCluster) -> Result<(), String> {
+    let ns = "ctl-shape";
+    create_namespace(c, ns)?;
+    let _controllers = start(c, "shape", "ctl-shape", &[])?;
+
+    refused(
+        c,
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080, "transport": "stdio"}),
+        ),
+        "transport stdio needs command",
+    )?;
+    refused(
+        c,
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080,
+                                       "remote": {"url": "https://mcp.example.com/mcp"}}),
+        ),
+        "exactly one of image and remote",
+    )?;
+    refused(
+        c,
+        &server_with(
+            ns,
+            "x",
+            json!({"port": 8080, "remote": {"url": "https://mcp.example.com/mcp"}}),
+        ),
+        "port goes with image, and not with remote",
+    )?;
+    refused(
+        c,
+        &server_with(
+            ns,
+            "x",
+            json!({"image": "ghcr.io/acme/x:1", "port": 8080, "imagePullPolicy": "Sometimes"}),
+        ),
+        "imagePullPolicy",
+    )?;
+
+    apply(
+        c,
+        &server_with(
+            ns,
+            "fs",
+            json!({
+                "image": "ghcr.io/acme/fs-mcp:1", "port": 9000, "transport": "stdio",
+                "command": ["python", "-m", "fs_mcp"], "args": ["--root=/data"],
+                "replicas": 0,
+                "resources": {"limits": {"memory": "256Mi"}},
+                "imagePullPolicy": "IfNotPresent",
+                "imagePullSecrets": [{"name": "registry"}],
+            }),
+        ),
+    )?;
+    let deployment = until(Duration::from_secs(30), "Deployment fs", || {
+        get_json(c, &["get", "deployment", "fs", "-n", ns])
+    })?;
+    ensure!(
+        deployment["spec"]["replicas"] == 0,
+        "replicas: {}",
+        deployment["spec"]
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    ensure!(
+        pod["imagePullSecrets"] == json!([{"name": "registry"}]),
+        "pod: {pod}"
+    );
+    let init = &pod["initContainers"][0];
+    ensure!(
+        init["name"] == "stdio-bridge"
+            && init["args"] == json!(["--install=/mcp-access-bridge/mcp-access-stdio-bridge"]),
+        "init: {init}"
+    );
+    let mcp = &pod["containers"][0];
+    ensure!(
+        mcp["command"] == json!(["/mcp-access-bridge/mcp-access-stdio-bridge"])
+            && mcp["args"]
+                == json!([
+                    "--listen=127.0.0.1:9000",
+                    "--",
+                    "python",
+                    "-m",
+                    "fs_mcp",
+                    "--root=/data"
+                ]),
+        "mcp: {mcp}"
+    );
+    ensure!(
+        mcp["resources"]["limits"]["memory"] == "256Mi" && mcp["imagePullPolicy"] == "IfNotPresent",
+        "mcp: {mcp}"
+    );
+    let gateway_args = pod["containers"][1]["args"].to_string();
+    ensure!(
+        gateway_args.contains("--upstream=http://127.0.0.1:9000"),
+        "gateway: {gateway_args}"
+    );
+
+    // A remote server whose host is public: its binding proven, then the proxy deployed.
+    apply(
+        c,
+        &server_with(ns, "far", json!({"remote": {"url": "https://1.1.1.1/mcp"}})),
+    )?;
+    let cond = wait_condition(c, ns, "far", "ExternalEgressReady", "True")?;
+    ensure!(cond["reason"] == "EgressProven", "condition: {cond}");
+    let deployment = until(Duration::from_secs(30), "Deployment far", || {
+        get_json(c, &["get", "deployment", "far", "-n", ns])
+    })?;
+    let proxy = &deployment["spec"]["template"]["spec"]["containers"][0];
+    ensure!(
+        proxy["args"] == json!(["--listen=127.0.0.1:8080", "--remote=https://1.1.1.1/mcp"]),
+        "proxy: {proxy}"
+    );
+    // The Pod's one way out: the URL's host (a /32 here) on its port, nothing else.
+    until(Duration::from_secs(30), "the remote's egress allow", || {
+        let list = get_json(c, &["get", "networkpolicy", "-n", ns])?;
+        Ok(list.filter(|l| {
+            let text = l.to_string();
+            text.contains("1.1.1.1/32") && text.contains("\"port\":443")
+        }))
+    })?;
+    let image = wait_condition(c, ns, "far", "ImageAllowed", "True")?;
+    ensure!(image["reason"] == "Remote", "ImageAllowed: {image}");
+
+    // A private address: refused by L3, never deployed.
+    apply(
+        c,
+        &server_with(
+            ns,
+            "near",
+            json!({"remote": {"url": "http://10.1.2.3:8080/mcp"}}),
+        ),
+    )?;
+    let cond = wait_condition(c, ns, "near", "ExternalEgressReady", "False")?;
+    ensure!(
+        cond["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("remote")),
+        "condition: {cond}"
+    );
+    let ready = wait_condition(c, ns, "near", "Ready", "False")?;
+    ensure!(
+        ready["reason"] == "ExternalEgressNotReady",
+        "ready: {ready}"
+    );
+    ensure!(
+        get_json(c, &["get", "deployment", "near", "-n", ns])?.is_none(),
+        "a refused remote has no Deployment"
+    );
+    let policies = get_json(c, &["get", "networkpolicy", "-n", ns])?.unwrap_or_default();
+    ensure!(
+        !policies.to_string().contains("10.1.2.3"),
+        "no allow for a refused remote: {policies}"
+    );
+    Ok(())
+}
