@@ -520,7 +520,7 @@ pub struct MCPServerStatus {
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `SecretsResolved`, `ImageAllowed`, `ExternalEgressReady`, `Retiring`, by Kubernetes condition
+    /// `Ready`, `SecretsResolved`, `ImageAllowed`, `ExternalEgressReady`, `NetworkIsolated`, `Retiring`, by Kubernetes condition
     /// conventions. Each controller owns its own types (server-side apply keyed by `type`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -361,14 +361,9 @@ mod tests {
         let mut s = MCPServer::new(
             name,
             MCPServerSpec {
-                allowed_contexts: None,
-                image: "img".into(),
-                port: 8080,
-                transport: Default::default(),
-                env_secret: None,
-                egress_bindings: vec![],
-                network: None,
-                host_credential: None,
+                image: Some("img".into()),
+                port: Some(8080),
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some(ns.into());

@@ -812,14 +812,10 @@ mod tests {
         let mut s = MCPServer::new(
             "github",
             MCPServerSpec {
-                allowed_contexts: None,
-                image: "ghcr.io/acme/mcp:1".into(),
-                port: 8080,
+                image: Some("ghcr.io/acme/mcp:1".into()),
+                port: Some(8080),
                 transport: Transport::StreamableHttp,
-                env_secret: None,
-                host_credential: None,
-                egress_bindings: Vec::new(),
-                network: None,
+                ..Default::default()
             },
         );
         s.metadata.namespace = Some(ns.into());
