@@ -329,8 +329,10 @@ pub(super) fn runtime_token_kept_for_each_host(c: &mut LocalCluster) -> Result<(
                 "delete the Host",
             )?;
             apply(c, &host)?;
+            // The old Host's children (owner references to the old UID) hold the names until the
+            // garbage collector removes them; the operator retries every 10 s meanwhile.
             let renewed = super::controllers::until(
-                std::time::Duration::from_secs(30),
+                std::time::Duration::from_secs(90),
                 "the re-created Host's token",
                 || {
                     Ok(runtime_token(c, "dev-host")?.and_then(|(t, a)| {
