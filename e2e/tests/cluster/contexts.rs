@@ -9,7 +9,9 @@ use std::time::Duration;
 use e2e::LocalCluster;
 use serde_json::{json, Value};
 
-use super::controllers::{apply, get_json, in_ns, start, until, wait_condition};
+use super::controllers::{
+    apply, get_json, in_ns, start, touch_writes_nothing, until, wait_condition,
+};
 use super::{create_namespace, ok};
 
 /// `result`, with the last lines of the controllers' log when it is an error.
@@ -350,40 +352,14 @@ pub fn status_follows_servers_and_consent(c: &mut LocalCluster) -> Result<(), St
         wait_event(c, ns, "dev", "Normal", "Ready", "all 3 server(s) are Ready")?;
 
         // A touch reconciles and writes nothing (no status, no Event).
-        let metric = |name: &str| {
-            controllers
-                .metric(name, &["controller=\"context\""])
-                .map_err(|e| e.to_string())
-        };
-        let writes = metric("mcp_controllers_writes_total")?;
-        let reconciles = metric("mcp_controllers_reconcile_duration_seconds_count")?;
-        ok(
-            &c.kubectl(&[
-                "annotate",
-                "contexts.mcp-runtime.dev",
-                "dev",
-                "-n",
-                ns,
-                "example.com/touch=1",
-            ]),
-            "annotate context",
+        touch_writes_nothing(
+            c,
+            &controllers,
+            "context",
+            "contexts.mcp-runtime.dev",
+            ns,
+            "dev",
         )?;
-        until(
-            Duration::from_secs(15),
-            "a reconcile after the touch",
-            || {
-                Ok(
-                    (metric("mcp_controllers_reconcile_duration_seconds_count")? > reconciles)
-                        .then_some(()),
-                )
-            },
-        )?;
-        let after = metric("mcp_controllers_writes_total")?;
-        ensure!(
-            after == writes,
-            "a no-op reconcile wrote {} times",
-            after - writes
-        );
         let readies = occurrences(c, ns, "dev", "Ready", "")?;
         ensure!(readies == 1, "{readies} Ready Events");
 

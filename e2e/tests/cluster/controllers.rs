@@ -73,6 +73,43 @@ pub(super) fn in_ns(mut manifest: Value, ns: &str) -> Value {
 }
 
 /// Polls `f` every 200 ms until it returns `Some`, for at most `within`.
+/// Annotates `resource/name` (a change that asks nothing of `controller`), waits for the
+/// reconcile it causes and checks that it wrote nothing: no child, no status, no Event.
+pub(super) fn touch_writes_nothing(
+    c: &LocalCluster,
+    controllers: &e2e::Controllers,
+    controller: &str,
+    resource: &str,
+    ns: &str,
+    name: &str,
+) -> Result<(), String> {
+    let label = format!("controller=\"{controller}\"");
+    let metric = |m: &str| controllers.metric(m, &[&label]).map_err(|e| e.to_string());
+    let writes = metric("mcp_controllers_writes_total")?;
+    let reconciles = metric("mcp_controllers_reconcile_duration_seconds_count")?;
+    ok(
+        &c.kubectl(&["annotate", resource, name, "-n", ns, "example.com/touch=1"]),
+        &format!("annotate {resource} {name}"),
+    )?;
+    until(
+        Duration::from_secs(15),
+        "a reconcile after the touch",
+        || {
+            Ok(
+                (metric("mcp_controllers_reconcile_duration_seconds_count")? > reconciles)
+                    .then_some(()),
+            )
+        },
+    )?;
+    let after = metric("mcp_controllers_writes_total")?;
+    ensure!(
+        after == writes,
+        "a no-op reconcile of {resource} {name} wrote {} times",
+        after - writes
+    );
+    Ok(())
+}
+
 pub(super) fn until<T>(
     within: Duration,
     what: &str,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use e2e::LocalCluster;
 use serde_json::{json, Value};
 
-use super::controllers::{apply, events, get_json, in_ns, start, until, wait_condition};
+use super::controllers::{
+    apply, events, get_json, in_ns, start, touch_writes_nothing, until, wait_condition,
+};
 use super::{create_namespace, ok};
 
 const MANAGED_BY: &str = "mcp-runtime.dev/managed-by";
@@ -354,40 +356,14 @@ pub fn missing_secret_blocks_until_it_appears(c: &mut LocalCluster) -> Result<()
         );
         // A reconcile with nothing changed writes nothing (each child's digest is current,
         // server-side defaults included).
-        let host_metric = |name: &str| {
-            controllers
-                .metric(name, &["controller=\"host\""])
-                .map_err(|e| e.to_string())
-        };
-        let writes = host_metric("mcp_controllers_writes_total")?;
-        let reconciles = host_metric("mcp_controllers_reconcile_duration_seconds_count")?;
-        ok(
-            &c.kubectl(&[
-                "annotate",
-                "hosts.mcp-runtime.dev",
-                "agent",
-                "-n",
-                ns,
-                "example.com/touch=1",
-            ]),
-            "annotate host",
+        touch_writes_nothing(
+            c,
+            &controllers,
+            "host",
+            "hosts.mcp-runtime.dev",
+            ns,
+            "agent",
         )?;
-        until(
-            Duration::from_secs(15),
-            "a reconcile after the touch",
-            || {
-                Ok(
-                    (host_metric("mcp_controllers_reconcile_duration_seconds_count")? > reconciles)
-                        .then_some(()),
-                )
-            },
-        )?;
-        let after = host_metric("mcp_controllers_writes_total")?;
-        ensure!(
-            after == writes,
-            "a no-op reconcile wrote {} times",
-            after - writes
-        );
 
         // What the Role means to kube-apiserver: the host's identity reads its own Host and
         // Secret, nothing else.
