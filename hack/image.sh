@@ -146,9 +146,10 @@ build_image() {
     chmod 755 "$root/usr/local/bin/mcp-access-stdio-bridge"
     bins="$bin $bridge"
   fi
-  # What the binaries link, and the loader ldd names (the line without "=>").
+  # What the binaries link, and the loader ldd names (the line without "=>"). With two files
+  # ldd heads each one's list with "<file>:" (one field), which is not a library.
   local libs
-  libs=$(ldd $bins | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+  libs=$(ldd $bins | awk 'NF > 1 && $2 == "=>" && $3 ~ /^\// {print $3} NF > 1 && $1 ~ /^\// {print $1}' | sort -u)
   [ -n "$libs" ] || { say "$bin: ldd found no libraries (not a dynamic executable?)"; exit 1; }
   base_files "$root" "$libs"
   buildah umount "$c" >/dev/null
