@@ -642,6 +642,36 @@ pub fn noop_resync_of_200_mcpservers_writes_nothing(c: &mut LocalCluster) -> Res
         Ok((ready == 200).then_some(()))
     })?;
     let all_ready = started.elapsed();
+    // The second replica must find the world the first one left, so the first is stopped
+    // only once it is done: every server in the cluster (other scenarios' too) carries the
+    // NetworkPolicy controller's NetworkIsolated, and its write counter stands still for 3 s.
+    // A controller that never settles fails here, which is a finding of its own.
+    until(
+        Duration::from_secs(120),
+        "NetworkIsolated on every MCPServer",
+        || {
+            let list = get_json(c, &["get", "mcpservers", "-A"])?.ok_or("no list")?;
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            Ok(items
+                .iter()
+                .all(|s| condition(s, "NetworkIsolated").is_some())
+                .then_some(()))
+        },
+    )?;
+    let mut last = (f64::NAN, Instant::now());
+    until(
+        Duration::from_secs(120),
+        "the first replica's writes to stand still for 3 s",
+        || {
+            let n = first
+                .metric("mcp_controllers_writes_total", &[])
+                .map_err(|e| e.to_string())?;
+            if n != last.0 {
+                last = (n, Instant::now());
+            }
+            Ok((last.1.elapsed() >= Duration::from_secs(3)).then_some(()))
+        },
+    )?;
     // The counter is live (so its 0 below means no writes, not a wrong name): the first
     // replica applied 4 children and a status for each of the 200.
     let first_writes = first
@@ -683,7 +713,21 @@ pub fn noop_resync_of_200_mcpservers_writes_nothing(c: &mut LocalCluster) -> Res
         resynced.as_secs_f64(),
         writes as u64
     );
-    ensure!(writes == 0.0, "a no-op resync made {writes} writes");
+    if writes != 0.0 {
+        // Which controller wrote what kind: the series themselves, and the replica's log.
+        let series: Vec<String> = second
+            .get("/metrics")
+            .map_err(|e| e.to_string())?
+            .lines()
+            .filter(|l| l.starts_with("mcp_controllers_writes_total"))
+            .map(str::to_owned)
+            .collect();
+        return Err(format!(
+            "a no-op resync made {writes} writes:\n{}\nlog:\n{}",
+            series.join("\n"),
+            e2e::mcp::tail(&second.log, 30)
+        ));
+    }
     // Positive control on the same process and measurement: a real change is written and
     // counted, so the 0 above is "no writes", not a series this replica never exports.
     apply(c, &in_ns(mcpserver("s000", "ghcr.io/acme/x:2", None), ns))?;
