@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apis::runtime::{Context, Host, MCPServer, SecretKeyRef, Transport};
-use apis::types::AccessSession;
+use apis::types::{AccessSession, SessionPhase};
 use base64::Engine;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -585,8 +585,8 @@ impl HostApi {
     }
 
     /// A token of `session` through its `token` subresource. A session the aggregated API
-    /// refuses (no longer Active, or gone, since the cache saw it) is pending: the cache will
-    /// say what became of it on the next request.
+    /// refuses (no longer Active, or gone, since the cache saw it) is answered as it stands
+    /// now: see [`HostApi::refused`].
     async fn mint(&self, session: &AccessSession) -> Result<SessionToken, Failure> {
         let ns = session.namespace().unwrap_or_default();
         let name = session.name_any();
@@ -603,7 +603,7 @@ impl HostApi {
             Ok(answer) => answer,
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
                 tracing::info!(ns, name, code = status.code, reason = %status.reason, "host session refused a token");
-                return Err(Failure::SessionPending);
+                return Err(Self::refused(&api, &name).await);
             }
             Err(e) => return Err(unavailable("session token", e)),
         };
@@ -618,6 +618,26 @@ impl HostApi {
             _ => Err(Failure::Unavailable(
                 "session token: an answer without a token".into(),
             )),
+        }
+    }
+
+    /// Why the aggregated API refused a token of a session the cache still showed usable,
+    /// from the session as it stands now (one GET, on this path only): revoked since, 409
+    /// naming the Revocation, which is what the cache will say too once it has the change (a
+    /// host told "pending" would retry a revoked session); gone, expired or unreadable,
+    /// pending (503, retry): the operator replaces what it may.
+    async fn refused(api: &Api<AccessSession>, name: &str) -> Failure {
+        match api.get_opt(name).await {
+            Ok(Some(now))
+                if session::effective_phase(&now, Timestamp::now()) == SessionPhase::Revoked =>
+            {
+                Failure::SessionRevoked(session::revocation_name(&now).map(str::to_string))
+            }
+            Ok(_) => Failure::SessionPending,
+            Err(e) => {
+                tracing::warn!(name, error = %e, "cannot read a session that refused a token");
+                Failure::SessionPending
+            }
         }
     }
 
@@ -1755,13 +1775,48 @@ mod kube_tests {
         }
         assert_eq!(take_log(&w), Vec::<String>::new());
 
-        // The cache says Active, the aggregated API has revoked it since: pending (the
-        // cache will say what it became). Another failure of the TokenRequest: unavailable.
+        // The cache says Active, the aggregated API refuses a token: the session as it
+        // stands now decides. Gone (or still Active): pending. Revoked since: 409 naming the
+        // Revocation, before the cache has caught up. Another failure of the TokenRequest:
+        // unavailable.
         let (api, w) = super::kube_tests::api(100);
         w.lock().unwrap().answers.insert(
             token_path("team", "agent-github"),
             (409, kube_status(409, "Conflict")),
         );
+        take_log(&w);
+        let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "github"})).await;
+        assert_eq!((status, body), (503, json!({"error": "session_pending"})));
+        let session_path = format!("{SESSIONS}/team/accesssessions/agent-github");
+        assert!(
+            take_log(&w).contains(&format!("GET {session_path}")),
+            "the refused session is read"
+        );
+        let revoked = session_object(
+            "team",
+            "agent-github",
+            "uid-agent",
+            "github",
+            60,
+            300,
+            "Revoked",
+        );
+        w.lock()
+            .unwrap()
+            .answers
+            .insert(session_path.clone(), (200, revoked));
+        let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "github"})).await;
+        assert_eq!(
+            (status, body),
+            (
+                409,
+                json!({"error": "session_revoked", "revocation": "stop-agent-github"})
+            )
+        );
+        w.lock()
+            .unwrap()
+            .answers
+            .insert(session_path, (500, kube_status(500, "InternalError")));
         let (status, body) = post(&api, &token("uid-agent"), json!({"serverName": "github"})).await;
         assert_eq!((status, body), (503, json!({"error": "session_pending"})));
         w.lock().unwrap().answers.insert(
