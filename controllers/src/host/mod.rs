@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use apis::duration::GoDuration;
 use apis::runtime::{Context, Host, HostSessionStatus, MCPServer};
-use apis::types::AccessSession;
+use apis::types::{AccessSession, Revocation};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
@@ -730,6 +730,8 @@ async fn reconcile_one(host: &Host, ctx: &Ctx) -> Result<Action, ReconcileError>
         children::NAME_CONFLICT_RETRY
     } else if any_refused || !kept.refused.is_empty() {
         REFUSED_RETRY
+    } else if kept.held {
+        HELD_RETRY
     } else if workload_observed {
         Duration::from_secs(300)
     } else {
@@ -769,6 +771,9 @@ struct Kept {
     refused: Vec<String>,
     /// The status entries, with the names of sessions issued now.
     status: Vec<HostSessionStatus>,
+    /// A deleted revoked session is held by its standing Revocation: nothing watched here
+    /// changes when that Revocation is withdrawn, so the reconcile comes back to look.
+    held: bool,
 }
 
 /// Issues, deletes and reports the Host's sessions by [`sessions::plan`].
@@ -785,7 +790,8 @@ async fn keep_sessions(
         .await?
         .items;
     let now = k8s_openapi::jiff::Timestamp::now();
-    let plan = sessions::plan(granted, teams, &live, now);
+    let held = still_revoked(ctx, host, &live, now).await?;
+    let plan = sessions::plan(granted, teams, &live, &held, now);
     for gone in &plan.delete {
         let api = Api::<AccessSession>::namespaced(ctx.client.clone(), &gone.namespace);
         if children::delete_exact(&api, &gone.name, gone.uid.clone()).await? {
@@ -825,7 +831,48 @@ async fn keep_sessions(
         issued,
         refused,
         status,
+        held: !held.is_empty(),
     })
+}
+
+/// The entries of the Host's status that showed a session revoked whose session is gone
+/// while the Revocation they named still stands against it (one GET per such entry, only
+/// then). Deleting a revoked session (whoever may delete sessions) is no withdrawal: without
+/// this, the plan would issue a successor that no Revocation covers.
+async fn still_revoked(
+    ctx: &Ctx,
+    host: &Host,
+    live: &[AccessSession],
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<Vec<HostSessionStatus>, ReconcileError> {
+    let mut held = Vec::new();
+    for entry in host.status.iter().flat_map(|s| &s.sessions) {
+        let (Some(session), Some(revocation)) = (&entry.session, &entry.revocation) else {
+            continue;
+        };
+        let gone = !live.iter().any(|s| {
+            s.namespace().as_deref() == Some(entry.namespace.as_str()) && s.name_any() == *session
+        });
+        // A revocation without a Revocation object (shown as "(cause)": an agent
+        // deactivated) is the session's own state, which goes with it.
+        let a_name = !revocation.is_empty()
+            && revocation.len() <= 253
+            && revocation
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if entry.phase != "Revoked" || !gone || !a_name {
+            continue;
+        }
+        let api = Api::<Revocation>::namespaced(ctx.client.clone(), &entry.namespace);
+        let stands = api.get_opt(revocation).await?.is_some_and(|r| {
+            r.spec.target.session.as_deref() == Some(session.as_str())
+                && apis::locks::stands(&r, now)
+        });
+        if stands {
+            held.push(entry.clone());
+        }
+    }
+    Ok(held)
 }
 
 /// The AccessSession for one (Host, server). Owned by the Host when they share a namespace (an
@@ -970,6 +1017,10 @@ fn revoked_note(s: &HostSessionStatus) -> String {
 /// How often a Host with a refused child tries again (what made kube-apiserver refuse, a
 /// StorageClass or an admission policy, may change without waking the Host).
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
+/// How often a Host whose deleted revoked session is held looks whether the Revocation was
+/// withdrawn (no watch of Revocations wakes it).
+const HELD_RETRY: Duration = Duration::from_secs(30);
 
 async fn publish(
     ctx: &Ctx,

@@ -11,7 +11,9 @@
 //!   the host at the gateway (`session_not_found`);
 //! - a revoked session is never replaced behind the operator's back: while the newest session
 //!   of a server is revoked nothing new is issued (older ones are deleted), and the Host says
-//!   `Ready=False` naming the Revocation until it is withdrawn;
+//!   `Ready=False` naming the Revocation until it is withdrawn. Deleting the revoked session
+//!   does not withdraw it: while the Revocation the Host's status named still stands against
+//!   that session (`held`), nothing is issued either;
 //! - sessions expire (the apiserver clamps `expiresAt`); a successor is issued once a third of
 //!   the lifetime is left, and the predecessor is deleted when it is no longer Active;
 //! - a session carries its Context's teams at issuance (`teams` is immutable): when they change,
@@ -132,11 +134,14 @@ fn same_teams(s: &AccessSession, teams: &[String]) -> bool {
 }
 
 /// The plan for one Host. `granted` are the servers its Context grants now (after every check),
-/// `teams` the Context's teams, `live` every session carrying the Host's uid label.
+/// `teams` the Context's teams, `live` every session carrying the Host's uid label, `held` the
+/// entries of the Host's status that showed a session revoked by a Revocation that still
+/// stands against that session (whether or not the session still exists).
 pub fn plan(
     granted: &[&MCPServer],
     teams: &[String],
     live: &[AccessSession],
+    held: &[HostSessionStatus],
     now: Timestamp,
 ) -> Plan {
     let mut out = Plan::default();
@@ -215,8 +220,16 @@ pub fn plan(
             }
             // None yet, or the newest expired (or pending, which the operator never makes).
             _ => {
-                out.issue.push(issue);
                 out.delete.extend(mine.iter().map(|s| remove(s)));
+                // The revoked session was deleted while its Revocation stands: a successor
+                // would restore what the Revocation took away. Held, and said so.
+                match held
+                    .iter()
+                    .find(|h| h.namespace == namespace && h.server == entry.server)
+                {
+                    Some(h) => entry = h.clone(),
+                    None => out.issue.push(issue),
+                }
             }
         }
         out.status.push(entry);
@@ -297,7 +310,7 @@ mod tests {
     #[test]
     fn a_granted_server_without_a_session_gets_one() {
         let github = server("tools", "github", "g1");
-        let p = plan(&[&github], &[], &[], at(0));
+        let p = plan(&[&github], &[], &[], &[], at(0));
         assert_eq!(
             p.issue,
             [Issue {
@@ -322,13 +335,13 @@ mod tests {
             SessionPhase::Active,
             &[],
         )];
-        let p = plan(&[&github], &[], &live, at(1));
+        let p = plan(&[&github], &[], &live, &[], at(1));
         assert!(p.issue.is_empty() && p.delete.is_empty(), "{p:?}");
         assert_eq!(p.status[0].session.as_deref(), Some("a"));
         assert_eq!(p.status[0].phase, "Active");
         assert_eq!(p.next_roll, Some(at(16)), "a third of 24h before expiry");
         // Past the roll time: a successor; the current one stays while Active.
-        let p = plan(&[&github], &[], &live, at(17));
+        let p = plan(&[&github], &[], &live, &[], at(17));
         assert_eq!(p.issue.len(), 1);
         assert!(p.delete.is_empty());
         // The successor exists: the predecessor goes once it is no longer Active.
@@ -336,10 +349,10 @@ mod tests {
             session("tools", "a", "g1", 0, 24, SessionPhase::Active, &[]),
             session("tools", "b", "g1", 17, 41, SessionPhase::Active, &[]),
         ];
-        let p = plan(&[&github], &[], &live, at(18));
+        let p = plan(&[&github], &[], &live, &[], at(18));
         assert!(p.issue.is_empty() && p.delete.is_empty());
         assert_eq!(p.status[0].session.as_deref(), Some("b"));
-        let p = plan(&[&github], &[], &live, at(25));
+        let p = plan(&[&github], &[], &live, &[], at(25));
         assert_eq!(names(&p.delete), ["a"]);
     }
 
@@ -355,7 +368,7 @@ mod tests {
             SessionPhase::Expired,
             &[],
         )];
-        let p = plan(&[&github], &[], &live, at(25));
+        let p = plan(&[&github], &[], &live, &[], at(25));
         assert_eq!(p.issue.len(), 1);
         assert_eq!(names(&p.delete), ["a"]);
     }
@@ -367,7 +380,7 @@ mod tests {
             session("tools", "a", "g1", 0, 24, SessionPhase::Active, &[]),
             session("tools", "b", "g1", 17, 41, SessionPhase::Revoked, &[]),
         ];
-        let p = plan(&[&github], &[], &live, at(18));
+        let p = plan(&[&github], &[], &live, &[], at(18));
         assert!(p.issue.is_empty(), "{p:?}");
         assert_eq!(
             names(&p.delete),
@@ -387,7 +400,68 @@ mod tests {
             SessionPhase::Revoked,
             &[],
         )];
-        assert!(plan(&[&github], &[], &live, at(100)).issue.is_empty());
+        assert!(plan(&[&github], &[], &live, &[], at(100)).issue.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_revoked_session_is_not_replaced_while_its_revocation_stands() {
+        let github = server("tools", "github", "g1");
+        let jira = server("tools", "jira", "j1");
+        let shown = p_status("github", Some("b"), "Revoked", Some("cut-host"));
+        // The revoked session is gone (deleted by someone who may), the Revocation stands: no
+        // successor, the entry stays as the status showed it; an expired leftover still goes.
+        let live = [session(
+            "tools",
+            "a",
+            "g1",
+            0,
+            24,
+            SessionPhase::Active,
+            &[],
+        )];
+        let p = plan(
+            &[&github, &jira],
+            &[],
+            &live,
+            std::slice::from_ref(&shown),
+            at(30),
+        );
+        assert_eq!(
+            p.issue
+                .iter()
+                .map(|i| i.server.as_str())
+                .collect::<Vec<_>>(),
+            ["jira"],
+            "only the server nothing holds"
+        );
+        assert_eq!(names(&p.delete), ["a"]);
+        assert_eq!(p.status[0], shown);
+        assert_eq!(p.revoked().len(), 1);
+        // Nothing held (the Revocation withdrawn): a successor is issued.
+        let p = plan(&[&github], &[], &[], &[], at(30));
+        assert_eq!(p.issue.len(), 1);
+        assert_eq!(p.status[0].phase, "Pending");
+        // Held applies only to its own server and namespace.
+        let other = HostSessionStatus {
+            namespace: "elsewhere".into(),
+            ..shown
+        };
+        assert_eq!(plan(&[&github], &[], &[], &[other], at(30)).issue.len(), 1);
+    }
+
+    fn p_status(
+        server: &str,
+        session: Option<&str>,
+        phase: &str,
+        revocation: Option<&str>,
+    ) -> HostSessionStatus {
+        HostSessionStatus {
+            server: server.into(),
+            namespace: "tools".into(),
+            session: session.map(Into::into),
+            phase: phase.into(),
+            revocation: revocation.map(Into::into),
+        }
     }
 
     #[test]
@@ -401,12 +475,12 @@ mod tests {
             // A revoked one of an ungranted server goes too.
             session("other", "r", "g1", 0, 24, SessionPhase::Revoked, &[]),
         ];
-        let p = plan(&[&github], &[], &live, at(1));
+        let p = plan(&[&github], &[], &live, &[], at(1));
         let mut gone = names(&p.delete);
         gone.sort();
         assert_eq!(gone, ["j", "old", "r"]);
         assert!(p.issue.is_empty());
-        let p = plan(&[], &[], &live, at(1));
+        let p = plan(&[], &[], &live, &[], at(1));
         assert_eq!(p.delete.len(), 4);
         assert!(p.status.is_empty());
     }
@@ -424,9 +498,9 @@ mod tests {
             &["payments", "ops"],
         )];
         let same = ["ops".to_string(), "payments".to_string()];
-        assert!(plan(&[&github], &same, &live, at(1)).issue.is_empty());
+        assert!(plan(&[&github], &same, &live, &[], at(1)).issue.is_empty());
         let fewer = ["ops".to_string()];
-        let p = plan(&[&github], &fewer, &live, at(1));
+        let p = plan(&[&github], &fewer, &live, &[], at(1));
         assert_eq!(p.issue.len(), 1);
         assert_eq!(names(&p.delete), ["a"]);
     }

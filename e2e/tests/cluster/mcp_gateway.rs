@@ -1357,6 +1357,67 @@ fn host_sessions_of(c: &LocalCluster, s: &Served) -> Result<(), String> {
         "the restored session's token did not pass"
     );
 
+    // Revoked again, and the revoked session deleted (by someone who may delete sessions):
+    // that is no withdrawal. While the Revocation stands nothing is issued in its place and
+    // the Host still names it; withdrawn, a successor is issued.
+    s.revoke(c, &name)?;
+    denied_within(s, &token, "session_revoked", CUT_BOUND)?;
+    super::controllers::until(Duration::from_secs(30), "revoked again", || {
+        let (sessions, _) = host_state(c, &ns, "agent")?;
+        Ok((sessions[0]["phase"] == "Revoked").then_some(()))
+    })?;
+    ok(
+        &c.kubectl(&["delete", "accesssession", &name, "-n", &ns]),
+        "delete the revoked session",
+    )?;
+    let host_reconciles = || {
+        s._controllers
+            .metric(
+                "mcp_controllers_reconcile_duration_seconds_count",
+                &["controller=\"host\""],
+            )
+            .map_err(|e| e.to_string())
+    };
+    let before = host_reconciles()?;
+    ok(
+        &c.kubectl(&["annotate", "host", "agent", "-n", &ns, "e2e/nudge=1"]),
+        "nudge the Host",
+    )?;
+    super::controllers::until(Duration::from_secs(30), "a Host reconcile", || {
+        Ok((host_reconciles()? > before).then_some(()))
+    })?;
+    let (sessions, ready) = host_state(c, &ns, "agent")?;
+    ensure!(
+        host_sessions(c, &agent_uid)?.is_empty()
+            && ready["reason"] == "SessionRevoked"
+            && sessions[0]["revocation"] == format!("rvk-{name}").as_str(),
+        "a deleted revoked session was replaced while its Revocation stands: {:?}, {sessions}, {ready}",
+        host_sessions(c, &agent_uid)?
+    );
+    ok(
+        &c.kubectl(&["delete", "revocation", &format!("rvk-{name}"), "-n", &ns]),
+        "withdraw the revocation of the deleted session",
+    )?;
+    ok(
+        &c.kubectl(&[
+            "annotate",
+            "host",
+            "agent",
+            "-n",
+            &ns,
+            "e2e/nudge=2",
+            "--overwrite",
+        ]),
+        "nudge the Host",
+    )?;
+    let successor = active_host_session(c, &ns, "agent")?;
+    ensure!(successor != name, "the successor reuses {name}");
+    let token = s.token(c, &successor, 600)?;
+    ensure!(
+        gateway_decision(s, &token)?.is_none(),
+        "the successor's token did not pass"
+    );
+
     // The server removed from the Context: the session is deleted and the host cut.
     apply(&context("dev", &ns, json!([])))?;
     let removed_after = denied_within(s, &token, "session_not_found", Duration::from_secs(10))?;
