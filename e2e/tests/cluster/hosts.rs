@@ -949,6 +949,32 @@ pub fn orphan_sweep_respects_the_caps(c: &mut LocalCluster) -> Result<(), String
         &json!({"apiVersion": "v1", "kind": "ServiceAccount",
                 "metadata": {"name": "ghost-lookalike", "namespace": ns, "labels": {HOST_LABEL: "ghost"}}}),
     )?;
+    // The session of a Host that no longer exists (deleted while the controllers were down,
+    // its finalizer removed by hand): swept whatever the caps, since deleting a session only
+    // narrows access. Its lookalike without managed-by stays.
+    let session = |name: &str, labels: Value| {
+        json!({"apiVersion": "access.mcp-runtime.dev/v1alpha1", "kind": "AccessSession",
+               "metadata": {"name": name, "namespace": ns, "labels": labels},
+               "spec": {"server": {"name": "github", "uid": "7d4c0d2e-0000-4000-8000-00000000abcd"},
+                        "subject": {"user": format!("system:serviceaccount:{ns}:ghost-host")},
+                        "teams": ["payments"], "expiresAt": "2099-01-01T00:00:00Z"}})
+    };
+    let ghost_uid = "0b5e55ed-0000-4000-8000-00000000dead";
+    apply(
+        c,
+        &session(
+            "ghost-github",
+            json!({MANAGED_BY: "mcp-access-controllers", HOST_LABEL: "ghost",
+                   "mcp-runtime.dev/host-uid": ghost_uid, "mcp-runtime.dev/host-namespace": ns}),
+        ),
+    )?;
+    apply(
+        c,
+        &session(
+            "ghost-lookalike",
+            json!({"mcp-runtime.dev/host-uid": ghost_uid}),
+        ),
+    )?;
     let present = |c: &LocalCluster| -> Result<usize, String> {
         let mut n = 0;
         for (kind, name, _) in &orphans {
@@ -1003,6 +1029,21 @@ pub fn orphan_sweep_respects_the_caps(c: &mut LocalCluster) -> Result<(), String
                     "the orphaned grant {kind} {name} was held back"
                 );
             }
+            until(
+                Duration::from_secs(30),
+                "the orphaned session swept",
+                || {
+                    Ok(
+                        get_json(c, &["get", "accesssession", "ghost-github", "-n", ns])?
+                            .is_none()
+                            .then_some(()),
+                    )
+                },
+            )?;
+            ensure!(
+                get_json(c, &["get", "accesssession", "ghost-lookalike", "-n", ns])?.is_some(),
+                "a session without managed-by was swept"
+            );
             let deleted = controllers
                 .metric("mcp_controllers_host_orphans_deleted_total", &[])
                 .map_err(|e| e.to_string())?;
