@@ -50,7 +50,7 @@ if [ $# -eq 0 ]; then
   cargo test --workspace --all-targets --no-run
 else
   cargo build -p apiserver --bin mcp-access-apiserver -p gateway --bin mcp-access-authz \
-    --bin mcp-access-gateway -p controllers --bin mcp-access-controllers \
+    --bin mcp-access-gateway --bin mcp-access-stdio-bridge -p controllers --bin mcp-access-controllers \
     -p kubectl-access --bin kubectl-access
 fi
 export MCP_ACCESS_APISERVER_BIN=$PWD/target/debug/mcp-access-apiserver

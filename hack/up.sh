@@ -22,7 +22,7 @@ prereqs_ensure
 dir=${MCP_ACCESS_LOCAL_DIR:-$(pwd -P)/.local}
 hack/build-kube.sh >/dev/null
 cargo build --release -p apiserver --bin mcp-access-apiserver \
-  -p controllers --bin mcp-access-controllers -p gateway --bin mcp-access-gateway \
+  -p controllers --bin mcp-access-controllers -p gateway --bin mcp-access-gateway --bin mcp-access-stdio-bridge \
   -p e2e --bin mcp-access-local >&2
 # The node (and the demo on it) needs root; MCP_ACCESS_LOCAL_NODE=0 leaves it out.
 node=()
