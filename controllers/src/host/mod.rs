@@ -855,11 +855,7 @@ async fn still_revoked(
         });
         // A revocation without a Revocation object (shown as "(cause)": an agent
         // deactivated) is the session's own state, which goes with it.
-        let a_name = !revocation.is_empty()
-            && revocation.len() <= 253
-            && revocation
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        let a_name = apis::validation::is_dns1123_subdomain(revocation);
         if entry.phase != "Revoked" || !gone || !a_name {
             continue;
         }
